@@ -1,0 +1,58 @@
+# Every target creates what it needs first: a fresh machine with Python 3.11, Node 20 and root
+# needs only `make run` or `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+TS := clients/ts
+
+# Loopback-only EPICS settings for every process started from here (single source, also read by
+# the Python package and the test fixtures).
+include server/pvwire/epics-loopback.env
+export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
+
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium clean
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e . -e clients/py
+	touch $@
+
+node: $(TS)/node_modules/.installed
+$(TS)/node_modules/.installed: $(TS)/package.json $(TS)/package-lock.json
+	cd $(TS) && npm ci --no-audit --no-fund
+	touch $@
+
+# Headless browser for the page tests: Debian's package, never a downloaded one.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# The demo page and the TypeScript library, built into the server's static folder.
+tsbuild: node
+	cd $(TS) && npm run --silent build
+
+run: venv tsbuild
+	$(PY) -m pvwire.cli run-demo
+
+lint: venv node
+	$(VENV)/bin/ruff check server clients/py tests bench
+	$(VENV)/bin/ruff format --check server clients/py tests bench
+	$(VENV)/bin/mypy
+	cd $(TS) && npm run --silent typecheck
+
+pytest: venv tsbuild chromium
+	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
+
+tstest: venv node tsbuild
+	cd $(TS) && PVWIRE_PYTHON=$(abspath $(PY)) npm test --silent
+
+test: lint pytest tstest
+
+bench: venv tsbuild
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf $(VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static

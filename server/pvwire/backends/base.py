@@ -1,0 +1,87 @@
+"""The one small interface every upstream backend implements.
+
+A backend knows how to reach channels of one scheme (`ca`, `pva`, `sim`). The hub opens at most one
+`monitor` per channel and shares it among all clients; `get` and `put` serve the control plane.
+
+Threading and cost rules (see DESIGN.md section 2):
+- every `ChannelSink` method is called on the event loop thread;
+- sink calls are cheap and synchronous: the backend must not create a task, future or coroutine
+  per update on pvwire's side (what the upstream library does internally is its own business);
+- a monitor reports, in this order where it can: `on_meta` once the metadata is known (and again
+  whenever it changes), `on_connection(CONNECTED)`, then `on_update` for every update;
+  `on_connection(DISCONNECTED)` when the upstream server goes away, and CONNECTED again
+  (followed by a fresh update) when it comes back: upstream libraries reconnect by themselves.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Protocol
+
+from ..model import ConnState, Metadata, Reading, Value
+
+__all__ = ["Backend", "ChannelSink", "Monitor"]
+
+
+class ChannelSink(Protocol):
+    """Where a monitor delivers what it sees. Implemented by the hub's Channel."""
+
+    def on_update(
+        self,
+        value: Value,
+        seconds: int,
+        nanoseconds: int,
+        severity: int,
+        status: int,
+        message: str,
+    ) -> None:
+        """A new value with its IOC timestamp (POSIX seconds + ns) and alarm."""
+
+    def on_meta(self, meta: Metadata) -> None:
+        """The channel's metadata, complete (it replaces the previous one)."""
+
+    def on_connection(self, state: ConnState, reason: str = "") -> None:
+        """Connection state changed. `reason` is for people (e.g. 'IOC disconnected')."""
+
+
+class Monitor(Protocol):
+    """A running upstream subscription."""
+
+    def close(self) -> None:
+        """Stop the subscription. Idempotent; no sink call happens after it returns."""
+
+
+class Backend(ABC):
+    """Upstream access for one channel-id scheme. `name` excludes the `scheme://` prefix."""
+
+    scheme: str
+
+    @abstractmethod
+    def monitor(self, name: str, sink: ChannelSink) -> Monitor:
+        """Start one upstream subscription for `name`, delivering to `sink`.
+
+        Returns at once; connection happens in the background and is reported through
+        `sink.on_connection`. An id that can never work (e.g. an unknown sim kind) reports
+        `ConnState.FAILED` with a reason instead of raising.
+        """
+
+    @abstractmethod
+    async def get(self, name: str, timeout: float) -> Reading:
+        """Read value, time, alarm and metadata. Raises ChannelNotFound / ChannelTimeout."""
+
+    @abstractmethod
+    async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
+        """Write `value` (converted to the channel's type; enum by index or label).
+
+        With `wait`, return only when the upstream server reports completion (CA put-callback,
+        PVA put). Raises TypeMismatch, ReadOnlyChannel, ChannelNotFound, ChannelTimeout,
+        PutRejected.
+        """
+
+    def names(self) -> Iterable[str]:
+        """Names this backend can list for search (e.g. sim kinds). Default: none."""
+        return ()
+
+    async def close(self) -> None:
+        """Release the upstream context. Monitors are closed by the hub before this."""

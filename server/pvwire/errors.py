@@ -1,0 +1,62 @@
+"""One error hierarchy for the server; each error carries a code that GraphQL clients see."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadChannelId",
+    "ChannelNotFound",
+    "ChannelTimeout",
+    "PutRejected",
+    "PvwireError",
+    "ReadOnlyChannel",
+    "TypeMismatch",
+    "WriteDenied",
+]
+
+
+class PvwireError(Exception):
+    """Base of every error pvwire reports to a client. `code` is stable and machine-readable."""
+
+    code = "ERROR"
+
+
+class BadChannelId(PvwireError):
+    """The id cannot be parsed or names an unknown scheme, e.g. 'foo://X'."""
+
+    code = "BAD_CHANNEL_ID"
+
+
+class ChannelNotFound(PvwireError):
+    """No server answered for the channel within the timeout (unknown or unreachable PV)."""
+
+    code = "NOT_FOUND"
+
+
+class ChannelTimeout(PvwireError):
+    """The channel exists but an operation (get, put with wait) did not complete in time."""
+
+    code = "TIMEOUT"
+
+
+class TypeMismatch(PvwireError):
+    """A put value cannot be converted to the channel's type, e.g. 'abc' to a float record."""
+
+    code = "TYPE_MISMATCH"
+
+
+class ReadOnlyChannel(PvwireError):
+    """The upstream server refuses writes to the channel (access rights, read-only kind)."""
+
+    code = "READ_ONLY"
+
+
+class WriteDenied(PvwireError):
+    """pvwire's own write rules do not allow writes to the channel."""
+
+    code = "WRITE_DENIED"
+
+
+class PutRejected(PvwireError):
+    """The upstream server answered the put with an error."""
+
+    code = "PUT_FAILED"

@@ -1,0 +1,36 @@
+"""The EPICS loopback-only network settings, read from the file shipped beside this module.
+
+One source for the Makefile (which includes the same file) and for every process the project
+starts: tests, benchmarks, the demo IOC and `pvwire-server serve --loopback`.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from importlib import resources
+
+__all__ = ["apply_loopback_env", "loopback_env"]
+
+
+@cache
+def loopback_env() -> dict[str, str]:
+    """The settings as a mapping, e.g. {"EPICS_CA_AUTO_ADDR_LIST": "NO", ...}."""
+    text = resources.files("pvwire").joinpath("epics-loopback.env").read_text()
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key.strip()] = value.strip()
+    return env
+
+
+def apply_loopback_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Set the loopback settings in `environ` (default: this process's environment).
+
+    Must run before libca or pvxs create a context: they read the environment once.
+    """
+    target: dict[str, str] = os.environ if environ is None else environ  # type: ignore[assignment]
+    target.update(loopback_env())
+    return target

@@ -1,0 +1,125 @@
+"""The channel model shared by backends, the hub, the encoder and the GraphQL layer.
+
+Field bits and codes mirror protocol/PROTOCOL.md sections 3-5; change both together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "ALARM",
+    "CONN",
+    "FULL",
+    "META",
+    "TIME",
+    "VALUE",
+    "ConnState",
+    "Limits",
+    "Metadata",
+    "Reading",
+    "Severity",
+    "Value",
+]
+
+# Entry field bits (PROTOCOL.md section 3).
+VALUE = 1
+TIME = 2
+ALARM = 4
+META = 8
+CONN = 16
+FULL = VALUE | TIME | ALARM | META | CONN
+
+Value: TypeAlias = "int | float | str | npt.NDArray[Any] | list[str] | dict[str, Any] | None"
+Limits: TypeAlias = tuple[float, float]
+
+
+class ConnState(IntEnum):
+    CONNECTING = 0
+    CONNECTED = 1
+    DISCONNECTED = 2
+    FAILED = 3
+
+
+class Severity(IntEnum):
+    NO_ALARM = 0
+    MINOR = 1
+    MAJOR = 2
+    INVALID = 3
+
+
+# EPICS menuAlarmStat, indexed by status number: CA gives only the number.
+ALARM_STATUS_NAMES = (
+    "NO_ALARM", "READ", "WRITE", "HIHI", "HIGH", "LOLO", "LOW", "STATE", "COS", "COMM",
+    "TIMEOUT", "HWLIMIT", "CALC", "SCAN", "LINK", "SOFT", "BAD_SUB", "UDF", "DISABLE", "SIMM",
+    "READ_ACCESS", "WRITE_ACCESS",
+)  # fmt: skip
+
+
+def alarm_status_name(status: int) -> str:
+    if 0 <= status < len(ALARM_STATUS_NAMES):
+        return ALARM_STATUS_NAMES[status]
+    return f"STATUS_{status}"
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """What a channel is, as opposed to what it reads now. Every field optional (None = unknown)."""
+
+    type: str | None = None
+    count: int | None = None
+    description: str | None = None
+    units: str | None = None
+    precision: int | None = None
+    form: str | None = None
+    display: Limits | None = None
+    control: Limits | None = None
+    alarm: Limits | None = None
+    warning: Limits | None = None
+    choices: tuple[str, ...] | None = None
+    writable: bool | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The PROTOCOL.md section 5 map: known keys only, limits as [low, high] lists."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, tuple):
+                v = list(v)
+            out[name] = v
+        return out
+
+    def replace(self, **changes: Any) -> Metadata:
+        values = {name: getattr(self, name) for name in self.__slots__}
+        values.update(changes)
+        return Metadata(**values)
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """Metadata `type` for a numpy dtype: int8 ... float64, bool."""
+    return "bool" if dtype == np.bool_ else str(np.dtype(dtype).newbyteorder("=").name)
+
+
+def is_nan_limits(limits: Limits | None) -> bool:
+    return limits is None or all(math.isnan(x) for x in limits)
+
+
+@dataclass(slots=True)
+class Reading:
+    """A complete read of a channel, as returned by a backend's `get`."""
+
+    value: Value
+    seconds: int
+    nanoseconds: int
+    severity: int = 0
+    status: int = 0
+    message: str = ""
+    meta: Metadata = field(default_factory=Metadata)
