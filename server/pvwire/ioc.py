@@ -147,6 +147,13 @@ class IocProcess:
             if stream is not None:
                 stream.close()
 
+    def execute(self, python_line: str) -> None:
+        """Run one line in the IOC's console (Python, with `ioc.iocshCmd` for iocsh commands)."""
+        if self._proc is None or self._proc.stdin is None:
+            raise RuntimeError("IOC is not running")
+        self._proc.stdin.write(python_line.encode() + b"\n\n")
+        self._proc.stdin.flush()
+
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 

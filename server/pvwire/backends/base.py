@@ -83,5 +83,5 @@ class Backend(ABC):
         """Names this backend can list for search (e.g. sim kinds). Default: none."""
         return ()
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, most backends need nothing
         """Release the upstream context. Monitors are closed by the hub before this."""

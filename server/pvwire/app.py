@@ -1,0 +1,120 @@
+"""The ASGI application: GraphQL at /graphql, the stream at /stream, probes, metrics, the page."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+from strawberry.fastapi import GraphQLRouter
+
+from . import __version__
+from .backends.base import Backend
+from .config import Settings
+from .graphql_api import make_schema
+from .hub import Hub
+from .metrics import render_metrics
+from .stream import serve_stream
+from .tokens import TokenSigner
+
+__all__ = ["create_app", "make_backends"]
+
+STATIC = Path(__file__).parent / "static"
+SETTINGS_ENV = "PVWIRE_SETTINGS_JSON"  # how `serve --workers N` hands settings to each worker
+MAX_LOOP_LAG_READY = 5.0  # seconds: a loop this late cannot serve anyone (DESIGN.md section 9)
+
+
+def make_backends(settings: Settings) -> dict[str, Backend]:
+    from .backends.ca import CaBackend
+    from .backends.pva import PvaBackend
+    from .backends.sim import SimBackend
+
+    return {"ca": CaBackend(), "pva": PvaBackend(), "sim": SimBackend()}
+
+
+def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None) -> FastAPI:
+    keys, kid = settings.signing_keys()
+    signer = TokenSigner(keys, kid, settings.token_ttl_s)
+    hub = Hub(backends if backends is not None else make_backends(settings), settings, signer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        hub.start()
+        try:
+            yield
+        finally:
+            await hub.stop()
+
+    app = FastAPI(
+        title="pvwire",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.hub = hub
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+        )
+
+    async def context(request: Request) -> dict[str, Any]:
+        return {"hub": hub, "request": request}
+
+    graphql: GraphQLRouter[Any, None] = GraphQLRouter(
+        make_schema(settings.max_query_depth),
+        context_getter=context,
+        graphql_ide="graphiql",
+        multipart_uploads_enabled=False,
+    )
+    app.include_router(graphql, prefix="/graphql")
+
+    @app.websocket("/stream")
+    async def stream(websocket: WebSocket) -> None:
+        await serve_stream(websocket, hub)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        lag = hub.stats.loop_lag
+        ready = lag < MAX_LOOP_LAG_READY
+        body = {"ready": ready, "loop_lag_s": lag, "channels": len(hub.channels)}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(hub), media_type="text/plain; version=0.0.4")
+
+    if (STATIC / "index.html").is_file():
+        app.mount("/", StaticFiles(directory=STATIC, html=True), name="page")
+    else:
+
+        @app.get("/")
+        async def no_page() -> PlainTextResponse:
+            return PlainTextResponse(
+                "pvwire is running; the demo page is not built (run `make tsbuild`).\n"
+                "GraphQL: /graphql   stream: /stream   metrics: /metrics\n"
+            )
+
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """Factory for uvicorn workers: settings come as JSON in PVWIRE_SETTINGS_JSON."""
+    settings = Settings()
+    settings.update(json.loads(os.environ[SETTINGS_ENV]))
+    return create_app(settings)

@@ -1,0 +1,198 @@
+"""One upstream channel: the cached latest state, shared by every client that watches it.
+
+A Channel is the `ChannelSink` its backend monitor delivers to. Upstream callbacks do O(1) work:
+store the new state, bump the serial, mark the channel dirty once per tick (DESIGN.md section 2).
+Encoding happens at the tick, once per channel whatever the number of clients (`body`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import wire
+from .backends.base import Backend, Monitor
+from .model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
+
+if TYPE_CHECKING:
+    from .view import View
+
+__all__ = ["ALL_MODE_LIMIT", "Channel", "DirtyListener"]
+
+# ALL mode keeps at most this many updates of one channel between two ticks; beyond it updates
+# are dropped and the serial tells clients how many. Bounds memory under overload: aioca's own
+# unbounded `all_updates` queue grew 195 MB -> 641 MB in 95 s (DESIGN.md section 9).
+ALL_MODE_LIMIT = 1000
+
+
+class DirtyListener:
+    """What a channel tells when it first changes after a tick (implemented by the Hub)."""
+
+    def mark_dirty(self, channel: Channel) -> None:
+        raise NotImplementedError
+
+
+class Channel:
+    __slots__ = (
+        "_cache",
+        "all_views",
+        "backend",
+        "dirty",
+        "history",
+        "id",
+        "known",
+        "listener",
+        "message",
+        "meta",
+        "meta_wire",
+        "monitor",
+        "name",
+        "nanoseconds",
+        "reason",
+        "refs",
+        "seconds",
+        "serial",
+        "severity",
+        "state",
+        "status",
+        "updates",
+        "value",
+        "views",
+        "write_allowed",
+    )
+
+    def __init__(
+        self,
+        channel_id: str,
+        backend: Backend,
+        name: str,
+        listener: DirtyListener,
+        write_allowed: bool = False,
+    ) -> None:
+        self.id = channel_id
+        self.write_allowed = write_allowed  # pvwire's write rules; `writable` needs both
+        self.backend = backend
+        self.name = name
+        self.listener = listener
+        self.monitor: Monitor | None = None
+        self.value: Value = None
+        self.serial = 0  # upstream updates since the monitor opened (PROTOCOL.md section 3)
+        self.updates = 0  # all updates ever, for rates in `server` stats
+        self.seconds = 0
+        self.nanoseconds = 0
+        self.severity = 0
+        self.status = 0
+        self.message = ""
+        self.meta = Metadata()
+        self.meta_wire: dict[str, Any] = {}
+        self.state = ConnState.CONNECTING
+        self.reason = ""
+        self.known = CONN  # fields with data: a snapshot sends exactly these
+        self.dirty = 0  # fields changed since the last tick
+        self.refs = 0  # views holding this channel
+        self.views: list[tuple[View, int]] = []  # (view, sid) pairs to notify at each tick
+        self.all_views = 0  # ALL-mode views: only then is `history` kept
+        self.history: list[wire.EntryBody] = []
+        self._cache: dict[int, wire.EntryBody] = {}
+
+    # --- ChannelSink: called by the backend on the event loop, O(1) --------------------------
+
+    def on_update(
+        self,
+        value: Value,
+        seconds: int,
+        nanoseconds: int,
+        severity: int,
+        status: int,
+        message: str,
+    ) -> None:
+        self.value = value
+        self.seconds = seconds
+        self.nanoseconds = nanoseconds
+        self.serial += 1
+        self.updates += 1
+        mask = VALUE | TIME
+        if severity != self.severity or status != self.status or message != self.message:
+            self.severity = severity
+            self.status = status
+            self.message = message
+            mask |= ALARM
+        if self.all_views and len(self.history) < ALL_MODE_LIMIT:
+            # ALL mode must keep this update even if another arrives before the tick.
+            self.history.append(self._encode(mask))
+        self._changed(mask)
+
+    def on_meta(self, meta: Metadata) -> None:
+        if meta.writable and not self.write_allowed:
+            meta = meta.replace(writable=False)
+        if meta == self.meta and self.known & META:
+            return
+        self.meta = meta
+        self.meta_wire = meta.to_wire()
+        self._changed(META)
+
+    def on_connection(self, state: ConnState, reason: str = "") -> None:
+        if state == self.state and reason == self.reason:
+            return
+        self.state = state
+        self.reason = reason
+        if state == ConnState.CONNECTED and self.serial and self.known & VALUE:
+            # A reconnect: the monitor will deliver a fresh first update; restart the serial so
+            # clients do not count the gap as conflated updates (PROTOCOL.md section 3).
+            self.serial = 0
+        self._changed(CONN)
+
+    def _changed(self, mask: int) -> None:
+        if self._cache:
+            self._cache = {}
+        self.known |= mask if not mask & VALUE else mask | ALARM
+        if not self.dirty:
+            self.listener.mark_dirty(self)
+        self.dirty |= mask
+
+    # --- encoding -----------------------------------------------------------------------------
+
+    def body(self, mask: int) -> wire.EntryBody:
+        """The entry body for `mask` (limited to known fields), encoded once per state."""
+        mask &= self.known
+        body = self._cache.get(mask)
+        if body is None:
+            body = self._cache[mask] = self._encode(mask)
+        return body
+
+    def full_body(self) -> wire.EntryBody:
+        """The entry a snapshot sends: everything known."""
+        return self.body(self.known)
+
+    def _encode(self, mask: int) -> wire.EntryBody:
+        return wire.encode_entry_body(
+            mask,
+            value=self.value,
+            serial=self.serial,
+            seconds=self.seconds,
+            nanoseconds=self.nanoseconds,
+            severity=self.severity,
+            status=self.status,
+            message=self.message,
+            metadata=self.meta_wire,
+            state=int(self.state),
+            reason=self.reason,
+        )
+
+    # --- control plane ------------------------------------------------------------------------
+
+    def reading(self) -> Reading | None:
+        """The cached state as a Reading, if it is complete enough to answer a get."""
+        if self.state != ConnState.CONNECTED or not self.known & VALUE or not self.known & META:
+            return None
+        return Reading(
+            value=self.value,
+            seconds=self.seconds,
+            nanoseconds=self.nanoseconds,
+            severity=self.severity,
+            status=self.status,
+            message=self.message,
+            meta=self.meta,
+        )
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.id} refs={self.refs} state={self.state.name} serial={self.serial}>"

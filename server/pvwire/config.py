@@ -1,0 +1,90 @@
+"""Server settings: defaults here, overridden by a TOML file, `PVWIRE_*` variables and flags."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Settings"]
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    default_scheme: str = "ca"
+    tick_ms: float = 20.0  # nominal interval between frames under load (DESIGN.md section 4)
+    heartbeat_s: float = 15.0  # proxies drop sockets idle for ~60 s
+    send_budget: int = 4 << 20  # per-connection queued bytes before conflation
+    stall_timeout_s: float = 10.0  # no send progress this long: close with 4008 SLOW
+    linger_s: float = 5.0  # an unwatched channel's monitor stays open this long
+    max_in_bytes: int = 65536  # largest client message
+    max_channels_per_subscription: int = 10_000
+    max_channels_per_connection: int = 100_000
+    max_query_depth: int = 12
+    token_ttl_s: float = 24 * 3600.0
+    token_keys: dict[str, str] = field(default_factory=dict)  # kid -> secret
+    token_kid: str = ""
+    write_rules: list[str] = field(default_factory=list)  # glob patterns of writable channel ids
+    catalogue: list[str] = field(default_factory=list)  # ids offered by search
+    allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
+    cors_origins: list[str] = field(default_factory=list)
+    get_timeout_s: float = 3.0
+    instance: str = field(default_factory=lambda: os.uname().nodename)
+
+    @classmethod
+    def load(cls, path: Path | None = None, env: dict[str, str] | None = None) -> Settings:
+        """Defaults, then the TOML file, then PVWIRE_<FIELD> variables (lists comma-separated)."""
+        settings = cls()
+        if path is not None:
+            settings.update(tomllib.loads(path.read_text()))
+        env = dict(os.environ) if env is None else env
+        for f in fields(cls):
+            raw = env.get(f"PVWIRE_{f.name.upper()}")
+            if raw is not None:
+                settings.update({f.name: raw})
+        if secret := env.get("PVWIRE_TOKEN_KEY"):
+            settings.token_keys = {settings.token_kid or "k1": secret, **settings.token_keys}
+        return settings
+
+    def update(self, values: dict[str, Any]) -> None:
+        types = {f.name: f.type for f in fields(self)}
+        for key, value in values.items():
+            key = key.replace("-", "_")
+            if key not in types:
+                raise ValueError(f"unknown setting {key!r}")
+            current = getattr(self, key)
+            if isinstance(value, str) and not isinstance(current, str):
+                value = _parse(value, current)
+            setattr(self, key, value)
+
+    def signing_keys(self) -> tuple[dict[str, bytes], str]:
+        """Keys for tokens; a random key for this process when none is configured.
+
+        A random key means tokens work only with this process: fine for one server, but replicas
+        must share a key (a Kubernetes Secret) so any of them can serve any token.
+        """
+        keys = {k: v.encode() for k, v in self.token_keys.items()}
+        if not keys:
+            keys = {"local": secrets.token_bytes(32)}
+        kid = self.token_kid if self.token_kid in keys else sorted(keys)[-1]
+        return keys, kid
+
+
+def _parse(raw: str, like: Any) -> Any:
+    if isinstance(like, bool):
+        return raw.lower() in ("1", "true", "yes", "on")
+    if isinstance(like, int):
+        return int(raw)
+    if isinstance(like, float):
+        return float(raw)
+    if isinstance(like, list):
+        return [x.strip() for x in raw.split(",") if x.strip()]
+    if isinstance(like, dict):
+        pairs = (x.split("=", 1) for x in raw.split(",") if "=" in x)
+        return {k.strip(): v.strip() for k, v in pairs}
+    return raw

@@ -1,0 +1,464 @@
+"""The control plane: GraphQL queries and mutations (no GraphQL subscriptions: data streams over
+the WebSocket). The schema equals protocol/schema.graphql (tests/test_graphql_schema.py).
+
+GraphQL is good for asking and bad for streaming (DESIGN.md section 1), so everything here is a
+thin adapter over the hub: resolve, call, convert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import strawberry
+from graphql import GraphQLError
+from strawberry.extensions import MaxTokensLimiter, QueryDepthLimiter
+from strawberry.scalars import JSON
+from strawberry.types import Info
+
+from . import __version__
+from .errors import BadChannelId, PvwireError
+from .format import format_value
+from .hub import Hub
+from .model import ConnState as ModelConnState
+from .model import Limits as ModelLimits
+from .model import Metadata as ModelMetadata
+from .model import Reading, alarm_status_name
+
+__all__ = ["make_schema"]
+
+
+@strawberry.enum
+class ConnectionState(Enum):
+    CONNECTING = "CONNECTING"
+    CONNECTED = "CONNECTED"
+    DISCONNECTED = "DISCONNECTED"
+    FAILED = "FAILED"
+
+
+@strawberry.enum
+class Severity(Enum):
+    NO_ALARM = "NO_ALARM"
+    MINOR = "MINOR"
+    MAJOR = "MAJOR"
+    INVALID = "INVALID"
+
+
+@strawberry.enum
+class StreamMode(Enum):
+    LATEST = "LATEST"
+    ALL = "ALL"
+
+
+@strawberry.type
+class Time:
+    seconds: float = strawberry.field(description="POSIX seconds (from the IOC timestamp)")
+    nanoseconds: int
+    iso: str = strawberry.field(description="ISO 8601, UTC, with nanoseconds")
+
+
+@strawberry.type
+class Alarm:
+    severity: Severity
+    status: str = strawberry.field(description="EPICS alarm status name, e.g. HIHI, UDF")
+    message: str
+
+
+@strawberry.type
+class Limits:
+    low: float | None
+    high: float | None
+
+
+@strawberry.type
+class Metadata:
+    type: str | None
+    count: int | None
+    description: str | None
+    units: str | None
+    precision: int | None
+    form: str | None
+    display: Limits | None
+    control: Limits | None
+    alarm: Limits | None
+    warning: Limits | None
+    choices: list[str] | None
+    writable: bool = strawberry.field(
+        description="pvwire's write rules allow puts and the upstream server grants write access"
+    )
+
+
+@strawberry.type
+class Channel:
+    id: str = strawberry.field(
+        description="canonical id, with scheme: ca://NAME, pva://NAME, sim://..."
+    )
+    value: JSON | None
+    display: str | None = strawberry.field(
+        description="value formatted for people: precision and units applied, enum as its label"
+    )
+    time: Time | None
+    alarm: Alarm | None
+    connection: ConnectionState
+    metadata: Metadata
+    error: str | None = strawberry.field(
+        description="why the channel could not be read; only set in channels(ids), "
+        "where one failure must not hide the rest"
+    )
+    error_code: str | None = strawberry.field(
+        description="machine-readable error code (NOT_FOUND, TIMEOUT, BAD_CHANNEL_ID...)"
+    )
+
+
+@strawberry.type
+class PutResult:
+    id: str
+    ok: bool
+    error: str | None
+    error_code: str | None
+
+
+@strawberry.type
+class StreamChannel:
+    sid: int = strawberry.field(
+        description="index of the channel in the token; entries on the stream are keyed by it"
+    )
+    id: str
+    metadata: Metadata | None
+
+
+@strawberry.type
+class StreamRegistration:
+    token: str
+    expires_at: float = strawberry.field(
+        description="POSIX seconds after which the token can no longer be attached"
+    )
+    stream_path: str = strawberry.field(description="path of the WebSocket to attach the token to")
+    channels: list[StreamChannel]
+
+
+@strawberry.type
+class ClientInfo:
+    id: int
+    address: str
+    attachments: int
+    channels: int
+    queued_bytes: int
+    conflated: float
+    frames_sent: float
+    bytes_sent: float
+    connected_seconds: float
+
+
+@strawberry.type
+class UpstreamInfo:
+    id: str
+    subscribers: int
+    updates: float
+    update_rate: float
+    connection: ConnectionState
+
+
+@strawberry.type
+class ServerInfo:
+    version: str
+    uptime: float
+    tick_ms: float
+    writes_enabled: bool
+    loop_lag_ms: float
+    clients: list[ClientInfo]
+    channels: list[UpstreamInfo]
+
+
+@strawberry.input
+class PutInput:
+    id: str
+    value: JSON
+
+
+@strawberry.input
+class SubscribeOptions:
+    max_rate: float = strawberry.field(
+        default=0.0,
+        description="at most this many DATA groups per second for this subscription; "
+        "0 = every tick",
+    )
+    mode: StreamMode = StreamMode.LATEST
+
+
+# --- conversions --------------------------------------------------------------------------------
+
+
+def _hub(info: Info) -> Hub:
+    hub: Hub = info.context["hub"]
+    return hub
+
+
+def _who(info: Info) -> str:
+    request = info.context.get("request")
+    client = getattr(request, "client", None)
+    return f"{client.host}:{client.port}" if client else "unknown"
+
+
+def _error(exc: PvwireError) -> GraphQLError:
+    return GraphQLError(str(exc), extensions={"code": exc.code})
+
+
+def _json(value: Any) -> Any:
+    """A value as JSON: arrays as lists, NaN and infinities as null (JSON has neither)."""
+    if isinstance(value, np.ndarray):
+        return _json(value.tolist()) if value.dtype.kind == "f" else value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.generic):
+        return _json(value.item())
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    return value
+
+
+def _limits(limits: ModelLimits | None) -> Limits | None:
+    if limits is None:
+        return None
+    low, high = (x if math.isfinite(x) else None for x in limits)
+    return None if low is None and high is None else Limits(low=low, high=high)
+
+
+def _metadata(meta: ModelMetadata) -> Metadata:
+    return Metadata(
+        type=meta.type,
+        count=meta.count,
+        description=meta.description,
+        units=meta.units,
+        precision=meta.precision,
+        form=meta.form,
+        display=_limits(meta.display),
+        control=_limits(meta.control),
+        alarm=_limits(meta.alarm),
+        warning=_limits(meta.warning),
+        choices=list(meta.choices) if meta.choices is not None else None,
+        writable=bool(meta.writable),
+    )
+
+
+def _time(seconds: int, nanoseconds: int) -> Time:
+    stamp = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return Time(seconds=float(seconds), nanoseconds=nanoseconds, iso=f"{stamp}.{nanoseconds:09d}Z")
+
+
+def _channel(cid: str, reading: Reading) -> Channel:
+    return Channel(
+        id=cid,
+        value=_json(reading.value),
+        display=format_value(reading.value, reading.meta),
+        time=_time(reading.seconds, reading.nanoseconds),
+        alarm=Alarm(
+            severity=Severity[_severity_name(reading.severity)],
+            status=alarm_status_name(reading.status),
+            message=reading.message,
+        ),
+        connection=ConnectionState.CONNECTED,
+        metadata=_metadata(reading.meta),
+        error=None,
+        error_code=None,
+    )
+
+
+def _severity_name(severity: int) -> str:
+    return ("NO_ALARM", "MINOR", "MAJOR", "INVALID")[min(max(severity, 0), 3)]
+
+
+def _failed(cid: str, exc: PvwireError) -> Channel:
+    state = ConnectionState.FAILED if isinstance(exc, BadChannelId) else ConnectionState.CONNECTING
+    return Channel(
+        id=cid,
+        value=None,
+        display=None,
+        time=None,
+        alarm=None,
+        connection=state,
+        metadata=_metadata(ModelMetadata()),
+        error=str(exc),
+        error_code=exc.code,
+    )
+
+
+# --- root types ---------------------------------------------------------------------------------
+
+
+@strawberry.type
+class Query:
+    @strawberry.field(
+        description="read one channel (from the cache when it is monitored); "
+        "errors: NOT_FOUND, TIMEOUT, BAD_CHANNEL_ID"
+    )
+    async def channel(self, info: Info, id: str, timeout: float = 3.0) -> Channel:
+        try:
+            cid, reading = await _hub(info).get(id, _clamp_timeout(timeout))
+        except PvwireError as exc:
+            raise _error(exc) from None
+        return _channel(cid, reading)
+
+    @strawberry.field
+    async def channels(self, info: Info, ids: list[str], timeout: float = 3.0) -> list[Channel]:
+        hub = _hub(info)
+        _check_count(hub, ids)
+
+        async def one(i: str) -> Channel:
+            try:
+                cid, reading = await hub.get(i, _clamp_timeout(timeout))
+            except PvwireError as exc:
+                return _failed(i, exc)
+            return _channel(cid, reading)
+
+        return list(await asyncio.gather(*(one(i) for i in ids)))
+
+    @strawberry.field(
+        description="glob pattern (*, ?, [..]) over catalogue, active and sim channels; "
+        "ids returned in sorted order"
+    )
+    def search(self, info: Info, pattern: str, limit: int = 100) -> list[str]:
+        return _hub(info).search(pattern, min(limit, 10_000))
+
+    @strawberry.field
+    def server(self, info: Info) -> ServerInfo:
+        hub = _hub(info)
+        now = time.monotonic()
+        return ServerInfo(
+            version=__version__,
+            uptime=time.time() - hub.started,
+            tick_ms=hub.settings.tick_ms,
+            writes_enabled=bool(hub.settings.write_rules),
+            loop_lag_ms=hub.stats.loop_lag * 1000.0,
+            clients=[
+                ClientInfo(
+                    id=s.number,
+                    address=s.address,
+                    attachments=len(s.attachments),
+                    channels=s.channel_count,
+                    queued_bytes=s.queued_bytes,
+                    conflated=float(s.conflated),
+                    frames_sent=float(s.frames_sent),
+                    bytes_sent=float(s.bytes_sent),
+                    connected_seconds=now - s.connected_at,
+                )
+                for s in sorted(hub.sessions, key=lambda s: s.number)
+            ],
+            channels=[
+                UpstreamInfo(
+                    id=cid,
+                    subscribers=sum(len(v.attachments) for v, _ in ch.views),
+                    updates=float(ch.updates),
+                    update_rate=float(hub.rates.get(cid, 0)),
+                    connection=ConnectionState[ModelConnState(ch.state).name],
+                )
+                for cid, ch in sorted(hub.channels.items())
+            ],
+        )
+
+
+def _clamp_timeout(timeout: float) -> float:
+    if not timeout > 0:
+        raise GraphQLError(
+            "timeout must be a positive number of seconds", extensions={"code": "BAD_REQUEST"}
+        )
+    return min(timeout, 60.0)
+
+
+def _check_count(hub: Hub, ids: list[str]) -> None:
+    limit = hub.settings.max_channels_per_subscription
+    if len(ids) > limit:
+        raise GraphQLError(
+            f"{len(ids)} channels requested; at most {limit} per request",
+            extensions={"code": "TOO_MANY_CHANNELS"},
+        )
+
+
+@strawberry.type
+class Mutation:
+    @strawberry.mutation(
+        description="errors: WRITE_DENIED, READ_ONLY, TYPE_MISMATCH, TIMEOUT, NOT_FOUND, "
+        "PUT_FAILED (in extensions.code)"
+    )
+    async def put(
+        self, info: Info, id: str, value: JSON, wait: bool = False, timeout: float = 5.0
+    ) -> PutResult:
+        try:
+            cid = await _hub(info).put(id, value, wait, _clamp_timeout(timeout), _who(info))
+        except PvwireError as exc:
+            raise _error(exc) from None
+        return PutResult(id=cid, ok=True, error=None, error_code=None)
+
+    @strawberry.mutation(
+        description="one result per put, in order; a failing put does not stop the others"
+    )
+    async def put_many(
+        self, info: Info, puts: list[PutInput], wait: bool = False, timeout: float = 5.0
+    ) -> list[PutResult]:
+        hub = _hub(info)
+        _check_count(hub, [p.id for p in puts])
+        limit = _clamp_timeout(timeout)
+
+        async def one(p: PutInput) -> PutResult:
+            try:
+                cid = await hub.put(p.id, p.value, wait, limit, _who(info))
+            except PvwireError as exc:
+                return PutResult(id=p.id, ok=False, error=str(exc), error_code=exc.code)
+            return PutResult(id=cid, ok=True, error=None, error_code=None)
+
+        return list(await asyncio.gather(*(one(p) for p in puts)))
+
+    @strawberry.mutation
+    def subscribe(
+        self, info: Info, ids: list[str], options: SubscribeOptions | None = None
+    ) -> StreamRegistration:
+        hub = _hub(info)
+        options = options or SubscribeOptions()
+        if not ids:
+            raise GraphQLError(
+                "subscribe needs at least one channel id", extensions={"code": "BAD_REQUEST"}
+            )
+        _check_count(hub, ids)
+        if not 0 <= options.max_rate <= 1000 or math.isnan(options.max_rate):
+            raise GraphQLError(
+                "maxRate must be between 0 (every tick) and 1000 Hz",
+                extensions={"code": "BAD_REQUEST"},
+            )
+        canonical = []
+        for i in ids:
+            try:
+                canonical.append(hub.resolve(i)[0])
+            except PvwireError as exc:
+                raise _error(exc) from None
+        token = hub.signer.sign(canonical, options.mode.value, options.max_rate)
+        claims = hub.signer.verify(token)
+        channels = []
+        for sid, cid in enumerate(canonical):
+            ch = hub.channels.get(cid)
+            meta = _metadata(ch.meta) if ch is not None and ch.meta != ModelMetadata() else None
+            channels.append(StreamChannel(sid=sid, id=cid, metadata=meta))
+        return StreamRegistration(
+            token=token,
+            expires_at=float(claims.expires_at),
+            stream_path="/stream",
+            channels=channels,
+        )
+
+
+def make_schema(max_depth: int) -> strawberry.Schema:
+    return strawberry.Schema(
+        query=Query,
+        mutation=Mutation,
+        extensions=[
+            # Bound the cost of any one request (DESIGN.md section 7).
+            lambda: QueryDepthLimiter(max_depth=max_depth),
+            lambda: MaxTokensLimiter(max_token_count=20_000),
+        ],
+    )

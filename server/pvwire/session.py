@@ -1,0 +1,256 @@
+"""One client connection's protocol state, with no I/O (the h11 / caproto pattern).
+
+The WebSocket endpoint (`stream.py`) is a thin pump around it: it feeds `receive()` with each
+incoming message, sends what `next_frame()` returns and reports each completed send to `sent()`,
+and closes the socket when `close_request` is set. The hub drives it at every tick
+(`collect` + `flush_tick`) and once a second (`housekeeping`).
+
+Flow control (PROTOCOL.md section 9): frames are queued while the bytes queued stay under
+`send_budget`. Past it the session is *behind*: it stops queueing and merges the changes it would
+have sent per channel (latest value wins, the serial keeps the count). When the writer has drained
+below the budget, one catch-up DATA carries the merged changes. A queue that makes no progress for
+`stall_timeout` closes the connection with 4008 SLOW. Nothing here ever waits for the client, so a
+slow client cannot delay the tick or anyone else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from . import wire
+from .tokens import Claims, TokenError
+from .view import View
+
+__all__ = ["Session", "SessionHost", "SessionLimits"]
+
+BAD_MESSAGE = 4400
+UNKNOWN_ATTACHMENT = 4404
+TOO_MANY_CHANNELS = 4413
+SLOW = 4008
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    send_budget: int = 4 << 20  # bytes queued before the session merges instead of queueing
+    stall_timeout: float = 10.0  # seconds without send progress before closing with SLOW
+    heartbeat: float = 15.0  # seconds of silence before a HEARTBEAT
+    max_channels: int = 100_000  # channels over all attachments of one connection
+
+
+class SessionHost(Protocol):
+    """What a session needs from the hub."""
+
+    def verify_token(self, token: str) -> Claims: ...
+    def open_view(self, claims: Claims, session: Session, att: int) -> View: ...
+    def close_view(self, view: View, session: Session, att: int) -> None: ...
+
+
+class Session:
+    def __init__(
+        self,
+        number: int,
+        address: str,
+        host: SessionHost,
+        hello: bytes,
+        limits: SessionLimits,
+        wake: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.number = number
+        self.address = address
+        self.limits = limits
+        self._host = host
+        self._wake = wake
+        self._clock = clock
+        self.connected_at = clock()
+        self.attachments: dict[int, View] = {}
+        self.channel_count = 0
+        self._next_att = 1
+        self._seq = 0
+        self._queue: deque[bytes] = deque()
+        self.queued_bytes = 0  # includes the frame being sent until `sent()` reports it
+        self._last_progress = self.connected_at
+        self._last_send = self.connected_at
+        self.behind = False
+        self._pending: dict[int, dict[int, int]] = {}  # att -> sid -> merged mask while behind
+        self._tick_groups: list[tuple[int, View]] = []
+        self.close_request: tuple[int, str] | None = None
+        # Counters for `server` stats and metrics.
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        self.conflated = 0  # entries merged away while behind
+        self.errors_sent = 0
+        self._queue_frame(hello)
+
+    # --- incoming -----------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """Handle one client message. Errors are answered, never raised."""
+        if self.close_request:
+            return
+        if self.queued_bytes > 2 * self.limits.send_budget:
+            # Every request queues an answer: a client that sends but does not read would grow
+            # the queue without bound.
+            self.request_close(SLOW, "client sends requests but does not read the answers")
+            return
+        try:
+            msg = wire.decode_client_message(data)
+        except wire.BadMessage as exc:
+            self._error(None, BAD_MESSAGE, str(exc))
+            return
+        if isinstance(msg, wire.Attach):
+            self._attach(msg.req, msg.token)
+        elif isinstance(msg, wire.Detach):
+            self._detach(msg.req, msg.att)
+        else:
+            self._queue_frame(wire.encode_pong(msg.nonce))
+
+    def receive_text(self) -> None:
+        """A text message: the protocol is binary MessagePack only."""
+        if not self.close_request:
+            self._error(
+                None,
+                BAD_MESSAGE,
+                "text messages are not part of the protocol; "
+                "send binary MessagePack (PROTOCOL.md section 1)",
+            )
+
+    def _attach(self, req: int, token: str) -> None:
+        try:
+            claims = self._host.verify_token(token)
+        except TokenError as exc:
+            self.request_close(exc.close_code, str(exc))
+            return
+        if self.channel_count + len(claims.ids) > self.limits.max_channels:
+            self._error(
+                req,
+                TOO_MANY_CHANNELS,
+                f"attaching {len(claims.ids)} channels would exceed this connection's limit of "
+                f"{self.limits.max_channels} (now {self.channel_count})",
+            )
+            return
+        att = self._next_att
+        self._next_att += 1
+        view = self._host.open_view(claims, self, att)
+        self.attachments[att] = view
+        self.channel_count += len(view.channels)
+        self._queue_frame(wire.encode_attached(req, att, view.key.ids))
+        self._queue_frame(wire.encode_snapshot(self._next_seq(), att, view.snapshot_entries()))
+
+    def _detach(self, req: int, att: int) -> None:
+        view = self.attachments.pop(att, None)
+        if view is None:
+            self._error(req, UNKNOWN_ATTACHMENT, f"att {att} is not attached")
+            return
+        self._release(att, view)
+        self._queue_frame(wire.encode_detached(req, att))
+
+    def _release(self, att: int, view: View) -> None:
+        self.channel_count -= len(view.channels)
+        self._pending.pop(att, None)
+        self._tick_groups = [(a, v) for a, v in self._tick_groups if a != att]
+        self._host.close_view(view, self, att)
+
+    def _error(self, req: int | None, code: int, message: str) -> None:
+        self.errors_sent += 1
+        self._queue_frame(wire.encode_error(req, code, message))
+
+    # --- tick ---------------------------------------------------------------------------------
+
+    def collect(self, att: int, view: View) -> bool:
+        """The hub hands over an emitting view; True if this is the session's first this tick."""
+        first = not self._tick_groups
+        self._tick_groups.append((att, view))
+        return first
+
+    def flush_tick(self) -> None:
+        """Queue this tick's DATA, or merge it into the pending changes when behind."""
+        groups, self._tick_groups = self._tick_groups, []
+        if not groups or self.close_request:
+            return
+        if self.behind or self.queued_bytes >= self.limits.send_budget:
+            self.behind = True
+            for att, view in groups:
+                pending = self._pending.setdefault(att, {})
+                for sid, mask in view.tick_masks.items():
+                    old = pending.get(sid)
+                    if old is None:
+                        pending[sid] = mask
+                    else:
+                        pending[sid] = old | mask
+                        self.conflated += 1
+            return
+        frame = wire.encode_data(self._next_seq(), [(att, v.tick_entries) for att, v in groups])
+        self._queue_frame(frame)
+
+    def _catch_up(self) -> None:
+        """One DATA with everything merged while behind, from the channels' current state."""
+        groups = []
+        for att, pending in self._pending.items():
+            channels = self.attachments[att].channels
+            entries = [wire.entry(sid, channels[sid].body(m)) for sid, m in pending.items()]
+            if entries:
+                groups.append((att, wire.entries_array(entries)))
+        self._pending.clear()
+        self.behind = False
+        if groups:
+            self._queue_frame(wire.encode_data(self._next_seq(), groups))
+
+    # --- outgoing -----------------------------------------------------------------------------
+
+    def next_frame(self) -> bytes | None:
+        """The next message to send, or None. It stays counted as queued until `sent()`."""
+        return self._queue.popleft() if self._queue else None
+
+    def sent(self, nbytes: int) -> None:
+        """The writer finished sending a frame of `nbytes`."""
+        self.queued_bytes -= nbytes
+        self.frames_sent += 1
+        self.bytes_sent += nbytes
+        now = self._clock()
+        self._last_progress = now
+        self._last_send = now
+        if self.behind and self.queued_bytes < self.limits.send_budget // 2:
+            self._catch_up()
+
+    def housekeeping(self, now: float) -> None:
+        """Once a second: close a stalled client; keep an idle one alive."""
+        if self.close_request:
+            return
+        if self.queued_bytes and now - self._last_progress > self.limits.stall_timeout:
+            self.request_close(
+                SLOW,
+                f"client read nothing for {now - self._last_progress:.0f} s "
+                f"with {self.queued_bytes} bytes queued",
+            )
+        elif not self.queued_bytes and now - self._last_send >= self.limits.heartbeat:
+            self._queue_frame(wire.HEARTBEAT)
+
+    def request_close(self, code: int, reason: str) -> None:
+        if self.close_request is None:
+            # Close reasons are limited to 123 bytes by RFC 6455.
+            self.close_request = (code, reason.encode()[:123].decode(errors="ignore"))
+            self._wake()
+
+    def close(self) -> None:
+        """The connection is gone: release every attachment. Idempotent."""
+        for att, view in list(self.attachments.items()):
+            self._release(att, view)
+        self.attachments.clear()
+        self._queue.clear()
+        self.queued_bytes = 0
+
+    def _queue_frame(self, frame: bytes) -> None:
+        if not self.queued_bytes:
+            self._last_progress = self._clock()
+        self._queue.append(frame)
+        self.queued_bytes += len(frame)
+        self._wake()
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq

@@ -1,0 +1,133 @@
+"""The `/stream` WebSocket: a thin pump around `Session` (all protocol logic lives there).
+
+Two tasks per connection: a reader feeding `session.receive`, and a writer sending what the session
+queued. The writer is the only place that awaits the client, so a client that stops reading blocks
+only its own writer; the hub never waits (DESIGN.md section 9: a broadcaster awaiting `send` per
+client let one stalled client cut healthy clients from 10 to ~2 frames/s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from . import __version__, wire
+from .hub import Hub
+from .session import Session, SessionLimits
+
+__all__ = ["SUBPROTOCOL", "serve_stream"]
+
+log = logging.getLogger("pvwire.stream")
+
+SUBPROTOCOL = "pvwire.v1"
+POLICY = 1008
+INTERNAL = 1011
+GOING_AWAY = 1001
+CLOSE_TIMEOUT = 5.0  # seconds to deliver a close frame before dropping the connection
+
+_numbers = itertools.count(1)
+
+
+def _limits(hub: Hub) -> SessionLimits:
+    s = hub.settings
+    return SessionLimits(
+        send_budget=s.send_budget,
+        stall_timeout=s.stall_timeout_s,
+        heartbeat=s.heartbeat_s,
+        max_channels=s.max_channels_per_connection,
+    )
+
+
+async def serve_stream(websocket: WebSocket, hub: Hub) -> None:
+    settings = hub.settings
+    origin = websocket.headers.get("origin")
+    if settings.allowed_origins and origin not in settings.allowed_origins:
+        await websocket.accept()
+        await websocket.close(POLICY, f"origin {origin!r} is not allowed")
+        hub.count_close(POLICY)
+        return
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+
+    wake = asyncio.Event()
+    closing = asyncio.Event()
+    client = websocket.client
+    address = f"{client.host}:{client.port}" if client else "unknown"
+    hello = wire.encode_hello(
+        f"pvwire/{__version__} {settings.instance}",
+        round(settings.tick_ms),
+        round(settings.heartbeat_s * 1000),
+        settings.max_in_bytes,
+    )
+
+    def on_wake() -> None:
+        wake.set()
+        if session.close_request:
+            closing.set()
+
+    session = Session(next(_numbers), address, hub, hello, _limits(hub), on_wake)
+    hub.add_session(session)
+    reader = asyncio.create_task(_read(websocket, session))
+    writer = asyncio.create_task(_write(websocket, session, wake))
+    closer = asyncio.create_task(closing.wait())
+    code = 1000
+    try:
+        await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
+        if session.close_request:
+            code, reason = session.close_request
+            writer.cancel()
+            reader.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(websocket.close(code, reason), CLOSE_TIMEOUT)
+        elif reader.done() and (exc := reader.exception()) is not None:
+            log.exception("stream reader failed", exc_info=exc)
+            code = INTERNAL
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(websocket.close(INTERNAL, "internal error"), CLOSE_TIMEOUT)
+        elif reader.done():
+            code = reader.result()
+        else:
+            code = 1006  # the writer lost the connection
+    except asyncio.CancelledError:
+        # Server shutting down: tell the client to come back (maybe to another replica).
+        code = GOING_AWAY
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(websocket.close(GOING_AWAY, "server shutting down"), 1.0)
+        raise
+    finally:
+        for task in (reader, writer, closer):
+            task.cancel()
+        hub.remove_session(session)
+        hub.count_close(code)
+
+
+async def _read(websocket: WebSocket, session: Session) -> int:
+    """Feed client messages to the session; returns the client's close code."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return int(message.get("code") or 1005)
+        data = message.get("bytes")
+        if data is not None:
+            session.receive(data)
+        elif message.get("text") is not None:
+            session.receive_text()
+        if session.close_request:
+            return session.close_request[0]
+
+
+async def _write(websocket: WebSocket, session: Session, wake: asyncio.Event) -> None:
+    try:
+        while True:
+            await wake.wait()
+            wake.clear()
+            while (frame := session.next_frame()) is not None:
+                await websocket.send_bytes(frame)
+                session.sent(len(frame))
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        # The client went away mid-send; the reader sees the disconnect and ends the session.
+        return

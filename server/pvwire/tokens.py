@@ -1,0 +1,116 @@
+"""Stateless signed stream tokens (PROTOCOL.md section 7).
+
+A token carries everything needed to serve its stream (channel ids and options), signed with
+HMAC-SHA256. Any replica holding the key verifies it without shared state, so a client can
+reconnect to another replica after a restart with no sticky sessions. `kid` names the key, so keys
+rotate: sign with the newest, verify with any still listed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Claims", "TokenError", "TokenExpired", "TokenSigner"]
+
+PREFIX = "pvw1"
+# Bounds what a forged or corrupted token can make the server parse.
+MAX_TOKEN_BYTES = 1 << 20
+
+
+class TokenError(Exception):
+    """The token is malformed, its signature is wrong, or its key id is unknown (close 4401)."""
+
+    close_code = 4401
+
+
+class TokenExpired(TokenError):
+    """The token was valid but has expired (close 4402)."""
+
+    close_code = 4402
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    ids: tuple[str, ...]
+    mode: str
+    max_rate: float
+    issued_at: int
+    expires_at: int
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class TokenSigner:
+    """Signs with `keys[signing_kid]`; verifies with any key in `keys`."""
+
+    def __init__(
+        self,
+        keys: Mapping[str, bytes],
+        signing_kid: str,
+        ttl: float = 24 * 3600,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if signing_kid not in keys:
+            raise ValueError(f"signing key id {signing_kid!r} is not among the keys")
+        for kid in keys:
+            if not kid or "." in kid:
+                raise ValueError(f"key id {kid!r} must be non-empty and contain no '.'")
+        self._keys = dict(keys)
+        self._kid = signing_kid
+        self.ttl = ttl
+        self._clock = clock
+
+    def sign(self, ids: Sequence[str], mode: str = "LATEST", max_rate: float = 0.0) -> str:
+        now = int(self._clock())
+        payload = {
+            "ids": list(ids),
+            "mode": mode,
+            "maxRate": max_rate,
+            "iat": now,
+            "exp": now + int(self.ttl),
+        }
+        body = _b64(json.dumps(payload, separators=(",", ":")).encode())
+        signed = f"{PREFIX}.{self._kid}.{body}"
+        return f"{signed}.{self._mac(self._kid, signed)}"
+
+    def verify(self, token: str) -> Claims:
+        if len(token) > MAX_TOKEN_BYTES:
+            raise TokenError("token too long")
+        parts = token.split(".")
+        if len(parts) != 4 or parts[0] != PREFIX:
+            raise TokenError("not a pvwire token (expected pvw1.<kid>.<payload>.<signature>)")
+        _, kid, body, signature = parts
+        if kid not in self._keys:
+            raise TokenError(f"token signed with unknown key id {kid!r}")
+        expected = self._mac(kid, f"{PREFIX}.{kid}.{body}")
+        if not hmac.compare_digest(expected, signature):
+            raise TokenError("token signature does not match")
+        try:
+            payload = json.loads(_unb64(body))
+            claims = Claims(
+                ids=tuple(str(i) for i in payload["ids"]),
+                mode=str(payload["mode"]),
+                max_rate=float(payload["maxRate"]),
+                issued_at=int(payload["iat"]),
+                expires_at=int(payload["exp"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TokenError(f"token payload unreadable: {exc}") from None
+        if self._clock() >= claims.expires_at:
+            raise TokenExpired(f"token expired at {claims.expires_at} (POSIX seconds)")
+        return claims
+
+    def _mac(self, kid: str, signed: str) -> str:
+        return _b64(hmac.new(self._keys[kid], signed.encode(), hashlib.sha256).digest())

@@ -1,0 +1,105 @@
+"""A view: one token's channel list with its options, shared by every attachment of that token.
+
+The fan-out case (many clients showing the same screen) is many attachments of one view. A view
+turns the tick's changed channels into its `entries` array ONCE; each attached session then only
+prefixes a few bytes of frame header to it. Per update and per extra client the cost is close to
+zero (DESIGN.md section 8: cost per extra client close to zero).
+
+`maxRate` is applied here: changes of a view that is not due yet stay merged in `pending` (latest
+value wins, the serial keeps the count) until it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import wire
+from .channel import Channel
+from .model import CONN, META
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
+
+# ALL mode: most entries one view holds between emissions (a maxRate-limited ALL view under
+# heavy load); about 3 MB of small entries.
+ALL_PENDING_LIMIT = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class ViewKey:
+    ids: tuple[str, ...]
+    mode: str  # "LATEST" or "ALL"
+    max_rate: float  # Hz, 0 = every tick
+
+
+class View:
+    __slots__ = (
+        "all_mode",
+        "attachments",
+        "channels",
+        "key",
+        "next_due",
+        "pending",
+        "pending_all",
+        "period",
+        "tick_entries",
+        "tick_masks",
+    )
+
+    def __init__(self, key: ViewKey, channels: list[Channel]):
+        self.key = key
+        self.channels = channels  # index = sid
+        self.all_mode = key.mode == "ALL"
+        self.period = 1.0 / key.max_rate if key.max_rate > 0 else 0.0
+        self.next_due = 0.0
+        self.pending: dict[int, int] = {}  # sid -> merged field mask since the last emission
+        self.pending_all: list[bytes] = []  # ALL mode: encoded entries in upstream order
+        self.attachments: list[tuple[Session, int]] = []  # (session, att)
+        # What the last emission sent: read by sessions at the same tick.
+        self.tick_entries = b""
+        self.tick_masks: dict[int, int] = {}
+
+    def add_change(self, sid: int, mask: int, channel: Channel) -> bool:
+        """Record that channel `sid` changed; True if the view had nothing pending before."""
+        pending = self.pending
+        first = not pending
+        pending[sid] = pending.get(sid, 0) | mask
+        if self.all_mode:
+            out = self.pending_all
+            if channel.history:
+                # Metadata and connection changes go first, then every update in order.
+                rest = mask & (META | CONN)
+                if rest:
+                    out.append(wire.entry(sid, channel.body(rest)))
+                out.extend(wire.entry(sid, b) for b in channel.history)
+            else:
+                out.append(wire.entry(sid, channel.body(mask)))
+            if len(out) > ALL_PENDING_LIMIT:
+                # Oldest dropped first; the serial tells the client how many it missed.
+                del out[: len(out) - ALL_PENDING_LIMIT]
+        return first
+
+    def due(self, now: float) -> bool:
+        return not self.period or now >= self.next_due
+
+    def emit(self, now: float) -> None:
+        """Turn pending changes into `tick_entries` / `tick_masks` for this tick's sessions."""
+        if self.all_mode:
+            entries = self.pending_all
+            self.pending_all = []
+        else:
+            channels = self.channels
+            entries = [wire.entry(sid, channels[sid].body(m)) for sid, m in self.pending.items()]
+        self.tick_entries = wire.entries_array(entries)
+        self.tick_masks = self.pending
+        self.pending = {}
+        if self.period:
+            self.next_due = max(self.next_due + self.period, now)
+
+    def snapshot_entries(self) -> bytes:
+        return wire.entries_array(
+            [wire.entry(sid, ch.full_body()) for sid, ch in enumerate(self.channels)]
+        )

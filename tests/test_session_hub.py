@@ -1,0 +1,434 @@
+"""The session state machine and the hub, in memory: no sockets, no IOC (a test-double backend).
+
+Ticks are driven by hand so every assertion is exact; the same code runs under the real pump in
+tests/test_server_*.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from pvwire.backends.base import Backend, ChannelSink
+from pvwire.config import Settings
+from pvwire.hub import Hub
+from pvwire.model import ConnState, Metadata, Reading
+from pvwire.session import Session, SessionLimits
+from pvwire.tokens import TokenSigner
+
+KEYS = {"k1": b"secret"}
+
+
+class FakeMonitor:
+    def __init__(self, backend: FakeBackend, name: str) -> None:
+        self.backend, self.name, self.closed = backend, name, False
+
+    def close(self) -> None:
+        self.closed = True
+        self.backend.sinks.pop(self.name, None)
+
+
+class FakeBackend(Backend):
+    """Records monitors; tests push updates through `update`."""
+
+    scheme = "fake"
+
+    def __init__(self) -> None:
+        self.sinks: dict[str, ChannelSink] = {}
+        self.opened: list[str] = []
+        self.monitors: list[FakeMonitor] = []
+
+    def monitor(self, name: str, sink: ChannelSink) -> FakeMonitor:
+        self.opened.append(name)
+        self.sinks[name] = sink
+        sink.on_meta(Metadata(type="float64", units="mm", precision=2, writable=True))
+        sink.on_connection(ConnState.CONNECTED)
+        mon = FakeMonitor(self, name)
+        self.monitors.append(mon)
+        return mon
+
+    def update(self, name: str, value: Any, severity: int = 0, t: int = 1700000000) -> None:
+        self.sinks[name].on_update(value, t, 0, severity, 0, "")
+
+    async def get(self, name: str, timeout: float) -> Reading:
+        return Reading(value=0.0, seconds=1, nanoseconds=0)
+
+    async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
+        return None
+
+    def names(self) -> Iterable[str]:
+        return ["a", "b"]
+
+
+def decode(frame: bytes) -> Any:
+    def ext(code: int, data: bytes) -> Any:
+        dt = ["i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8"][data[0]]
+        ndim = data[1]
+        dims = [int.from_bytes(data[2 + 4 * i : 6 + 4 * i], "little") for i in range(ndim)]
+        return np.frombuffer(data[2 + 4 * ndim :], dtype="<" + dt).reshape(dims)
+
+    return msgpack.unpackb(frame, ext_hook=ext, raw=False, strict_map_key=False)
+
+
+class Client:
+    """A session plus the frames it produced, as a socket pump would see them."""
+
+    def __init__(self, hub: Hub, limits: SessionLimits | None = None, clock: Any = None) -> None:
+        kwargs = {"clock": clock} if clock else {}
+        self.session = Session(
+            len(hub.sessions) + 1, "test", hub, b"\x91\x00", limits or SessionLimits(),
+            lambda: None, **kwargs,
+        )  # fmt: skip
+        hub.add_session(self.session)
+        self.received: list[Any] = []
+
+    def send(self, *msg: Any) -> None:
+        self.session.receive(msgpack.packb(list(msg)))
+
+    def drain(self) -> list[Any]:
+        """Send everything queued (the client reads it all)."""
+        out = []
+        while (frame := self.session.next_frame()) is not None:
+            self.session.sent(len(frame))
+            out.append(decode(frame))
+        self.received += out
+        return out
+
+    def pop_unsent(self) -> list[Any]:
+        out = []
+        while (frame := self.session.next_frame()) is not None:
+            out.append(decode(frame))
+        return out
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+async def hub(backend: FakeBackend) -> Any:
+    settings = Settings(default_scheme="fake", linger_s=0.0, tick_ms=20)
+    h = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    h.start()
+    yield h
+    await h.stop()
+
+
+def attach(client: Client, hub: Hub, ids: list[str], **options: Any) -> int:
+    client.send(16, 1, hub.signer.sign(ids, **options))
+    msgs = client.drain()
+    attached = [m for m in msgs if m[0] == 1]
+    assert attached, msgs
+    # The monitor just opened: its metadata and connection are in the snapshot and are also
+    # sent once as a delta at the next tick (to other attachments of the view). Flush that.
+    hub.tick()
+    client.drain()
+    return int(attached[-1][2])
+
+
+async def test_attach_sends_attached_then_a_full_snapshot(hub: Hub, backend: FakeBackend) -> None:
+    first = Client(hub)
+    attach(first, hub, ["fake://a"])
+    backend.update("a", 1.5)
+    c = Client(hub)  # a late joiner gets the cached state
+    c.drain()  # HELLO
+    c.send(16, 5, hub.signer.sign(["fake://a", "fake://b"]))
+    msgs = c.drain()
+    assert msgs[0] == [1, 5, 1, ["fake://a", "fake://b"]]
+    kind, seq, att, entries = msgs[1]
+    assert (kind, seq, att) == (2, 1, 1)
+    # sid 0 has a value: VALUE|TIME|ALARM|META|CONN; sid 1 none yet: META|CONN only.
+    assert entries[0][:2] == [0, 31] and entries[0][2] == 1.5
+    assert entries[1][:2] == [1, 8 | 16]
+    assert entries[1][2]["units"] == "mm" and entries[1][3] == 1
+
+
+async def test_each_tick_sends_only_changes_with_increasing_seq(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    c = Client(hub)
+    att = attach(c, hub, ["fake://a", "fake://b"])
+    backend.update("a", 1.0)
+    backend.update("a", 2.0)  # conflated within one tick: latest wins, serial 2
+    hub.tick()
+    backend.update("b", 3.0, severity=2)
+    hub.tick()
+    hub.tick()  # nothing changed: no frame
+    frames = c.drain()
+    assert [f[0] for f in frames] == [3, 3]
+    assert frames[1][1] == frames[0][1] + 1
+    assert frames[0][2] == [[att, [[0, 3, 2.0, 2, 1700000000, 0]]]]  # alarm unchanged: absent
+    assert frames[1][2] == [[att, [[1, 3 | 4, 3.0, 1, 1700000000, 0, 2, 0, ""]]]]
+
+
+async def test_clients_share_one_upstream_monitor_and_one_encoding(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    clients = [Client(hub) for _ in range(3)]
+    for c in clients:
+        attach(c, hub, ["fake://a"])
+    assert backend.opened == ["a"]
+    assert len(hub.views) == 1
+    backend.update("a", 7.0)
+    hub.tick()
+    frames = [c.drain() for c in clients]
+    # Same groups for everyone (seq is per connection).
+    assert frames[0][0][2] == frames[1][0][2] == frames[2][0][2]
+    assert frames[0][0][2][0][1][0][2] == 7.0
+
+
+async def test_metadata_travels_once_and_again_only_when_changed(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    c = Client(hub)
+    attach(c, hub, ["fake://a"])
+    sink = backend.sinks["a"]
+    sink.on_meta(Metadata(type="float64", units="mm", precision=2, writable=True))  # same
+    backend.update("a", 1.0)
+    hub.tick()
+    sink.on_meta(Metadata(type="float64", units="um", precision=2, writable=True))
+    hub.tick()
+    frames = c.drain()
+    assert frames[0][2][0][1][0][1] == 3  # value+time, no META
+    assert frames[1][2][0][1][0][1] == 8 and frames[1][2][0][1][0][2]["units"] == "um"
+
+
+async def test_write_rules_decide_writable_in_metadata(backend: FakeBackend) -> None:
+    settings = Settings(default_scheme="fake", write_rules=["fake://a"])
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    a, b = hub.acquire("fake://a"), hub.acquire("fake://b")
+    assert a.meta.writable is True
+    assert b.meta.writable is False
+
+
+async def test_slow_client_conflates_and_catches_up_without_delaying_others(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    limits = SessionLimits(send_budget=200)
+    slow, fast = Client(hub, limits), Client(hub, limits)
+    attach(slow, hub, ["fake://a", "fake://b"])
+    attach(fast, hub, ["fake://a", "fake://b"])
+    for i in range(50):
+        backend.update("a", float(i))
+        backend.update("b", float(-i))
+        hub.tick()
+        fast.drain()  # the fast client reads every frame
+    assert slow.session.behind
+    assert len([f for f in fast.received if f[0] == 3]) == 50
+    unsent = slow.pop_unsent()  # what was queued before it fell behind
+    assert 0 < len(unsent) < 50
+    for f in unsent:
+        slow.session.sent(0)
+    # Writer drained: one catch-up DATA with the latest values and serials showing the gaps.
+    slow.session.sent(slow.session.queued_bytes)
+    catch_up = slow.drain()
+    assert len(catch_up) == 1 and catch_up[0][0] == 3
+    entries = {e[0]: e for e in catch_up[0][2][0][1]}
+    assert entries[0][2] == 49.0 and entries[0][3] == 50
+    assert entries[1][2] == -49.0
+    assert slow.session.conflated > 0 and not slow.session.behind
+
+
+async def test_stalled_client_is_closed_with_slow(hub: Hub, backend: FakeBackend) -> None:
+    now = [1000.0]
+    c = Client(hub, SessionLimits(send_budget=100, stall_timeout=10.0), clock=lambda: now[0])
+    attach(c, hub, ["fake://a"])
+    backend.update("a", 1.0)
+    hub.tick()
+    c.session.next_frame()  # the writer took a frame and never finished sending it
+    now[0] += 5
+    c.session.housekeeping(now[0])
+    assert c.session.close_request is None
+    now[0] += 6
+    c.session.housekeeping(now[0])
+    assert c.session.close_request is not None and c.session.close_request[0] == 4008
+
+
+async def test_idle_client_gets_heartbeats(hub: Hub) -> None:
+    now = [0.0]
+    c = Client(hub, SessionLimits(heartbeat=15.0), clock=lambda: now[0])
+    c.drain()
+    now[0] = 14.0
+    c.session.housekeeping(now[0])
+    assert c.drain() == []
+    now[0] = 15.5
+    c.session.housekeeping(now[0])
+    assert c.drain() == [[6]]
+
+
+@pytest.mark.parametrize(
+    ("token", "code"),
+    [("garbage", 4401), ("pvw1.k1.e30.AAAA", 4401), ("pvw1.nokey.e30.AAAA", 4401)],
+)
+async def test_bad_tokens_close_with_terminal_codes(hub: Hub, token: str, code: int) -> None:
+    c = Client(hub)
+    c.send(16, 1, token)
+    assert c.session.close_request is not None and c.session.close_request[0] == code
+
+
+async def test_expired_token_closes_with_4402(hub: Hub) -> None:
+    old = TokenSigner(KEYS, "k1", ttl=10, clock=lambda: 0.0).sign(["fake://a"])
+    c = Client(hub)
+    c.send(16, 1, old)
+    assert c.session.close_request is not None and c.session.close_request[0] == 4402
+
+
+async def test_token_from_another_key_is_refused(hub: Hub) -> None:
+    forged = TokenSigner({"k1": b"other"}, "k1").sign(["fake://a"])
+    c = Client(hub)
+    c.send(16, 1, forged)
+    assert c.session.close_request == (4401, "token signature does not match")
+
+
+async def test_malformed_messages_get_errors_and_the_session_goes_on(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    c = Client(hub)
+    c.drain()
+    c.session.receive(b"\xc1garbage")
+    c.send(99)
+    c.session.receive_text()
+    c.send(17, 3, 42)
+    errors = c.drain()
+    assert [e[0] for e in errors] == [5, 5, 5, 5]
+    assert [e[2] for e in errors] == [4400, 4400, 4400, 4404]
+    assert errors[3][1] == 3 and "att 42" in errors[3][3]
+    assert c.session.close_request is None
+    attach(c, hub, ["fake://a"])  # still works
+
+
+async def test_ping_is_answered_in_order(hub: Hub) -> None:
+    c = Client(hub)
+    c.drain()
+    c.send(18, {"t": 1})
+    assert c.drain() == [[7, {"t": 1}]]
+
+
+async def test_detach_releases_the_channel_after_linger(hub: Hub, backend: FakeBackend) -> None:
+    import asyncio
+
+    c = Client(hub)
+    att = attach(c, hub, ["fake://a"])
+    c.send(17, 9, att)
+    assert c.drain() == [[4, 9, att]]
+    assert not hub.views
+    await asyncio.sleep(0.05)  # linger_s = 0 in this fixture
+    assert backend.monitors[0].closed and "fake://a" not in hub.channels
+
+
+async def test_reattach_within_linger_reuses_the_monitor(backend: FakeBackend) -> None:
+    settings = Settings(default_scheme="fake", linger_s=60.0)
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    hub.start()
+    c = Client(hub)
+    att = attach(c, hub, ["fake://a"])
+    c.send(17, 2, att)
+    attach(c, hub, ["fake://a"])
+    assert backend.opened == ["a"] and not backend.monitors[0].closed
+    await hub.stop()
+
+
+async def test_too_many_channels_is_refused(backend: FakeBackend) -> None:
+    settings = Settings(default_scheme="fake")
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    c = Client(hub, SessionLimits(max_channels=2))
+    c.drain()
+    c.send(16, 1, hub.signer.sign(["fake://a", "fake://b", "fake://c"]))
+    (err,) = c.drain()
+    assert err[0] == 5 and err[2] == 4413
+    assert not hub.channels
+
+
+async def test_max_rate_limits_emissions(hub: Hub, backend: FakeBackend) -> None:
+    import asyncio
+
+    c = Client(hub)
+    attach(c, hub, ["fake://a"], max_rate=2.0)  # one group per 0.5 s at most
+    backend.update("a", 1.0)
+    hub.tick()
+    backend.update("a", 2.0)
+    hub.tick()  # held back
+    first = c.drain()
+    assert len(first) == 1 and first[0][2][0][1][0][2] == 1.0
+    await asyncio.sleep(0.6)  # the hub scheduled a tick for when the view is due
+    later = c.drain()
+    assert len(later) == 1 and later[0][2][0][1][0][2] == 2.0
+
+
+async def test_all_mode_sends_every_update_in_order(hub: Hub, backend: FakeBackend) -> None:
+    c = Client(hub)
+    attach(c, hub, ["fake://a"], mode="ALL")
+    for i in range(5):
+        backend.update("a", float(i))
+    hub.tick()
+    (frame,) = c.drain()
+    entries = frame[2][0][1]
+    assert [e[2] for e in entries] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [e[3] for e in entries] == [1, 2, 3, 4, 5]
+
+
+async def test_two_attachments_share_a_frame_with_two_groups(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    c = Client(hub)
+    a1 = attach(c, hub, ["fake://a"])
+    a2 = attach(c, hub, ["fake://b", "fake://a"])
+    backend.update("a", 5.0)
+    hub.tick()
+    (frame,) = c.drain()
+    groups = {g[0]: g[1] for g in frame[2]}
+    assert set(groups) == {a1, a2}
+    assert groups[a1][0][0] == 0 and groups[a2][0][0] == 1
+
+
+async def test_disconnect_and_reconnect_are_streamed(hub: Hub, backend: FakeBackend) -> None:
+    c = Client(hub)
+    attach(c, hub, ["fake://a"])
+    backend.update("a", 1.0)
+    hub.tick()
+    sink = backend.sinks["a"]
+    sink.on_connection(ConnState.DISCONNECTED, "IOC gone")
+    hub.tick()
+    sink.on_connection(ConnState.CONNECTED)
+    backend.update("a", 2.0)
+    hub.tick()
+    frames = c.drain()
+    assert frames[1][2][0][1][0] == [0, 16, 2, "IOC gone"]
+    last = frames[2][2][0][1][0]
+    assert last[1] == 1 | 2 | 16 and last[2] == 2.0 and last[3] == 1  # serial restarted
+
+
+async def test_get_of_a_monitored_channel_comes_from_the_cache(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    c = Client(hub)
+    attach(c, hub, ["fake://a"])
+    backend.update("a", 4.5)
+    cid, reading = await hub.get("a", 1.0)
+    assert (cid, reading.value) == ("fake://a", 4.5)
+    assert hub.stats.cache_gets == 1 and hub.stats.upstream_gets == 0
+    await hub.get("b", 1.0)
+    assert hub.stats.upstream_gets == 1
+
+
+async def test_arrays_travel_as_typed_bytes(hub: Hub, backend: FakeBackend) -> None:
+    c = Client(hub)
+    attach(c, hub, ["fake://a"])
+    backend.update("a", np.arange(1000, dtype=np.float64))
+    hub.tick()
+    (frame,) = c.drain()
+    value = frame[2][0][1][0][2]
+    assert value.dtype == np.dtype("<f8") and value.shape == (1000,) and value[999] == 999.0
+
+
+async def test_search_globs_over_active_and_backend_names(hub: Hub) -> None:
+    c = Client(hub)
+    attach(c, hub, ["fake://zz"])
+    assert hub.search("fake://*", 10) == ["fake://a", "fake://b", "fake://zz"]
+    assert hub.search("z*", 10) == ["fake://zz"]
+    assert hub.search("*", 2) == ["fake://a", "fake://b"]

@@ -1,0 +1,203 @@
+"""The golden vector cases (protocol/vectors/) and how to build each one with the server encoder.
+
+`python -m tests.vector_cases` rewrites protocol/vectors/*.bin and *.json from these cases.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from pvwire import wire
+from pvwire.model import ALARM, CONN, FULL, META, TIME, VALUE
+
+VECTORS = Path(__file__).resolve().parent.parent / "protocol" / "vectors"
+
+T = {"seconds": 1700000000, "nanoseconds": 123456789}
+META_FLOAT = {
+    "type": "float64", "count": 1, "description": "Beam current", "units": "mA", "precision": 3,
+    "form": "Default", "display": [0.0, 500.0], "control": [0.0, 450.0],
+    "alarm": [{"$float": "NaN"}, 480.0], "warning": [{"$float": "NaN"}, 450.0], "writable": False,
+}  # fmt: skip
+META_ENUM = {"type": "enum", "count": 1, "description": "Mode", "choices": ["Off", "On", "Auto"],
+             "writable": True}  # fmt: skip
+DTYPE_SAMPLES = {
+    "int8": [-128, 0, 127], "uint8": [0, 1, 255], "int16": [-32768, 0, 32767],
+    "uint16": [0, 1, 65535], "int32": [-2147483648, 0, 2147483647], "uint32": [0, 1, 4294967295],
+    "int64": [-(2**63), 0, 2**63 - 1], "uint64": [0, 1, 2**64 - 1],
+    "float32": [-1.5, 0.0, 3.25], "float64": [-1.5, 0.0, 1e300],
+}  # fmt: skip
+
+
+def nd(dtype: str, data: list[Any], dims: list[int] | None = None) -> dict[str, Any]:
+    return {"$ndarray": {"dtype": dtype, "dims": dims or [len(data)], "data": data}}
+
+
+def e(sid: int, mask: int, **fields: Any) -> dict[str, Any]:
+    return {"sid": sid, "mask": mask, **fields}
+
+
+def data(seq: int, *groups: tuple[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    return {"kind": "DATA", "seq": seq, "groups": [{"att": a, "entries": es} for a, es in groups]}
+
+
+CASES: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("hello", "server", "HELLO, the first message on every connection",
+     {"kind": "HELLO", "version": 1, "server": "pvwire/0.1.0 test", "tick_ms": 20,
+      "heartbeat_ms": 15000, "max_in_bytes": 65536}),
+    ("attached", "server", "ATTACHED: att 1 for a token of two channels",
+     {"kind": "ATTACHED", "req": 7, "att": 1, "ids": ["ca://X:TEMP", "sim://sine"]}),
+    ("snapshot", "server", "SNAPSHOT of a float with full metadata, an enum and a string",
+     {"kind": "SNAPSHOT", "seq": 1, "att": 1, "entries": [
+         e(0, FULL, value=21.5, serial=7, **T, severity=0, status=0, message="",
+           metadata=META_FLOAT, state=1, reason=""),
+         e(1, FULL, value=2, serial=1, **T, severity=0, status=0, message="",
+           metadata=META_ENUM, state=1, reason=""),
+         e(2, FULL, value="hello", serial=3, **T, severity=0, status=0, message="",
+           metadata={"type": "string", "count": 1, "writable": True}, state=1, reason=""),
+     ]}),
+    ("snapshot_connecting", "server", "SNAPSHOT of a channel never connected yet: only CONN",
+     {"kind": "SNAPSHOT", "seq": 1, "att": 2, "entries": [e(0, CONN, state=0, reason="")]}),
+    ("data_float", "server", "DATA: a float64 value and its time",
+     data(2, (1, [e(0, VALUE | TIME, value=21.625, serial=8, **T)]))),
+    ("data_float_nan", "server", "DATA: a NaN float value",
+     data(3, (1, [e(0, VALUE | TIME, value={"$float": "NaN"}, serial=9, **T)]))),
+    ("data_int", "server", "DATA: integers, negative, large and small",
+     data(4, (1, [e(0, VALUE | TIME, value=-5, serial=10, **T),
+                  e(1, VALUE | TIME, value=2**40, serial=1000000, **T)]))),
+    ("data_string", "server", "DATA: a string value with non-ASCII text",
+     data(5, (1, [e(2, VALUE | TIME, value="Strahl ein \u2014 \u00b5A", serial=4, **T)]))),
+    ("data_enum", "server", "DATA: an enum index (labels are in the metadata)",
+     data(6, (1, [e(1, VALUE | TIME, value=0, serial=2, **T)]))),
+    ("data_alarm", "server", "DATA: value over HIHI, alarm becomes MAJOR/HIHI",
+     data(7, (1, [e(0, VALUE | TIME | ALARM, value=490.0, serial=11, **T, severity=2, status=3,
+                    message="HIHI")]))),
+    ("data_alarm_only", "server", "DATA: alarm alone changed (INVALID, with a PVA message)",
+     data(8, (1, [e(0, ALARM, severity=3, status=17, message="UDF")]))),
+    ("data_meta_change", "server", "DATA: metadata changed (CA DBE_PROPERTY: new units)",
+     data(9, (1, [e(0, META, metadata={**META_FLOAT, "units": "uA"})]))),
+    ("data_disconnect", "server", "DATA: the upstream server went away",
+     data(10, (1, [e(0, CONN, state=2, reason="IOC disconnected")]))),
+    ("data_reconnect", "server", "DATA: connected again, with a fresh value; serial restarted",
+     data(11, (1, [e(0, VALUE | TIME | CONN, value=21.0, serial=1, **T, state=1, reason="")]))),
+    ("data_failed", "server", "DATA: a channel that cannot be served",
+     data(12, (1, [e(3, CONN, state=3, reason="unknown sim kind 'sinus'")]))),
+    *[(f"data_ndarray_{dt}", "server", f"DATA: a 1-D {dt} array",
+       data(20, (1, [e(0, VALUE | TIME, value=nd(dt, xs), serial=5, **T)])))
+      for dt, xs in DTYPE_SAMPLES.items()],
+    ("data_ndarray_image", "server", "DATA: a 2x3 uint16 image, dims [height, width]",
+     data(21, (1, [e(0, VALUE | TIME, value=nd("uint16", [1, 2, 3, 4, 5, 6], [2, 3]), serial=6,
+                    **T)]))),
+    ("data_ndarray_empty", "server", "DATA: an empty float64 waveform",
+     data(22, (1, [e(0, VALUE | TIME, value=nd("float64", []), serial=7, **T)]))),
+    ("data_ndarray_large", "server", "DATA: a 100-point float64 waveform (ext 16 header)",
+     data(23, (1, [e(0, VALUE | TIME, value=nd("float64", [i / 4 for i in range(100)]),
+                    serial=8, **T)]))),
+    ("data_string_array", "server", "DATA: an array of strings",
+     data(24, (1, [e(0, VALUE | TIME, value=["a", "bc", ""], serial=2, **T)]))),
+    ("data_table", "server", "DATA: a PVA table as a map of columns",
+     data(25, (1, [e(0, VALUE | TIME, value={"name": ["q1", "q2"],
+                                             "k1": nd("float64", [0.5, -0.25])}, serial=3,
+                    **T)]))),
+    ("data_two_groups", "server", "DATA: changes for two attachments in one frame",
+     data(26, (1, [e(0, VALUE | TIME, value=1.5, serial=12, **T)]),
+              (2, [e(0, VALUE | TIME, value=7, serial=99, **T)]))),
+    ("data_all_mode", "server", "DATA: ALL mode, three updates of one channel in order",
+     data(27, (3, [e(0, VALUE | TIME, value=i, serial=i, **T) for i in (1, 2, 3)]))),
+    ("data_many_entries", "server", "DATA: 20 entries (array 16 header), sids up to 300",
+     data(28, (1, [e(s, VALUE | TIME, value=float(s), serial=1, **T)
+                   for s in [*range(19), 300]]))),
+    ("detached", "server", "DETACHED answering DETACH req 3",
+     {"kind": "DETACHED", "req": 3, "att": 1}),
+    ("detached_by_server", "server", "DETACHED the server chose (req nil)",
+     {"kind": "DETACHED", "req": None, "att": 2}),
+    ("error", "server", "ERROR answering a bad DETACH",
+     {"kind": "ERROR", "req": 4, "code": 4404, "message": "att 9 is not attached"}),
+    ("error_no_req", "server", "ERROR for a message that could not be parsed",
+     {"kind": "ERROR", "req": None, "code": 4400,
+      "message": "a message must be an array starting with an integer kind"}),
+    ("heartbeat", "server", "HEARTBEAT", {"kind": "HEARTBEAT"}),
+    ("pong", "server", "PONG echoing a nonce", {"kind": "PONG", "nonce": 12345}),
+    ("attach", "client", "ATTACH a token", {"kind": "ATTACH", "req": 1, "token": "pvw1.k1.e30.sig"}),
+    ("detach", "client", "DETACH att 1", {"kind": "DETACH", "req": 2, "att": 1}),
+    ("ping", "client", "PING with a nonce", {"kind": "PING", "nonce": 42}),
+]  # fmt: skip
+
+
+def from_json(v: Any) -> Any:
+    """A vector's JSON value as the Python value the encoder takes."""
+    if isinstance(v, dict):
+        if "$ndarray" in v:
+            a = v["$ndarray"]
+            dt = np.dtype(a["dtype"]).newbyteorder("<")
+            return np.array(a["data"], dtype=dt).reshape(a["dims"])
+        if "$float" in v:
+            return float(v["$float"].replace("Infinity", "inf"))
+        return {k: from_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [from_json(x) for x in v]
+    return v
+
+
+def _entry(en: dict[str, Any]) -> bytes:
+    fields = {k: from_json(x) for k, x in en.items() if k not in ("sid", "mask")}
+    return wire.entry(en["sid"], wire.encode_entry_body(en["mask"], **fields))
+
+
+def build(msg: dict[str, Any]) -> bytes:
+    """The bytes of a vector's message, from the server's encoder (or msgpack for client kinds)."""
+    k = msg["kind"]
+    if k == "HELLO":
+        return wire.encode_hello(msg["server"], msg["tick_ms"], msg["heartbeat_ms"],
+                                 msg["max_in_bytes"])  # fmt: skip
+    if k == "ATTACHED":
+        return wire.encode_attached(msg["req"], msg["att"], msg["ids"])
+    if k == "SNAPSHOT":
+        entries = wire.entries_array([_entry(x) for x in msg["entries"]])
+        return wire.encode_snapshot(msg["seq"], msg["att"], entries)
+    if k == "DATA":
+        groups = [(g["att"], wire.entries_array([_entry(x) for x in g["entries"]]))
+                  for g in msg["groups"]]  # fmt: skip
+        return wire.encode_data(msg["seq"], groups)
+    if k == "DETACHED":
+        return wire.encode_detached(msg["req"], msg["att"])
+    if k == "ERROR":
+        return wire.encode_error(msg["req"], msg["code"], msg["message"])
+    if k == "HEARTBEAT":
+        return wire.HEARTBEAT
+    if k == "PONG":
+        return wire.encode_pong(msg["nonce"])
+    # Client kinds: the reference bytes are plain msgpack of the positional array.
+    layout = {"ATTACH": (16, "req", "token"), "DETACH": (17, "req", "att"), "PING": (18, "nonce")}
+    code, *names = layout[k]
+    return bytes(msgpack.packb([code, *(msg[n] for n in names)]))
+
+
+def write_all() -> None:
+    VECTORS.mkdir(parents=True, exist_ok=True)
+    for old in VECTORS.glob("*.bin"):
+        old.unlink()
+    for old in VECTORS.glob("*.json"):
+        old.unlink()
+    for name, direction, description, msg in CASES:
+        doc = {"name": name, "description": description, "direction": direction, "message": msg}
+        (VECTORS / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (VECTORS / f"{name}.bin").write_bytes(build(msg))
+
+
+def _check_json_safe() -> None:
+    for _, _, _, msg in CASES:
+        json.dumps(msg, allow_nan=False)  # NaN must be spelled {"$float": "NaN"}
+    assert not any(math.isnan(x) for x in [0.0])
+
+
+if __name__ == "__main__":
+    _check_json_safe()
+    write_all()
+    print(f"wrote {len(CASES)} vectors to {VECTORS}", file=sys.stderr)
