@@ -7,15 +7,15 @@ from pathlib import Path
 
 import msgpack
 import pytest
-
 from pvwire import wire
+
 from tests.vector_cases import CASES, VECTORS, build
 
 ON_DISK = sorted(p.stem for p in VECTORS.glob("*.json"))
 
 
 def test_every_case_is_on_disk_and_nothing_else() -> None:
-    assert ON_DISK == sorted(name for name, *_ in CASES)
+    assert sorted(name for name, *_ in CASES) == ON_DISK
 
 
 def test_every_message_kind_is_covered() -> None:
@@ -83,7 +83,8 @@ def test_ndarray_body_holds_the_raw_little_endian_bytes() -> None:
     arr = np.arange(1_000_000, dtype="<f8")
     body = wire.encode_entry_body(1, value=arr, serial=1)
     # mask 1, ext32 header, dtype 9, ndim 1, dim, raw data, then serial 1.
-    head = b"\x01\xc9" + (6 + arr.nbytes).to_bytes(4, "big") + b"\x01\x09\x01" + (10**6).to_bytes(4, "little")
+    head = b"\x01\xc9" + (6 + arr.nbytes).to_bytes(4, "big") + b"\x01\x09\x01"
+    head += (10**6).to_bytes(4, "little")
     assert body.data == head + arr.tobytes() + b"\x01"
     assert body.length == 4
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import msgpack
 import numpy as np
-
 from pvwire import wire
 from pvwire.model import ALARM, CONN, FULL, META, TIME, VALUE
 
@@ -124,7 +123,8 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
       "message": "a message must be an array starting with an integer kind"}),
     ("heartbeat", "server", "HEARTBEAT", {"kind": "HEARTBEAT"}),
     ("pong", "server", "PONG echoing a nonce", {"kind": "PONG", "nonce": 12345}),
-    ("attach", "client", "ATTACH a token", {"kind": "ATTACH", "req": 1, "token": "pvw1.k1.e30.sig"}),
+    ("attach", "client", "ATTACH a token",
+     {"kind": "ATTACH", "req": 1, "token": "pvw1.k1.e30.sig"}),
     ("detach", "client", "DETACH att 1", {"kind": "DETACH", "req": 2, "att": 1}),
     ("ping", "client", "PING with a nonce", {"kind": "PING", "nonce": 42}),
 ]  # fmt: skip

@@ -32,5 +32,14 @@ def apply_loopback_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     Must run before libca or pvxs create a context: they read the environment once.
     """
     target: dict[str, str] = os.environ if environ is None else environ  # type: ignore[assignment]
-    target.update(loopback_env())
+    for key, value in loopback_env().items():
+        current = target.get(key, "")
+        if key.endswith("ADDR_LIST") and current and _only_loopback(current):
+            continue  # e.g. 127.0.0.1:25064, a test IOC's private port: already loopback
+        target[key] = value
     return target
+
+
+def _only_loopback(addr_list: str) -> bool:
+    hosts = [a.rsplit(":", 1)[0] if a.count(":") == 1 else a for a in addr_list.split()]
+    return all(h.startswith("127.") or h == "localhost" for h in hosts)

@@ -64,12 +64,15 @@ async def serve_stream(websocket: WebSocket, hub: Hub) -> None:
         settings.max_in_bytes,
     )
 
+    created: list[Session] = []  # the session calls on_wake from its constructor (HELLO)
+
     def on_wake() -> None:
         wake.set()
-        if session.close_request:
+        if created and created[0].close_request:
             closing.set()
 
     session = Session(next(_numbers), address, hub, hello, _limits(hub), on_wake)
+    created.append(session)
     hub.add_session(session)
     reader = asyncio.create_task(_read(websocket, session))
     writer = asyncio.create_task(_write(websocket, session, wake))

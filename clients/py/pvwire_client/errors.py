@@ -1,0 +1,112 @@
+"""Errors of the client: one base, one subclass per server error code (GraphQL extensions.code)."""
+
+from __future__ import annotations
+
+from .closecodes import name as close_name
+from .wire import ProtocolError
+
+__all__ = [
+    "BadChannelId",
+    "NotFound",
+    "ProtocolError",
+    "PutFailed",
+    "PvwireError",
+    "ReadOnly",
+    "ServerUnavailable",
+    "StreamClosed",
+    "Timeout",
+    "TooManyChannels",
+    "TypeMismatch",
+    "WriteDenied",
+    "error_for",
+]
+
+
+class PvwireError(Exception):
+    """An error the server reported, or the client could not reach it.
+
+    ``code`` is the server's machine-readable code (e.g. ``NOT_FOUND``); ``id`` the channel, if any.
+    """
+
+    code = "ERROR"
+
+    def __init__(self, message: str, *, code: str | None = None, id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.id = id
+
+    def __str__(self) -> str:
+        return f"{self.id}: {self.message}" if self.id else self.message
+
+
+class NotFound(PvwireError):
+    code = "NOT_FOUND"
+
+
+class Timeout(PvwireError):
+    code = "TIMEOUT"
+
+
+class BadChannelId(PvwireError):
+    code = "BAD_CHANNEL_ID"
+
+
+class WriteDenied(PvwireError):
+    code = "WRITE_DENIED"
+
+
+class ReadOnly(PvwireError):
+    code = "READ_ONLY"
+
+
+class TypeMismatch(PvwireError):
+    code = "TYPE_MISMATCH"
+
+
+class PutFailed(PvwireError):
+    code = "PUT_FAILED"
+
+
+class TooManyChannels(PvwireError):
+    code = "TOO_MANY_CHANNELS"
+
+
+class ServerUnavailable(PvwireError):
+    """The server could not be reached, or did not answer as a pvwire server."""
+
+    code = "UNAVAILABLE"
+
+
+class StreamClosed(PvwireError):
+    """The stream ended with a terminal close code (section 8); the monitor cannot continue."""
+
+    code = "STREAM_CLOSED"
+
+    def __init__(self, close_code: int, reason: str = "") -> None:
+        text = f"stream closed: {close_code} {close_name(close_code)}"
+        super().__init__(f"{text} ({reason})" if reason else text)
+        self.close_code = close_code
+        self.reason = reason
+
+
+_BY_CODE: dict[str, type[PvwireError]] = {
+    c.code: c
+    for c in (
+        NotFound,
+        Timeout,
+        BadChannelId,
+        WriteDenied,
+        ReadOnly,
+        TypeMismatch,
+        PutFailed,
+        TooManyChannels,
+    )
+}
+
+
+def error_for(code: str | None, message: str, id: str | None = None) -> PvwireError:
+    """The exception for a server error code (unknown codes give a plain PvwireError)."""
+    cls = _BY_CODE.get(code or "", PvwireError)
+    return cls(message, code=code or None, id=id)

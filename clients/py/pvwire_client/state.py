@@ -1,0 +1,217 @@
+"""The merged view of one channel, and the pure merge of stream entries into it (section 3)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .wire import ALARM, CONN, META, TIME, VALUE, Entry
+
+__all__ = ["CONNECTION_STATES", "SEVERITIES", "STATUSES", "ChannelState", "format_value"]
+
+SEVERITIES = ("NO_ALARM", "MINOR", "MAJOR", "INVALID")
+# EPICS menuAlarmStat, by number.
+STATUSES = (
+    "NO_ALARM", "READ", "WRITE", "HIHI", "HIGH", "LOLO", "LOW", "STATE", "COS", "COMM",
+    "TIMEOUT", "HWLIMIT", "CALC", "SCAN", "LINK", "SOFT", "BAD_SUB", "UDF", "DISABLE", "SIMM",
+    "READ_ACCESS", "WRITE_ACCESS",
+)  # fmt: skip
+CONNECTION_STATES = ("CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED")
+CONNECTING, CONNECTED, DISCONNECTED, FAILED = range(4)
+
+# Arrays longer than this are shown by their ends only.
+_ARRAY_SHOWN = 10
+
+
+@dataclass(slots=True)
+class ChannelState:
+    """Everything known about one channel: the sum of its entries so far."""
+
+    id: str
+    value: Any = None
+    serial: int | None = None
+    conflated: int = 0
+    seconds: int | None = None
+    nanoseconds: int | None = None
+    severity: int | None = None
+    status: int | None = None
+    message: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    state: int = CONNECTING
+    reason: str = ""
+
+    # --- merge -------------------------------------------------------------------------------
+
+    def apply(self, entry: Entry) -> set[str]:
+        """Merge one entry; return which of value/time/alarm/metadata/connection changed.
+
+        ``conflated`` grows by ``serial - previous - 1`` when serials jump; a lower serial means
+        the upstream monitor was reopened, and the count restarts (section 3).
+        """
+        changed: set[str] = set()
+        m = entry.mask
+        if m & VALUE:
+            serial = entry.serial
+            assert serial is not None
+            if self.serial is not None:
+                if serial > self.serial:
+                    self.conflated += serial - self.serial - 1
+                elif serial < self.serial:
+                    self.conflated = 0
+            if serial != self.serial or not _same(entry.value, self.value):
+                changed.add("value")
+            self.value, self.serial = entry.value, serial
+        if m & TIME and (entry.seconds, entry.nanoseconds) != (self.seconds, self.nanoseconds):
+            self.seconds, self.nanoseconds = entry.seconds, entry.nanoseconds
+            changed.add("time")
+        if m & ALARM and (entry.severity, entry.status, entry.message) != (
+            self.severity,
+            self.status,
+            self.message,
+        ):
+            self.severity, self.status, self.message = entry.severity, entry.status, entry.message
+            changed.add("alarm")
+        if m & META and entry.metadata != self.metadata:
+            assert entry.metadata is not None
+            self.metadata = entry.metadata
+            changed.add("metadata")
+        if m & CONN and (entry.state, entry.reason) != (self.state, self.reason):
+            assert entry.state is not None and entry.reason is not None
+            self.state, self.reason = entry.state, entry.reason
+            changed.add("connection")
+        return changed
+
+    # --- views -------------------------------------------------------------------------------
+
+    @property
+    def time(self) -> tuple[int, int] | None:
+        if self.seconds is None or self.nanoseconds is None:
+            return None
+        return (self.seconds, self.nanoseconds)
+
+    @property
+    def datetime(self) -> dt.datetime | None:
+        """The IOC timestamp as an aware UTC datetime (microsecond resolution)."""
+        if self.seconds is None or self.nanoseconds is None:
+            return None
+        return dt.datetime.fromtimestamp(self.seconds, dt.UTC).replace(
+            microsecond=self.nanoseconds // 1000
+        )
+
+    @property
+    def connected(self) -> bool:
+        return self.state == CONNECTED
+
+    @property
+    def connection(self) -> str:
+        return _name(CONNECTION_STATES, self.state)
+
+    @property
+    def severity_name(self) -> str | None:
+        return None if self.severity is None else _name(SEVERITIES, self.severity)
+
+    @property
+    def status_name(self) -> str | None:
+        return None if self.status is None else _name(STATUSES, self.status)
+
+    @property
+    def units(self) -> str:
+        u = self.metadata.get("units")
+        return u if isinstance(u, str) else ""
+
+    @property
+    def label(self) -> str | None:
+        """For enums, the label of the current index (None if not an enum or out of range)."""
+        choices = self.metadata.get("choices")
+        v = self.value
+        if isinstance(choices, list) and type(v) is int and 0 <= v < len(choices):
+            return str(choices[v])
+        return None
+
+    def format(self, units: bool = True) -> str:
+        """The value for people, as caget shows it: precision, enum label, then units."""
+        text = format_value(self.value, self.metadata)
+        if units and self.units and self.label is None and not isinstance(self.value, str):
+            text = f"{text} {self.units}"
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.format()}"
+
+
+def _name(names: tuple[str, ...], i: int) -> str:
+    return names[i] if 0 <= i < len(names) else str(i)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return a is b
+    try:
+        return bool(type(a) is type(b) and a == b)
+    except Exception:
+        return False
+
+
+def format_value(value: Any, metadata: dict[str, Any]) -> str:
+    """Format a value with the metadata's precision, form and enum choices."""
+    if value is None:
+        return "<no value>"
+    choices = metadata.get("choices")
+    if type(value) is int and isinstance(choices, list) and 0 <= value < len(choices):
+        return str(choices[value])
+    if isinstance(value, np.ndarray):
+        return _format_array(value, metadata)
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, default=_jsonable)
+    return _format_scalar(value, metadata)
+
+
+def _format_scalar(v: Any, metadata: dict[str, Any]) -> str:
+    form = metadata.get("form")
+    prec = metadata.get("precision")
+    if isinstance(v, int | np.integer):
+        i = int(v)
+        if form == "Hex":
+            return hex(i)
+        if form == "Binary":
+            return bin(i)
+        return str(i)
+    if isinstance(v, float | np.floating):
+        f = float(v)
+        if not math.isfinite(f):
+            return str(f)
+        p = prec if type(prec) is int and 0 <= prec <= 17 else None
+        if form == "Exponential":
+            return f"{f:.{p if p is not None else 6}e}"
+        if p is not None:
+            return f"{f:.{p}f}"
+        return repr(f)
+    return str(v)
+
+
+def _format_array(a: np.ndarray[Any, Any], metadata: dict[str, Any]) -> str:
+    if a.ndim != 1:
+        return f"<{a.dtype.name} array {'x'.join(str(d) for d in a.shape)}>"
+    items = a.tolist()
+    if len(items) > 2 * _ARRAY_SHOWN:
+        shown = [_format_scalar(x, metadata) for x in items[:_ARRAY_SHOWN]]
+        shown += ["..."] + [_format_scalar(x, metadata) for x in items[-_ARRAY_SHOWN:]]
+    else:
+        shown = [_format_scalar(x, metadata) for x in items]
+    text = f"[{' '.join(shown)}]"
+    return f"{text} ({len(items)} elements)" if len(items) > 2 * _ARRAY_SHOWN else text
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    return str(x)

@@ -1,0 +1,405 @@
+"""The pvwire stream protocol (protocol/PROTOCOL.md), as pure functions: bytes in, messages out.
+
+No I/O here. Everything the server sends is validated at this boundary; anything that does not
+follow the spec raises :class:`ProtocolError` naming what was wrong, so the layers above only ever
+see well-formed, typed messages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "ALARM",
+    "CONN",
+    "KNOWN_MASK",
+    "META",
+    "TIME",
+    "VALUE",
+    "Attached",
+    "Data",
+    "Detached",
+    "Entry",
+    "Error",
+    "Group",
+    "Heartbeat",
+    "Hello",
+    "Message",
+    "Pong",
+    "ProtocolError",
+    "Snapshot",
+    "Unknown",
+    "decode_message",
+    "encode_attach",
+    "encode_detach",
+    "encode_ndarray",
+    "encode_ping",
+]
+
+# Entry mask bits (section 3), and how many elements each one adds to an entry.
+VALUE, TIME, ALARM, META, CONN = 1, 2, 4, 8, 16
+KNOWN_MASK = VALUE | TIME | ALARM | META | CONN
+_ELEMENTS = ((VALUE, 2), (TIME, 2), (ALARM, 3), (META, 1), (CONN, 2))
+
+NDARRAY_EXT = 1
+# dtype codes of the ndarray ext (section 4.1), all little-endian on the wire.
+DTYPES: tuple[np.dtype[Any], ...] = tuple(
+    np.dtype(s) for s in ("i1", "u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8")
+)
+_DTYPE_CODES = {dt: code for code, dt in enumerate(DTYPES)}
+
+
+class ProtocolError(Exception):
+    """The server sent something PROTOCOL.md does not allow (the message says what)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One channel of one attachment (section 3). Fields whose mask bit is clear are None."""
+
+    sid: int
+    mask: int
+    value: Any = None
+    serial: int | None = None
+    seconds: int | None = None
+    nanoseconds: int | None = None
+    severity: int | None = None
+    status: int | None = None
+    message: str | None = None
+    metadata: dict[str, Any] | None = None
+    state: int | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    version: int
+    server: str
+    tick_ms: int
+    heartbeat_ms: int
+    max_in_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    req: int
+    att: int
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    seq: int
+    att: int
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    att: int
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    seq: int
+    groups: tuple[Group, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Detached:
+    req: int | None
+    att: int
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    req: int | None
+    code: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    nonce: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """A kind this client does not know; the spec says to ignore it (section 1)."""
+
+    kind: int
+
+
+Message: TypeAlias = (
+    Hello | Attached | Snapshot | Data | Detached | Error | Heartbeat | Pong | Unknown
+)
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+
+def _ext_hook(code: int, payload: bytes) -> Any:
+    if code != NDARRAY_EXT:
+        raise ProtocolError(f"unknown MessagePack ext type {code}")
+    return decode_ndarray(payload)
+
+
+def decode_ndarray(payload: bytes) -> npt.NDArray[Any]:
+    """The ndarray ext payload (section 4.1) as a read-only numpy view over ``payload``."""
+    if len(payload) < 2:
+        raise ProtocolError(f"ndarray ext of {len(payload)} bytes: shorter than its 2-byte header")
+    code, ndim = payload[0], payload[1]
+    if code >= len(DTYPES):
+        raise ProtocolError(f"ndarray has bad dtype code {code} (known: 0-{len(DTYPES) - 1})")
+    header = 2 + 4 * ndim
+    if len(payload) < header:
+        raise ProtocolError(
+            f"ndarray with ndim {ndim} needs {header} header bytes, has {len(payload)}"
+        )
+    dims = tuple(int.from_bytes(payload[2 + 4 * i : 6 + 4 * i], "little") for i in range(ndim))
+    dtype = DTYPES[code]
+    expected = math.prod(dims) * dtype.itemsize
+    if len(payload) - header != expected:
+        raise ProtocolError(
+            f"ndarray length mismatch: dims {list(dims)} of {dtype.name} need {expected}"
+            f" data bytes, got {len(payload) - header}"
+        )
+    return np.frombuffer(memoryview(payload)[header:], dtype=dtype).reshape(dims)
+
+
+def decode_message(data: bytes) -> Message:
+    """Decode one server message (one binary WebSocket message), validating it completely."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=True)
+    except ProtocolError:
+        raise
+    except msgpack.ExtraData as e:
+        raise ProtocolError(f"{len(e.extra)} trailing bytes after the message") from None
+    except (ValueError, TypeError, UnicodeDecodeError, msgpack.UnpackException) as e:
+        # msgpack says "incomplete input" (truncation), invalid UTF-8, bad map keys, ...
+        raise ProtocolError(f"not a valid MessagePack value ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, list) or not obj:
+        raise ProtocolError(f"message must be a non-empty array, got {type(obj).__name__}")
+    kind = obj[0]
+    if not _is_uint(kind):
+        raise ProtocolError(f"message kind must be an unsigned integer, got {kind!r}")
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        return Unknown(kind)
+    name, arity, fn = decoder
+    if len(obj) < arity:
+        raise ProtocolError(f"{name} needs {arity} elements, got {len(obj)}")
+    return fn(obj)
+
+
+def _is_uint(x: object) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _uint(x: object, what: str) -> int:
+    if not _is_uint(x):
+        raise ProtocolError(f"{what} must be an unsigned integer, got {x!r}")
+    assert isinstance(x, int)
+    return x
+
+
+def _opt_uint(x: object, what: str) -> int | None:
+    return None if x is None else _uint(x, what)
+
+
+def _str(x: object, what: str) -> str:
+    if not isinstance(x, str):
+        raise ProtocolError(f"{what} must be a string, got {type(x).__name__}")
+    return x
+
+
+def _list(x: object, what: str) -> list[Any]:
+    if not isinstance(x, list):
+        raise ProtocolError(f"{what} must be an array, got {type(x).__name__}")
+    return x
+
+
+def _hello(m: list[Any]) -> Hello:
+    return Hello(
+        _uint(m[1], "HELLO version"),
+        _str(m[2], "HELLO server"),
+        _uint(m[3], "HELLO tick_ms"),
+        _uint(m[4], "HELLO heartbeat_ms"),
+        _uint(m[5], "HELLO max_in_bytes"),
+    )
+
+
+def _attached(m: list[Any]) -> Attached:
+    ids = _list(m[3], "ATTACHED ids")
+    return Attached(
+        _uint(m[1], "ATTACHED req"),
+        _uint(m[2], "ATTACHED att"),
+        tuple(_str(i, "ATTACHED id") for i in ids),
+    )
+
+
+def _snapshot(m: list[Any]) -> Snapshot:
+    return Snapshot(
+        _uint(m[1], "SNAPSHOT seq"), _uint(m[2], "SNAPSHOT att"), _entries(m[3], "SNAPSHOT")
+    )
+
+
+def _data(m: list[Any]) -> Data:
+    groups = []
+    for g in _list(m[2], "DATA groups"):
+        g = _list(g, "DATA group")
+        if len(g) != 2:
+            raise ProtocolError(f"DATA group must be [att, entries], got {len(g)} elements")
+        groups.append(Group(_uint(g[0], "DATA group att"), _entries(g[1], "DATA group")))
+    return Data(_uint(m[1], "DATA seq"), tuple(groups))
+
+
+def _detached(m: list[Any]) -> Detached:
+    return Detached(_opt_uint(m[1], "DETACHED req"), _uint(m[2], "DETACHED att"))
+
+
+def _error(m: list[Any]) -> Error:
+    return Error(
+        _opt_uint(m[1], "ERROR req"), _uint(m[2], "ERROR code"), _str(m[3], "ERROR message")
+    )
+
+
+_DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Message]]] = {
+    0: ("HELLO", 6, _hello),
+    1: ("ATTACHED", 4, _attached),
+    2: ("SNAPSHOT", 4, _snapshot),
+    3: ("DATA", 3, _data),
+    4: ("DETACHED", 3, _detached),
+    5: ("ERROR", 4, _error),
+    6: ("HEARTBEAT", 1, lambda m: Heartbeat()),
+    7: ("PONG", 2, lambda m: Pong(m[1])),
+}
+
+
+def _entries(x: object, where: str) -> tuple[Entry, ...]:
+    return tuple(decode_entry(e, where) for e in _list(x, f"{where} entries"))
+
+
+def decode_entry(e: object, where: str = "entry") -> Entry:
+    """Validate one decoded ``[sid, mask, field...]`` array (section 3)."""
+    e = _list(e, f"{where} entry")
+    if len(e) < 2:
+        raise ProtocolError(f"{where} entry needs at least [sid, mask], got {len(e)} elements")
+    sid = _uint(e[0], "entry sid")
+    mask = _uint(e[1], "entry mask")
+    if mask & ~KNOWN_MASK:
+        raise ProtocolError(f"entry mask {mask:#x} has unknown bits {mask & ~KNOWN_MASK:#x}")
+    expected = 2 + sum(n for bit, n in _ELEMENTS if mask & bit)
+    if len(e) != expected:
+        raise ProtocolError(
+            f"entry element count mismatch: mask {mask} needs {expected} elements, got {len(e)}"
+        )
+    f: dict[str, Any] = {}
+    i = 2
+    if mask & VALUE:
+        f["value"] = _value(e[i], "entry value")
+        f["serial"] = _uint(e[i + 1], "entry serial")
+        i += 2
+    if mask & TIME:
+        f["seconds"] = _uint(e[i], "entry seconds")
+        ns = _uint(e[i + 1], "entry nanoseconds")
+        if ns >= 1_000_000_000:
+            raise ProtocolError(f"entry nanoseconds {ns} not below 10^9")
+        f["nanoseconds"] = ns
+        i += 2
+    if mask & ALARM:
+        sev = _uint(e[i], "entry severity")
+        if sev > 3:
+            raise ProtocolError(f"entry severity {sev} not in 0-3")
+        f["severity"] = sev
+        f["status"] = _uint(e[i + 1], "entry status")
+        f["message"] = _str(e[i + 2], "entry alarm message")
+        i += 3
+    if mask & META:
+        md = e[i]
+        if not isinstance(md, dict):
+            raise ProtocolError(f"entry metadata must be a map, got {type(md).__name__}")
+        f["metadata"] = md
+        i += 1
+    if mask & CONN:
+        state = _uint(e[i], "entry state")
+        if state > 3:
+            raise ProtocolError(f"entry connection state {state} not in 0-3")
+        f["state"] = state
+        f["reason"] = _str(e[i + 1], "entry reason")
+    return Entry(sid, mask, **f)
+
+
+def _value(v: object, what: str) -> Any:
+    """Check a value follows section 4: scalars, str, nil, ndarray, str arrays, structures."""
+    if v is None or isinstance(v, str | float | np.ndarray):
+        return v
+    if type(v) is int:
+        return v
+    if isinstance(v, bool):
+        raise ProtocolError(f"{what}: booleans travel as integers 0/1, got {v!r}")
+    if isinstance(v, list):
+        for x in v:
+            if not isinstance(x, str):
+                raise ProtocolError(f"{what}: arrays must be ndarray ext or arrays of str")
+        return v
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _value(x, f"{what}.{k}")
+        return v
+    raise ProtocolError(f"{what}: unsupported value type {type(v).__name__}")
+
+
+# --- encoding (client messages, and a reference ndarray encoder for tests and tools) ----------
+
+
+def _pack(obj: list[Any]) -> bytes:
+    out = msgpack.packb(obj, use_bin_type=True)
+    assert isinstance(out, bytes)
+    return out
+
+
+def _check_req(req: int) -> None:
+    if type(req) is not int or req < 0:
+        raise ValueError(f"req must be an unsigned integer, got {req!r}")
+
+
+def encode_attach(req: int, token: str) -> bytes:
+    """``[16, req, token]``: attach a token from the GraphQL ``subscribe`` mutation."""
+    _check_req(req)
+    return _pack([16, req, token])
+
+
+def encode_detach(req: int, att: int) -> bytes:
+    """``[17, req, att]``: end an attachment."""
+    _check_req(req)
+    _check_req(att)
+    return _pack([17, req, att])
+
+
+def encode_ping(nonce: Any) -> bytes:
+    """``[18, nonce]``: the server answers ``PONG`` with the same nonce, in order."""
+    return _pack([18, nonce])
+
+
+def encode_ndarray(a: npt.NDArray[Any]) -> msgpack.ExtType:
+    """The ndarray ext of section 4.1 (what the server sends); used by tests and tools."""
+    dt = a.dtype.newbyteorder("<") if a.dtype.itemsize > 1 else a.dtype
+    code = _DTYPE_CODES.get(dt)
+    if code is None:
+        raise ValueError(f"dtype {a.dtype} has no ndarray code")
+    head = bytes([code, a.ndim]) + b"".join(int(d).to_bytes(4, "little") for d in a.shape)
+    return msgpack.ExtType(NDARRAY_EXT, head + np.ascontiguousarray(a, dtype=dt).tobytes())

@@ -1,0 +1,425 @@
+"""Simulated channels (`sim://KIND[/LABEL][?param=value&...]`), for demos, tests and benchmarks.
+
+Kinds: sine, ramp, counter, noise, waveform, enum (periodic), value, string (writable, updated
+only by puts). A periodic channel does not own a task or timer: channels are grouped by update
+rate and each group is driven by ONE `loop.call_at` chain that updates all its members in a tight
+loop with one shared timestamp. 10,000 counters at 10 Hz then cost one timer callback per tick
+plus a method call and a sink call per channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+import numpy as np
+
+from ..errors import BadChannelId, ReadOnlyChannel
+from ..model import ConnState, Metadata, Reading, Value
+from .base import Backend, ChannelSink, Monitor
+from .convert import coerce_put_value
+
+__all__ = ["KINDS", "SimBackend", "SimSpec", "parse_sim"]
+
+log = logging.getLogger(__name__)
+
+# Per kind: its parameters with defaults. Numbers only, except the enum `choices`/waveform `shape`
+# and the writable kinds' `initial`.
+KINDS: dict[str, dict[str, Any]] = {
+    "sine": {"period": 10.0, "amplitude": 1.0, "offset": 0.0, "rate": 10.0},
+    "ramp": {"min": 0.0, "max": 10.0, "step": 1.0, "rate": 10.0},
+    "counter": {"rate": 10.0},
+    "noise": {"mean": 0.0, "sigma": 1.0, "rate": 10.0},
+    "waveform": {"length": 1000.0, "rate": 10.0, "shape": "sine", "period": 10.0},
+    "enum": {"choices": "Off,On", "rate": 1.0},
+    "value": {"initial": 0.0},
+    "string": {"initial": ""},
+}
+_TEXT_PARAMS = {"shape", "choices", "initial"}
+MAX_RATE = 1000.0  # Hz; a timer chain faster than this would only measure the event loop
+MAX_LENGTH = 10_000_000  # waveform elements (80 MB of float64)
+
+
+@dataclass(frozen=True, slots=True)
+class SimSpec:
+    """A parsed sim id: kind, optional label (distinguishes instances) and parameters."""
+
+    kind: str
+    label: str
+    params: dict[str, Any]
+
+    @property
+    def rate(self) -> float:
+        return float(self.params.get("rate", 0.0))
+
+    @property
+    def key(self) -> str:
+        """Identity of a writable instance: `value/A?initial=1` and `value/A` share state."""
+        return f"{self.kind}/{self.label}"
+
+
+def parse_sim(name: str) -> SimSpec:
+    """Parse the part after `sim://`; raise BadChannelId with the reason when it cannot work."""
+    path, _, query = name.partition("?")
+    kind, _, label = path.partition("/")
+    if kind not in KINDS:
+        raise BadChannelId(f"sim://{name}: unknown sim kind {kind!r} (known: {', '.join(KINDS)})")
+    defaults = KINDS[kind]
+    params = dict(defaults)
+    for key, text in parse_qsl(query, keep_blank_values=True):
+        if key not in defaults:
+            known = ", ".join(defaults) or "none"
+            raise BadChannelId(f"sim://{name}: unknown parameter {key!r} for {kind} ({known})")
+        if key in _TEXT_PARAMS and isinstance(defaults[key], str):
+            params[key] = text
+            continue
+        try:
+            number = float(text)
+        except ValueError:
+            raise BadChannelId(f"sim://{name}: {key}={text!r} is not a number") from None
+        if not math.isfinite(number):
+            raise BadChannelId(f"sim://{name}: {key}={text!r} is not finite")
+        params[key] = number
+    _check(name, kind, params)
+    return SimSpec(kind, label, params)
+
+
+def _check(name: str, kind: str, p: dict[str, Any]) -> None:
+    def bad(why: str) -> BadChannelId:
+        return BadChannelId(f"sim://{name}: {why}")
+
+    if "rate" in p and not 0 < p["rate"] <= MAX_RATE:
+        raise bad(f"rate must be in (0, {MAX_RATE:g}] Hz, got {p['rate']:g}")
+    if "period" in p and p["period"] <= 0:
+        raise bad(f"period must be > 0 s, got {p['period']:g}")
+    if kind == "ramp" and (p["max"] <= p["min"] or p["step"] <= 0):
+        raise bad("ramp needs min < max and step > 0")
+    if kind == "noise" and p["sigma"] < 0:
+        raise bad("sigma must be >= 0")
+    if kind == "waveform":
+        if not 1 <= p["length"] <= MAX_LENGTH or not float(p["length"]).is_integer():
+            raise bad(f"length must be an integer in [1, {MAX_LENGTH}]")
+        if p["shape"] not in ("sine", "noise"):
+            raise bad(f"shape must be 'sine' or 'noise', got {p['shape']!r}")
+    if kind == "enum":
+        choices = [c for c in p["choices"].split(",") if c]
+        if not choices:
+            raise bad("enum needs at least one choice")
+
+
+def _now() -> tuple[int, int]:
+    s, ns = divmod(time.time_ns(), 1_000_000_000)
+    return s, ns
+
+
+def _metadata(spec: SimSpec) -> Metadata:
+    p, kind = spec.params, spec.kind
+    desc = f"sim {kind}"
+    if kind == "sine":
+        lo, hi = p["offset"] - abs(p["amplitude"]), p["offset"] + abs(p["amplitude"])
+        return Metadata("float64", 1, desc, "", 3, display=(lo, hi), writable=False)
+    if kind == "ramp":
+        return Metadata("float64", 1, desc, "", 3, display=(p["min"], p["max"]), writable=False)
+    if kind == "counter":
+        return Metadata("int64", 1, desc, "counts", 0, writable=False)
+    if kind == "noise":
+        lo, hi = p["mean"] - 3 * p["sigma"], p["mean"] + 3 * p["sigma"]
+        return Metadata("float64", 1, desc, "", 3, display=(lo, hi), writable=False)
+    if kind == "waveform":
+        limits = (-1.0, 1.0) if p["shape"] == "sine" else (-3.0, 3.0)
+        return Metadata("float64", int(p["length"]), desc, "", 3, display=limits, writable=False)
+    if kind == "enum":
+        choices = tuple(c for c in p["choices"].split(",") if c)
+        return Metadata("enum", 1, desc, choices=choices, writable=False)
+    if kind == "value":
+        return Metadata("float64", 1, desc, "", 3, writable=True)
+    return Metadata("string", 1, desc, writable=True)
+
+
+class _Sim:
+    """One periodic simulated channel feeding one sink. `step` computes and delivers a value."""
+
+    __slots__ = ("closed", "k", "sink", "spec", "step", "value")
+
+    def __init__(self, spec: SimSpec, sink: ChannelSink) -> None:
+        self.spec = spec
+        self.sink = sink
+        self.closed = False
+        self.k = 0  # ticks so far
+        self.value: Value = None
+        self.step: Callable[[int, int], None] = getattr(self, "_step_" + spec.kind)
+
+    def initial(self) -> Value:
+        """First value; equal to what a fresh `get` would read."""
+        self.value = _fresh_value(self.spec, self.k)
+        return self.value
+
+    # One method per kind, looked up once: the tick loop does no dispatch on the kind.
+    def _step_counter(self, s: int, ns: int) -> None:
+        self.k += 1
+        self.value = self.k
+        self.sink.on_update(self.k, s, ns, 0, 0, "")
+
+    def _step_sine(self, s: int, ns: int) -> None:
+        p = self.spec.params
+        v = p["offset"] + p["amplitude"] * math.sin(2 * math.pi * (s + ns * 1e-9) / p["period"])
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_ramp(self, s: int, ns: int) -> None:
+        self.k += 1
+        v = _ramp(self.spec.params, self.k)
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_noise(self, s: int, ns: int) -> None:
+        p = self.spec.params
+        v = random.gauss(p["mean"], p["sigma"])
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_waveform(self, s: int, ns: int) -> None:
+        v = _waveform(self.spec.params, s + ns * 1e-9)
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_enum(self, s: int, ns: int) -> None:
+        self.k += 1
+        v = self.k % len(self.spec.params["choices"].split(","))
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+
+_RNG = np.random.default_rng()
+
+
+def _ramp(p: dict[str, Any], k: int) -> float:
+    span = int((p["max"] - p["min"]) // p["step"]) + 1
+    return float(p["min"] + (k % span) * p["step"])
+
+
+def _waveform(p: dict[str, Any], t: float) -> np.ndarray[Any, np.dtype[np.float64]]:
+    n = int(p["length"])
+    if p["shape"] == "noise":
+        noise: np.ndarray[Any, np.dtype[np.float64]] = _RNG.standard_normal(n)
+        return noise
+    phase = 2 * math.pi * t / p["period"]
+    wave: np.ndarray[Any, np.dtype[np.float64]] = np.sin(
+        np.linspace(0.0, 2 * math.pi, n, endpoint=False) + phase
+    )
+    return wave
+
+
+def _fresh_value(spec: SimSpec, k: int) -> Value:
+    p, kind = spec.params, spec.kind
+    if kind == "counter":
+        return k
+    if kind == "sine":
+        return float(
+            p["offset"] + p["amplitude"] * math.sin(2 * math.pi * time.time() / p["period"])
+        )
+    if kind == "ramp":
+        return _ramp(p, k)
+    if kind == "noise":
+        return random.gauss(p["mean"], p["sigma"])
+    if kind == "waveform":
+        return _waveform(p, time.time())
+    if kind == "enum":
+        return k % len(p["choices"].split(","))
+    raise AssertionError(kind)  # writable kinds live in _Store
+
+
+class _Group:
+    """All periodic channels of one rate, driven by one `loop.call_at` chain."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, rate: float, on_empty: Callable[[], None]):
+        self.loop = loop
+        self.period = 1.0 / rate
+        self.members: dict[_Sim, None] = {}  # insertion-ordered set
+        self._snapshot: tuple[_Sim, ...] = ()
+        self._dirty = False
+        self._on_empty = on_empty
+        self._next = loop.time() + self.period
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self._next, self._tick)
+
+    def add(self, sim: _Sim) -> None:
+        self.members[sim] = None
+        self._dirty = True
+
+    def remove(self, sim: _Sim) -> None:
+        self.members.pop(sim, None)
+        self._dirty = True
+        if not self.members:
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+            self._on_empty()
+
+    def _tick(self) -> None:
+        if self._dirty:
+            # Rebuilt only when membership changed: iterating a tuple is safe while a sink
+            # closes monitors, and costs nothing per tick.
+            self._snapshot = tuple(self.members)
+            self._dirty = False
+        s, ns = _now()
+        for sim in self._snapshot:
+            if sim.closed:
+                continue
+            try:
+                sim.step(s, ns)
+            except Exception:  # one broken sink must not stop the other channels
+                log.exception("sim update failed for %s", sim.spec.kind)
+        if self._handle is None:
+            return  # the group emptied during this tick
+        now = self.loop.time()
+        self._next += self.period
+        if self._next < now:
+            # Fell behind (overloaded loop): skip missed ticks instead of bursting to catch up.
+            self._next = now + self.period - (now - self._next) % self.period
+        self._handle = self.loop.call_at(self._next, self._tick)
+
+
+class _Store:
+    """State of one writable instance (`value/NAME`, `string/NAME`), shared by its monitors."""
+
+    __slots__ = ("meta", "ns", "s", "sinks", "value")
+
+    def __init__(self, spec: SimSpec) -> None:
+        self.meta = _metadata(spec)
+        initial = spec.params["initial"]
+        self.value: Value = str(initial) if spec.kind == "string" else float(initial)
+        self.s, self.ns = _now()
+        self.sinks: dict[ChannelSink, None] = {}
+
+
+class _SimMonitor:
+    __slots__ = ("_backend", "_handle", "_name", "_sim", "_sink", "_store")
+
+    def __init__(self, backend: SimBackend, name: str, sink: ChannelSink) -> None:
+        self._backend = backend
+        self._name = name
+        self._sink = sink
+        self._sim: _Sim | None = None
+        self._store: _Store | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            spec = parse_sim(name)
+        except BadChannelId as e:
+            # Reported from the loop, not from inside monitor(): the caller is still setting up.
+            self._handle: asyncio.Handle | None = loop.call_soon(
+                sink.on_connection, ConnState.FAILED, str(e)
+            )
+            return
+        if spec.kind in ("value", "string"):
+            self._store = backend.store(spec)
+            self._handle = loop.call_soon(self._start_store)
+        else:
+            self._sim = _Sim(spec, sink)
+            self._handle = loop.call_soon(self._start_sim)
+
+    def _start_sim(self) -> None:
+        self._handle = None
+        sim = self._sim
+        assert sim is not None
+        s, ns = _now()
+        self._sink.on_meta(_metadata(sim.spec))
+        self._sink.on_connection(ConnState.CONNECTED)
+        self._sink.on_update(sim.initial(), s, ns, 0, 0, "")
+        self._backend.group(sim.spec.rate).add(sim)
+        self._backend.live[self._name] = sim
+
+    def _start_store(self) -> None:
+        self._handle = None
+        store = self._store
+        assert store is not None
+        store.sinks[self._sink] = None
+        self._sink.on_meta(store.meta)
+        self._sink.on_connection(ConnState.CONNECTED)
+        self._sink.on_update(store.value, store.s, store.ns, 0, 0, "")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._sim is not None and not self._sim.closed:
+            sim = self._sim
+            sim.closed = True
+            if self._backend.live.get(self._name) is sim:
+                del self._backend.live[self._name]
+            group = self._backend.groups.get(sim.spec.rate)
+            if group is not None:
+                group.remove(sim)
+        if self._store is not None:
+            self._store.sinks.pop(self._sink, None)
+            self._store = None
+
+
+class SimBackend(Backend):
+    """`sim://` channels: everything in-process, no network."""
+
+    scheme = "sim"
+
+    def __init__(self) -> None:
+        self.groups: dict[float, _Group] = {}
+        self.stores: dict[str, _Store] = {}
+        # The latest periodic channel opened per name, so a get reads what monitors see.
+        self.live: dict[str, _Sim] = {}
+
+    def group(self, rate: float) -> _Group:
+        group = self.groups.get(rate)
+        if group is None:
+            group = self.groups[rate] = _Group(
+                asyncio.get_running_loop(), rate, lambda: self._drop_group(rate)
+            )
+        return group
+
+    def _drop_group(self, rate: float) -> None:
+        self.groups.pop(rate, None)
+
+    def store(self, spec: SimSpec) -> _Store:
+        store = self.stores.get(spec.key)
+        if store is None:
+            store = self.stores[spec.key] = _Store(spec)
+        return store
+
+    def monitor(self, name: str, sink: ChannelSink) -> Monitor:
+        return _SimMonitor(self, name, sink)
+
+    async def get(self, name: str, timeout: float) -> Reading:
+        spec = parse_sim(name)
+        if spec.kind in ("value", "string"):
+            store = self.store(spec)
+            return Reading(store.value, store.s, store.ns, meta=store.meta)
+        s, ns = _now()
+        sim = self.live.get(name)
+        value = sim.value if sim is not None else _fresh_value(spec, 0)
+        return Reading(value, s, ns, meta=_metadata(spec))
+
+    async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
+        spec = parse_sim(name)
+        if spec.kind not in ("value", "string"):
+            raise ReadOnlyChannel(f"sim://{name}: sim {spec.kind} channels are read-only")
+        store = self.store(spec)
+        type_name = "string" if spec.kind == "string" else "float64"
+        store.value = coerce_put_value(f"sim://{name}", value, type_name, False, None)
+        store.s, store.ns = _now()
+        for sink in tuple(store.sinks):
+            sink.on_update(store.value, store.s, store.ns, 0, 0, "")
+
+    def names(self) -> Iterable[str]:
+        return tuple(KINDS)
+
+    async def close(self) -> None:
+        for group in list(self.groups.values()):
+            if group._handle is not None:
+                group._handle.cancel()
+                group._handle = None
+        self.groups.clear()
+        self.live.clear()

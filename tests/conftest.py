@@ -1,0 +1,104 @@
+"""Session-wide EPICS setup: one test IOC, and its client environment in os.environ.
+
+libca and pvxs read the EPICS_* environment once, when their context is created, and the whole
+suite runs in one pytest process; so the environment is set here, once, before any test creates
+a CA or PVA context, and every module shares the same IOC (tests/dbs/test.db).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from pvwire.ioc import IocProcess
+from pvwire.loopback import apply_loopback_env
+from pvwire.model import ConnState, Metadata, Value
+
+from tests.server_process import ServerProcess, server_args_for_tests
+
+DBS = Path(__file__).parent / "dbs"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def epics_env() -> Iterator[IocProcess]:
+    """The shared test IOC, already running; os.environ holds what a client needs to reach it.
+
+    Tests that stop and restart it (`ioc.stop(); ioc.start()`, same ports) must leave it running.
+    """
+    apply_loopback_env()
+    ioc = IocProcess([DBS / "test.db"])
+    os.environ.update(ioc.ports.client_env())
+    ioc.start()
+    try:
+        yield ioc
+    finally:
+        ioc.stop()
+
+
+class RecordingSink:
+    """A ChannelSink test double: records every call, in order, and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.updates: list[Update] = []
+        self.metas: list[Metadata] = []
+        self.states: list[tuple[ConnState, str]] = []
+
+    def on_update(
+        self,
+        value: Value,
+        seconds: int,
+        nanoseconds: int,
+        severity: int,
+        status: int,
+        message: str,
+    ) -> None:
+        update = Update(value, seconds, nanoseconds, severity, status, message)
+        self.updates.append(update)
+        self.events.append(("update", update))
+
+    def on_meta(self, meta: Metadata) -> None:
+        self.metas.append(meta)
+        self.events.append(("meta", meta))
+
+    def on_connection(self, state: ConnState, reason: str = "") -> None:
+        self.states.append((state, reason))
+        self.events.append(("conn", state))
+
+    @property
+    def state(self) -> ConnState | None:
+        return self.states[-1][0] if self.states else None
+
+    async def wait(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
+        """Poll until `predicate()` is true; fail with what was recorded after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s; recorded: {self.events[-10:]}")
+            await asyncio.sleep(0.01)
+
+
+class Update(NamedTuple):
+    value: Value
+    seconds: int
+    nanoseconds: int
+    severity: int
+    status: int
+    message: str
+
+
+@pytest.fixture(scope="session")
+def server(epics_env: IocProcess) -> Iterator[ServerProcess]:
+    """One real pvwire server for the session, connected to the shared test IOC."""
+    with ServerProcess(*server_args_for_tests()) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def server_url(server: ServerProcess) -> str:
+    return server.url

@@ -1,0 +1,122 @@
+"""Run the real pvwire server as a child process, over real HTTP and WebSocket, for tests.
+
+The child inherits os.environ, which conftest.py has loaded with the loopback settings and the
+shared test IOC's ports, so the server's CA and PVA contexts find that IOC and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from pvwire.ioc import free_port
+from pvwire.loopback import apply_loopback_env
+
+__all__ = ["TEST_TOKEN_KEY", "ServerProcess"]
+
+TEST_TOKEN_KEY = "test-key-not-secret"
+
+
+class ServerProcess:
+    def __init__(self, *args: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.args = list(args)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/stream"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: deque[str] = deque(maxlen=300)
+
+    def start(self, timeout: float = 30.0) -> None:
+        cmd = [
+            sys.executable, "-m", "pvwire.cli", "serve", "--loopback",
+            "--port", str(self.port), "--token-key", TEST_TOKEN_KEY, *self.args,
+        ]  # fmt: skip
+        env = apply_loopback_env({**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._proc = proc
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                self._log.append(raw.decode(errors="replace").rstrip())
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server not up after {timeout} s:\n{self.log()}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if proc.stdout:
+            proc.stdout.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def log(self) -> str:
+        return "\n".join(self._log)
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """POST a GraphQL request; returns the whole response document (data and errors)."""
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        req = urllib.request.Request(
+            f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                result: dict[str, Any] = json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            result = json.loads(exc.read())
+        return result
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def server_args_for_tests(extra: Sequence[str] = ()) -> list[str]:
+    """Settings that make failure paths quick to reach in tests."""
+    return [
+        "--write-rule", "ca://PVW:*", "--write-rule", "pva://PVW:*",
+        "--write-rule", "sim://value*", "--write-rule", "sim://string*",
+        "--stall-timeout", "2", "--linger", "0.5", "--send-budget", "262144",
+        "--catalogue", "ca://PVW:AO", "--catalogue", "ca://PVW:COUNTER",
+        "--log-level", "warning", *extra,
+    ]  # fmt: skip

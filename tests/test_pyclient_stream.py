@@ -1,0 +1,274 @@
+"""pvwire_client.Client's stream layer against a scripted fake server (no pvwire server needed).
+
+GraphQL is an httpx MockTransport; the stream is a websockets server on an ephemeral port whose
+per-connection behaviour each test scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import msgpack
+import pytest
+from pvwire_client import Client, StreamClosed, Update
+from websockets.asyncio.server import ServerConnection, serve
+
+Script = Callable[[ServerConnection, int], Awaitable[None]]
+HELLO = [0, 1, "fake", 20, 15000, 65536]
+
+
+def pack(obj: Any) -> bytes:
+    out = msgpack.packb(obj, use_bin_type=True)
+    assert isinstance(out, bytes)
+    return out
+
+
+async def recv(ws: ServerConnection) -> list[Any]:
+    data = await ws.recv()
+    assert isinstance(data, bytes)
+    msg = msgpack.unpackb(data)
+    assert isinstance(msg, list)
+    return msg
+
+
+def full(sid: int, value: Any, serial: int) -> list[Any]:
+    return [sid, 31, value, serial, 1700000000, 0, 0, 0, "", {"units": "mA"}, 1, ""]
+
+
+class Fake:
+    """A GraphQL mock plus a scripted WebSocket server."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.registrations: list[list[str]] = []
+        self.subprotocols: list[str | None] = []
+        self.extensions: list[str | None] = []
+
+    def graphql(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        assert "subscribe" in body["query"]
+        ids = body["variables"]["ids"]
+        self.registrations.append(ids)
+        n = len(self.registrations)
+        return httpx.Response(
+            200,
+            json={
+                "data": {
+                    "subscribe": {
+                        "token": f"tok{n}",
+                        "expiresAt": 4e9,
+                        "streamPath": "/stream",
+                        "channels": [
+                            {"sid": i, "id": f"sim://{x}", "metadata": None}
+                            for i, x in enumerate(ids)
+                        ],
+                    }
+                }
+            },
+        )
+
+    async def handler(self, ws: ServerConnection) -> None:
+        self.connections += 1
+        self.subprotocols.append(ws.subprotocol)
+        self.extensions.append(
+            ws.request.headers.get("Sec-WebSocket-Extensions") if ws.request else None
+        )
+        await self.script(ws, self.connections)
+
+
+@pytest.fixture
+async def fake_factory() -> AsyncIterator[Callable[[Script], Awaitable[tuple[Fake, Client]]]]:
+    servers: list[Any] = []
+    clients: list[Client] = []
+
+    async def make(script: Script) -> tuple[Fake, Client]:
+        fake = Fake(script)
+        server = await serve(fake.handler, "127.0.0.1", 0, subprotocols=["pvwire.v1"])  # type: ignore[list-item]
+        servers.append(server)
+        port = server.sockets[0].getsockname()[1]
+        client = Client(
+            "http://fake",
+            transport=httpx.MockTransport(fake.graphql),
+            stream_url=f"ws://127.0.0.1:{port}/stream",
+            reconnect_base=0.01,
+            reconnect_max=0.05,
+        )
+        clients.append(client)
+        return fake, client
+
+    yield make
+    for c in clients:
+        await c.aclose()
+    for s in servers:
+        s.close()
+        await s.wait_closed()
+
+
+async def take(it: AsyncIterator[Update], n: int) -> list[Update]:
+    out = []
+    async with asyncio.timeout(10):
+        async for u in it:
+            out.append(u)
+            if len(out) == n:
+                break
+    return out
+
+
+async def test_snapshot_then_data_then_detach(fake_factory: Any) -> None:
+    detached = asyncio.Event()
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        assert attach[0] == 16 and attach[2] == "tok1"
+        await ws.send(pack([1, attach[1], 7, ["sim://a", "sim://b"]]))
+        await ws.send(pack([2, 1, 7, [full(0, 1.5, 1), full(1, 2, 5)]]))
+        await ws.send(pack([6]))
+        await ws.send(pack([3, 2, [[7, [[0, 3, 2.5, 4, 1700000001, 5]]]]]))
+        detach = await recv(ws)
+        assert detach[0] == 17 and detach[2] == 7
+        await ws.send(pack([4, detach[1], 7]))
+        detached.set()
+        await ws.wait_closed()
+
+    fake, client = await fake_factory(script)
+    ups = await take(client.monitor(["a", "b"]), 3)
+    assert [u.channel.id for u in ups] == ["sim://a", "sim://b", "sim://a"]
+    assert ups[0].changed == {"value", "time", "alarm", "metadata", "connection"}
+    assert ups[0].channel.format() == "1.5 mA"
+    assert ups[2].changed == {"value", "time"} and ups[2].channel.value == 2.5
+    assert ups[2].channel.conflated == 2 and ups[0].channel.value == 1.5  # updates are copies
+    async with asyncio.timeout(5):
+        await detached.wait()
+    assert fake.subprotocols == ["pvwire.v1"]
+    assert fake.extensions == [None]  # no permessage-deflate offered
+
+
+async def test_reconnect_on_restart_shows_disconnect_and_resnapshots(fake_factory: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, n * 10, n * 10)]]))
+        if n == 1:
+            await ws.close(1012, "restart")
+        else:
+            await ws.wait_closed()
+
+    fake, client = await fake_factory(script)
+    ups = await take(client.monitor("a"), 3)
+    assert [(u.channel.value, u.channel.connection) for u in ups] == [
+        (10, "CONNECTED"),
+        (10, "DISCONNECTED"),
+        (20, "CONNECTED"),
+    ]
+    assert "1012 RESTART" in ups[1].channel.reason
+    assert ups[2].channel.conflated == 9
+    assert fake.connections == 2 and len(fake.registrations) == 1
+
+
+async def test_terminal_close_raises(fake_factory: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        await recv(ws)
+        await ws.close(4403, "not allowed")
+
+    _, client = await fake_factory(script)
+    with pytest.raises(StreamClosed, match="4403 FORBIDDEN") as e:
+        await take(client.monitor("a"), 1)
+    assert e.value.close_code == 4403
+
+
+async def test_token_expired_registers_again(fake_factory: Any) -> None:
+    tokens: list[str] = []
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        tokens.append(attach[2])
+        if n == 1:
+            await ws.close(4402, "expired")
+            return
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, 1.0, 1)]]))
+        await ws.wait_closed()
+
+    fake, client = await fake_factory(script)
+    ups = await take(client.monitor("a"), 1)
+    assert ups[0].channel.value == 1.0
+    assert tokens == ["tok1", "tok2"] and len(fake.registrations) == 2
+
+
+async def test_heartbeat_watchdog_reconnects(fake_factory: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack([0, 1, "fake", 20, 50, 65536]))  # heartbeat 50 ms: watchdog 1.1 s
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, n, n)]]))
+        await ws.wait_closed()  # then silence
+
+    fake, client = await fake_factory(script)
+    ups = await take(client.monitor("a"), 3)
+    assert [u.channel.connection for u in ups] == ["CONNECTED", "DISCONNECTED", "CONNECTED"]
+    assert "4000 HEARTBEAT_TIMEOUT" in ups[1].channel.reason
+    assert fake.connections == 2
+
+
+async def test_seq_gap_reconnects(fake_factory: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, n, n)]]))
+        if n == 1:
+            await ws.send(pack([3, 3, [[1, [[0, 1, 5, 5]]]]]))  # seq 3 after 1
+        await ws.wait_closed()
+
+    fake, client = await fake_factory(script)
+    ups = await take(client.monitor("a"), 3)
+    assert [u.channel.value for u in ups] == [1, 1, 2]
+    assert fake.connections == 2
+
+
+async def test_two_monitors_share_one_websocket(fake_factory: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        seq = 0
+        att = 0
+        async for data in ws:
+            msg = msgpack.unpackb(data)
+            if msg[0] == 16:
+                att += 1
+                ids = fake.registrations[int(msg[2][3:]) - 1]
+                await ws.send(pack([1, msg[1], att, [f"sim://{i}" for i in ids]]))
+                seq += 1
+                await ws.send(pack([2, seq, att, [full(0, att, 1)]]))
+
+    fake, client = await fake_factory(script)
+    (u1,) = await take(client.monitor("x"), 1)
+    (u2,) = await take(client.monitor("y"), 1)
+    assert (u1.channel.id, u1.channel.value, u2.channel.id, u2.channel.value) == (
+        "sim://x",
+        1,
+        "sim://y",
+        2,
+    )
+    assert fake.connections == 1
+
+
+async def test_protocol_error_from_server_raises(fake_factory: Any) -> None:
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [[0, 64]]]))
+        await ws.wait_closed()
+
+    _, client = await fake_factory(script)
+    with pytest.raises(Exception, match="unknown bits"):
+        await take(client.monitor("a"), 1)

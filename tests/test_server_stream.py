@@ -1,0 +1,208 @@
+"""The data plane over a real WebSocket: a real server process, real IOC and sim channels."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgpack
+import pytest
+import websockets
+from pvwire.tokens import TokenSigner
+from pvwire_client import wire
+
+from tests.server_process import TEST_TOKEN_KEY, ServerProcess
+from tests.stream_client import RawStream
+
+
+def token(server: ServerProcess, ids: list[str], **options: object) -> str:
+    opts = ", ".join(f"{k}: {v}" for k, v in options.items())
+    doc = server.graphql(
+        "mutation($ids: [String!]!) { subscribe(ids: $ids"
+        + (f", options: {{{opts}}}" if opts else "")
+        + ") { token } }",
+        {"ids": ids},
+    )
+    assert "errors" not in doc, doc
+    return str(doc["data"]["subscribe"]["token"])
+
+
+async def test_snapshot_then_deltas_from_a_real_ioc(server: ServerProcess) -> None:
+    s = await RawStream.connect(server.ws_url)
+    attached, snapshot = await s.attach(token(server, ["ca://PVW:COUNTER", "ca://PVW:AO"]))
+    assert attached.ids == ("ca://PVW:COUNTER", "ca://PVW:AO")
+    assert snapshot.seq == 1 and snapshot.att == attached.att
+    serials = []
+    seqs = [snapshot.seq]
+    while len(serials) < 5:
+        data = await s.next_data()
+        seqs.append(data.seq)
+        for e in data.groups[0].entries:
+            if e.sid == 0 and e.serial is not None:
+                serials.append(e.serial)
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert serials == sorted(serials) and len(set(serials)) == len(serials)
+    await s.close()
+
+
+async def test_two_clients_share_one_upstream_monitor(server: ServerProcess) -> None:
+    ids = ["ca://PVW:COUNTER"]
+    a = await RawStream.connect(server.ws_url)
+    b = await RawStream.connect(server.ws_url)
+    await a.attach(token(server, ids))
+    await b.attach(token(server, ids))
+    got: dict[str, list[tuple[int, float]]] = {"a": [], "b": []}
+    for name, s in (("a", a), ("b", b)):
+        while len(got[name]) < 4:
+            data = await s.next_data()
+            got[name] += [(e.serial, e.value) for e in data.groups[0].entries if e.serial]
+    # Same serials carry the same values for both: one upstream monitor feeds both.
+    common = set(dict(got["a"])) & set(dict(got["b"]))
+    assert common and all(dict(got["a"])[k] == dict(got["b"])[k] for k in common)
+    info = server.graphql("query { server { channels { id subscribers } } }")
+    counter = [c for c in info["data"]["server"]["channels"] if c["id"] == "ca://PVW:COUNTER"]
+    assert len(counter) == 1 and counter[0]["subscribers"] >= 2
+    await a.close()
+    await b.close()
+
+
+async def test_arrays_and_enums_arrive_typed(server: ServerProcess) -> None:
+    s = await RawStream.connect(server.ws_url)
+    _, snap = await s.attach(
+        token(server, ["sim://waveform/t1?length=500&rate=10", "ca://PVW:MBBO"])
+    )
+    # A snapshot may come before the upstream monitors connected: merge until both have values.
+    latest: dict[int, wire.Entry] = {}
+    metadata: dict[int, dict[str, object]] = {}
+    entries = list(snap.entries)
+    while True:
+        for e in entries:
+            if e.value is not None:
+                latest[e.sid] = e
+            if e.metadata is not None:
+                metadata[e.sid] = e.metadata
+        if len(latest) == 2 and 1 in metadata:
+            break
+        entries = list((await s.next_data()).groups[0].entries)
+    wf, mbbo = latest[0], latest[1]
+    assert wf.value.dtype.str == "<f8" and wf.value.shape == (500,)
+    assert isinstance(mbbo.value, int) and metadata[1]["choices"]
+    await s.close()
+
+
+async def test_slow_client_is_closed_with_4008_and_does_not_delay_others(
+    server: ServerProcess,
+) -> None:
+    big = token(server, ["sim://waveform/slow?length=200000&rate=10"])  # 1.6 MB per update
+    fast_ids = ["sim://counter/fast?rate=10"]
+    # max_queue=1: the client library stops reading the socket once one message is buffered.
+    slow = await RawStream.connect(server.ws_url, max_queue=1)
+    fast = await RawStream.connect(server.ws_url)
+    await slow.send(16, 1, big)
+    await fast.attach(token(server, fast_ids))
+    started = time.monotonic()
+    frames = 0
+    while time.monotonic() - started < 4.0:  # stall limit is 2 s on the test server
+        await fast.next_data(timeout=2.0)
+        frames += 1
+    # 10 Hz upstream over 4 s: the fast client kept receiving while the slow one stalled.
+    assert frames >= 30, frames
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        while True:
+            await slow.ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4008
+    await fast.close()
+
+
+async def test_bad_token_gets_terminal_close(server: ServerProcess) -> None:
+    s = await RawStream.connect(server.ws_url)
+    await s.send(16, 1, "pvw1.cli.e30.not-a-signature")
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await s.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_expired_token_gets_4402(server: ServerProcess) -> None:
+    signer = TokenSigner({"cli": TEST_TOKEN_KEY.encode()}, "cli", ttl=1, clock=lambda: 1000.0)
+    s = await RawStream.connect(server.ws_url)
+    await s.send(16, 1, signer.sign(["ca://PVW:AO"]))
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await s.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4402
+
+
+async def test_malformed_frames_get_errors_and_the_connection_survives(
+    server: ServerProcess,
+) -> None:
+    s = await RawStream.connect(server.ws_url)
+    await s.ws.send(b"\xc1\xc1")
+    err = await s.recv()
+    assert isinstance(err, wire.Error) and err.code == 4400 and "MessagePack" in err.message
+    await s.ws.send("a text frame")
+    err = await s.recv()
+    assert isinstance(err, wire.Error) and err.code == 4400 and "binary" in err.message
+    await s.send(17, 5, 99)
+    err = await s.recv()
+    assert isinstance(err, wire.Error) and (err.req, err.code) == (5, 4404)
+    await s.send(18, "nonce")
+    pong = await s.recv()
+    assert isinstance(pong, wire.Pong) and pong.nonce == "nonce"
+    await s.attach(token(server, ["ca://PVW:AO"]))  # still a working connection
+    await s.close()
+
+
+async def test_oversized_message_closes_with_1009(server: ServerProcess) -> None:
+    s = await RawStream.connect(server.ws_url)
+    await s.ws.send(msgpack.packb([16, 1, "x" * 100_000]))
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await s.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    other = await RawStream.connect(server.ws_url)  # the server is fine
+    await other.attach(token(server, ["ca://PVW:AO"]))
+    await other.close()
+
+
+async def test_detach_stops_the_stream(server: ServerProcess) -> None:
+    s = await RawStream.connect(server.ws_url)
+    attached, _ = await s.attach(token(server, ["sim://counter/d?rate=20"]))
+    await s.next_data()
+    await s.send(17, 9, attached.att)
+    while True:
+        msg = await s.recv()
+        if isinstance(msg, wire.Detached):
+            assert (msg.req, msg.att) == (9, attached.att)
+            break
+    with pytest.raises(asyncio.TimeoutError):
+        await s.next_data(timeout=0.5)
+    await s.close()
+
+
+async def test_all_mode_over_the_wire_has_no_gaps(server: ServerProcess) -> None:
+    s = await RawStream.connect(server.ws_url)
+    await s.attach(token(server, ["sim://counter/all?rate=50"], mode="ALL"))
+    serials: list[int] = []
+    while len(serials) < 40:
+        data = await s.next_data()
+        serials += [e.serial for e in data.groups[0].entries if e.serial is not None]
+    assert serials == list(range(serials[0], serials[0] + len(serials)))
+    await s.close()
+
+
+async def test_max_rate_throttles_a_subscription(server: ServerProcess) -> None:
+    s = await RawStream.connect(server.ws_url)
+    await s.attach(token(server, ["sim://counter/mr?rate=50"], maxRate=5))
+    start = time.monotonic()
+    frames = 0
+    conflated = 0
+    last = None
+    while time.monotonic() - start < 2.0:
+        data = await s.next_data()
+        frames += 1
+        for e in data.groups[0].entries:
+            if e.serial is not None:
+                if last is not None:
+                    conflated += e.serial - last - 1
+                last = e.serial
+    assert frames <= 12, frames  # 5 Hz for 2 s, plus the first one
+    assert conflated > 0
+    await s.close()
