@@ -27,8 +27,11 @@ TEST_TOKEN_KEY = "test-key-not-secret"
 
 
 class ServerProcess:
-    def __init__(self, *args: str, port: int | None = None) -> None:
+    def __init__(
+        self, *args: str, port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.port = port or free_port()
+        self.env = env or {}  # on top of os.environ, e.g. another IOC's client settings
         self.args = list(args)
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/stream"
@@ -40,7 +43,7 @@ class ServerProcess:
             sys.executable, "-m", "pvwire.cli", "serve", "--loopback",
             "--port", str(self.port), "--token-key", TEST_TOKEN_KEY, *self.args,
         ]  # fmt: skip
-        env = apply_loopback_env({**os.environ, "PYTHONUNBUFFERED": "1"})
+        env = apply_loopback_env({**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._proc = proc
 

@@ -206,3 +206,12 @@ async def test_max_rate_throttles_a_subscription(server: ServerProcess) -> None:
     assert frames <= 12, frames  # 5 Hz for 2 s, plus the first one
     assert conflated > 0
     await s.close()
+
+
+async def test_per_message_deflate_is_refused(server: ServerProcess) -> None:
+    # Browsers offer deflate; it cut 64 KB frames from 13,500/s to 623/s (DESIGN.md section 9).
+    ws = await websockets.connect(server.ws_url, subprotocols=["pvwire.v1"])  # offers deflate
+    assert ws.response is not None
+    assert "Sec-WebSocket-Extensions" not in ws.response.headers
+    assert ws.subprotocol == "pvwire.v1"
+    await ws.close()

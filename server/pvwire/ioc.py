@@ -148,7 +148,7 @@ class IocProcess:
                 stream.close()
 
     def execute(self, python_line: str) -> None:
-        """Run one line in the IOC's console (Python, with `ioc.iocshCmd` for iocsh commands)."""
+        """Run one line in the IOC's console (Python; `epicscorelibs.ioc.iocshCmd` runs iocsh)."""
         if self._proc is None or self._proc.stdin is None:
             raise RuntimeError("IOC is not running")
         self._proc.stdin.write(python_line.encode() + b"\n\n")

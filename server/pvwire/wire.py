@@ -107,7 +107,8 @@ def _ndarray_parts(arr: np.ndarray[Any, Any]) -> list[bytes | memoryview]:
         # A byte-swapped or strided array needs one conversion; IOC data is normally neither.
         arr = np.ascontiguousarray(arr, dtype=le)
     head = bytes((code, arr.ndim)) + b"".join(_u32.pack(d) for d in arr.shape)
-    data = arr.data.cast("B")
+    # A memoryview of the array, not a copy; a view with a zero in its shape cannot be cast.
+    data = arr.data.cast("B") if arr.size else memoryview(b"")
     return [_ext_header(NDARRAY_EXT, len(head) + data.nbytes), head, data]
 
 
