@@ -11,7 +11,7 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium clean
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium graphiql clean
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
@@ -26,6 +26,14 @@ $(TS)/node_modules/.installed: $(TS)/package.json $(TS)/package-lock.json
 	cd $(TS) && npm ci --no-audit --no-fund
 	touch $@
 
+# GraphiQL's files, served by the server itself so /graphql works offline.
+GRAPHIQL := server/graphiql
+graphiql: $(GRAPHIQL)/node_modules/.vendored
+$(GRAPHIQL)/node_modules/.vendored: $(GRAPHIQL)/package-lock.json $(GRAPHIQL)/vendor.py $(VENV)/.installed
+	cd $(GRAPHIQL) && npm ci --no-audit --no-fund --ignore-scripts --legacy-peer-deps
+	$(PY) $(GRAPHIQL)/vendor.py
+	touch $@
+
 # Headless browser for the page tests: Debian's package, never a downloaded one.
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
@@ -34,7 +42,7 @@ chromium:
 tsbuild: node
 	cd $(TS) && npm run --silent build
 
-run: venv tsbuild
+run: venv tsbuild graphiql
 	$(PY) -m pvwire.cli run-demo
 
 lint: venv node
@@ -43,10 +51,10 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv tsbuild chromium
+pytest: venv tsbuild graphiql chromium
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
-tstest: venv node tsbuild
+tstest: venv node tsbuild graphiql
 	cd $(TS) && PVWIRE_PYTHON=$(abspath $(PY)) npm test --silent
 
 test: lint pytest tstest
@@ -55,4 +63,4 @@ bench: venv tsbuild
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static
+	rm -rf $(VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
+import re
 import urllib.request
 
 import pytest
@@ -176,3 +179,18 @@ def test_nan_limits_become_null(server: ServerProcess) -> None:
     for key in ("display", "alarm", "warning"):
         limits = meta[key]
         assert limits is None or all(v is None or math.isfinite(v) for v in limits.values())
+
+
+def test_graphiql_page_loads_nothing_from_the_internet(server: ServerProcess) -> None:
+    req = urllib.request.Request(f"{server.url}/graphql", headers={"Accept": "text/html"})
+    with urllib.request.urlopen(req) as r:
+        page = r.read().decode()
+    assert "unpkg.com" not in page and "https://" not in page.split("<body>")[0]
+    assets = re.findall(r'(?:src|href)="(/graphiql-assets/[^"]+)"\s+integrity="([^"]+)"', page)
+    assert len(assets) == 7
+    for path, integrity in assets:
+        with urllib.request.urlopen(f"{server.url}{path}") as r:
+            body = r.read()
+        # The browser refuses a file whose hash differs from the page's integrity attribute.
+        digest = base64.b64encode(hashlib.sha384(body).digest()).decode()
+        assert integrity == f"sha384-{digest}", path

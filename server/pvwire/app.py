@@ -18,6 +18,7 @@ from strawberry.fastapi import GraphQLRouter
 from . import __version__
 from .backends.base import Backend
 from .config import Settings
+from .graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .graphql_api import make_schema
 from .hub import Hub
 from .metrics import render_metrics
@@ -37,6 +38,14 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     from .backends.sim import SimBackend
 
     return {"ca": CaBackend(), "pva": PvaBackend(), "sim": SimBackend()}
+
+
+class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
+    """Serves GraphiQL from vendored files when they are there (`make`), else strawberry's page."""
+
+    @property
+    def graphql_ide_html(self) -> str:
+        return offline_page() or super().graphql_ide_html
 
 
 def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None) -> FastAPI:
@@ -72,13 +81,15 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
     async def context(request: Request) -> dict[str, Any]:
         return {"hub": hub, "request": request}
 
-    graphql: GraphQLRouter[Any, None] = GraphQLRouter(
+    graphql: GraphQLRouter[Any, None] = OfflineGraphQLRouter(
         make_schema(settings.max_query_depth),
         context_getter=context,
         graphql_ide="graphiql",
         multipart_uploads_enabled=False,
     )
     app.include_router(graphql, prefix="/graphql")
+    if ASSETS.is_dir():
+        app.mount(ASSETS_PATH, StaticFiles(directory=ASSETS), name="graphiql-assets")
 
     @app.websocket("/stream")
     async def stream(websocket: WebSocket) -> None:
