@@ -30,7 +30,7 @@ from ..errors import (
     ReadOnlyChannel,
     TypeMismatch,
 )
-from ..model import ConnState, Limits, Metadata, Reading, Value
+from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 
@@ -171,8 +171,14 @@ def _time_alarm(shape: _Shape, v: Any) -> tuple[int, int, int, int, str]:
     else:  # a structure without a timeStamp: stamp it on arrival
         secs, nsec = divmod(time.time_ns(), 1_000_000_000)
     if shape.has_alarm:
-        return secs, nsec, v["alarm.severity"], v["alarm.status"], v["alarm.message"]
+        message = v["alarm.message"]
+        # PVA's status is pvData's code (1 = DEVICE ...), not EPICS menuAlarmStat; QSRV names the
+        # record's menuAlarmStat status in the message, which PROTOCOL.md section 3 asks for.
+        return secs, nsec, v["alarm.severity"], _STATUS_BY_NAME.get(message, 0), message
     return secs, nsec, 0, 0, ""
+
+
+_STATUS_BY_NAME = {name: number for number, name in enumerate(ALARM_STATUS_NAMES)}
 
 
 @dataclass(frozen=True, slots=True)
