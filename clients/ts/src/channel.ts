@@ -1,0 +1,94 @@
+/** Merging entries into whole channel states (PROTOCOL.md section 3). Pure functions. */
+import { Mask, type Entry, type Metadata, type Value } from "./protocol.js";
+
+export const SEVERITIES = ["NO_ALARM", "MINOR", "MAJOR", "INVALID"] as const;
+export type Severity = (typeof SEVERITIES)[number];
+export const CONNECTION_STATES = ["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED"] as const;
+export type ChannelConnection = (typeof CONNECTION_STATES)[number];
+export type ChangedField = "value" | "time" | "alarm" | "metadata" | "connection";
+
+export interface Timestamp {
+  /** POSIX seconds (IOC timestamp). */
+  readonly seconds: number;
+  readonly nanoseconds: number;
+}
+
+export interface AlarmState {
+  readonly severity: Severity;
+  /** EPICS alarm status number (menuAlarmStat). */
+  readonly status: number;
+  readonly message: string;
+}
+
+/** Everything known about one channel of a subscription; a new object after every update. */
+export interface ChannelState {
+  /** Canonical channel id (with scheme), as the server named it in ATTACHED. */
+  readonly id: string;
+  /** Index of the channel in the subscription's ids. */
+  readonly sid: number;
+  /** undefined: not known yet; null: the channel has no value yet. */
+  readonly value: Value | undefined;
+  readonly serial: number | undefined;
+  /** Updates merged away before the last one (serial gap); 0 when none. */
+  readonly conflated: number;
+  /** Sum of `conflated` since the subscription started (reset when the upstream monitor reopens). */
+  readonly conflatedTotal: number;
+  readonly time: Timestamp | undefined;
+  readonly alarm: AlarmState | undefined;
+  readonly metadata: Metadata;
+  readonly connection: ChannelConnection;
+  readonly reason: string;
+}
+
+export function initialState(id: string, sid: number): ChannelState {
+  return {
+    id, sid, value: undefined, serial: undefined, conflated: 0, conflatedTotal: 0,
+    time: undefined, alarm: undefined, metadata: {}, connection: "CONNECTING", reason: "",
+  };
+}
+
+/**
+ * Apply one entry. `full` (snapshot entries) replaces the state: fields absent from a full
+ * entry become unknown. Returns the new state and the fields the entry carried.
+ */
+export function applyEntry(prev: ChannelState, e: Entry, full: boolean): [ChannelState, ChangedField[]] {
+  const base = full ? { ...initialState(prev.id, prev.sid), conflatedTotal: prev.conflatedTotal } : prev;
+  const next: { -readonly [K in keyof ChannelState]: ChannelState[K] } = { ...base };
+  const changed: ChangedField[] = [];
+  if (e.mask & Mask.VALUE) {
+    const serial = e.serial!;
+    const last = prev.serial;
+    // serial lower than before: the upstream monitor reopened (or the server restarted): reset.
+    const gap = last !== undefined && serial > last ? serial - last - 1 : 0;
+    next.value = e.value;
+    next.serial = serial;
+    next.conflated = gap;
+    next.conflatedTotal = last !== undefined && serial <= last ? 0 : base.conflatedTotal + gap;
+    changed.push("value");
+  } else if (full) {
+    next.serial = prev.serial;
+  }
+  if (e.mask & Mask.TIME) {
+    next.time = { seconds: e.seconds!, nanoseconds: e.nanoseconds! };
+    changed.push("time");
+  }
+  if (e.mask & Mask.ALARM) {
+    next.alarm = { severity: SEVERITIES[e.severity!]!, status: e.status!, message: e.message! };
+    changed.push("alarm");
+  }
+  if (e.mask & Mask.META) {
+    next.metadata = e.metadata!;
+    changed.push("metadata");
+  }
+  if (e.mask & Mask.CONN) {
+    next.connection = CONNECTION_STATES[e.state!]!;
+    next.reason = e.reason!;
+    changed.push("connection");
+  }
+  return [next, changed];
+}
+
+/** The timestamp as a Date (millisecond resolution). */
+export function toDate(t: Timestamp): Date {
+  return new Date(t.seconds * 1000 + Math.floor(t.nanoseconds / 1e6));
+}

@@ -1,0 +1,579 @@
+/**
+ * PvwireClient: GraphQL calls (get, put, search) and subscriptions multiplexed over ONE shared
+ * WebSocket, with reconnect/re-attach, token renewal and a heartbeat watchdog.
+ */
+import { applyEntry, initialState, type ChangedField, type ChannelState } from "./channel.js";
+import { closeClass, closeName, CloseCode } from "./closeCodes.js";
+import { backoffDelay, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
+import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
+import {
+  CHANNEL_FIELDS, graphqlRequest, type Channel, type FetchLike, type PutResult, type StreamRegistration,
+} from "./graphql.js";
+import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
+
+/** The part of the WebSocket API the client uses (browser WebSocket and the `ws` package fit). */
+export interface WebSocketLike {
+  binaryType: string;
+  readonly readyState: number;
+  onopen: ((ev: unknown) => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+  send(data: Uint8Array): void;
+  close(code?: number, reason?: string): void;
+}
+export type WebSocketConstructor = new (url: string, protocols?: string | string[]) => WebSocketLike;
+
+export interface ClientOptions {
+  /** WebSocket implementation; default `globalThis.WebSocket` (pass `ws`'s in Node 20). */
+  WebSocket?: WebSocketConstructor;
+  /** fetch implementation; default `globalThis.fetch`. */
+  fetch?: FetchLike;
+  backoff?: BackoffOptions;
+  /** Random source in [0, 1) for the backoff jitter (tests make it deterministic). */
+  random?: () => number;
+  /** Silence after which the connection is declared dead; default 2 × heartbeat_ms + 1 s. */
+  heartbeatTimeoutMs?: number;
+  /** Reconnect after "reconnect" close codes (default true). */
+  reconnect?: boolean;
+}
+
+export interface SubscribeOptions {
+  /** At most this many updates per second for this subscription (0 = every tick). */
+  maxRate?: number;
+  mode?: "LATEST" | "ALL";
+  /** Called when the subscription fails for good (bad token, unknown channel, ...). */
+  onError?: (error: PvwireError) => void;
+}
+
+export type Listener = (state: ChannelState, changed: readonly ChangedField[]) => void;
+
+export interface Subscription {
+  /** Channel ids as requested. */
+  readonly ids: readonly string[];
+  /** Current state of every channel, in sid order (empty until the first snapshot). */
+  readonly channels: readonly ChannelState[];
+  /** Resolves when the first snapshot was applied; rejects if the subscription fails first. */
+  readonly ready: Promise<void>;
+  readonly closed: boolean;
+  unsubscribe(): void;
+}
+
+export interface ClientStats {
+  messages: number;
+  bytes: number;
+  entries: number;
+  connects: number;
+}
+
+interface ClientEvents {
+  state: (state: ConnectionState) => void;
+  error: (error: PvwireError) => void;
+  hello: (hello: Extract<ServerMessage, { kind: "HELLO" }>) => void;
+}
+
+const WS_OPEN = 1;
+
+/** Stop listening to a socket we are done with. onerror stays a no-op: `ws` emits an error for
+ * a socket closed while still connecting, and an EventEmitter error without a listener throws. */
+function silence(ws: WebSocketLike): void {
+  ws.onclose = ws.onmessage = ws.onopen = null;
+  ws.onerror = () => undefined;
+}
+
+class Sub implements Subscription {
+  att: number | undefined;
+  states: ChannelState[] = [];
+  closed = false;
+  token: string | undefined;
+  expiresAt = Infinity;
+  registering = false;
+  /** The current token was attached once: a later BAD_TOKEN means the server's key changed. */
+  tokenAccepted = false;
+  readonly ready: Promise<void>;
+  resolveReady!: () => void;
+  rejectReady!: (e: PvwireError) => void;
+  isReady = false;
+
+  constructor(
+    readonly client: PvwireClient,
+    readonly ids: readonly string[],
+    readonly listener: Listener,
+    readonly options: SubscribeOptions,
+    /** false for subscribeToken(): the client cannot re-register it. */
+    readonly renewable: boolean,
+  ) {
+    this.ready = new Promise((resolve, reject) => {
+      this.resolveReady = resolve;
+      this.rejectReady = reject;
+    });
+    this.ready.catch(() => undefined); // failure goes to onError; avoid unhandled rejections
+  }
+  get channels(): readonly ChannelState[] { return this.states; }
+  unsubscribe(): void { this.client._unsubscribe(this); }
+}
+
+export class PvwireClient {
+  readonly url: string;
+  private readonly WS: WebSocketConstructor;
+  private readonly fetchFn: FetchLike;
+  private readonly backoff: Required<BackoffOptions>;
+  private readonly random: () => number;
+  private readonly opts: ClientOptions;
+
+  private connState: ConnectionState = "disconnected";
+  private ws: WebSocketLike | undefined;
+  private subs = new Set<Sub>();
+  private byAtt = new Map<number, Sub>();
+  /** ATTACH requests without an answer yet, in the order sent. */
+  private pending = new Map<number, Sub>();
+  private nextReq = 1;
+  private lastSeq = 0;
+  private attempt = 0;
+  private connectedAt = 0;
+  private heartbeatMs = 15_000;
+  private retryTimer: ReturnType<typeof setTimeout> | undefined;
+  private watchdog: ReturnType<typeof setTimeout> | undefined;
+  /** Why we closed the socket ourselves (then we reconnect whatever the code). */
+  private localClose: string | undefined;
+  private closedByUser = false;
+  private pings = new Map<number, { sent: number; resolve: (ms: number) => void }>();
+  private listeners: { [K in keyof ClientEvents]: Set<ClientEvents[K]> } = { state: new Set(), error: new Set(), hello: new Set() };
+  private streamPath = "/stream";
+  readonly stats: ClientStats = { messages: 0, bytes: 0, entries: 0, connects: 0 };
+
+  constructor(url: string, options: ClientOptions = {}) {
+    this.url = url.replace(/\/+$/, "");
+    this.opts = options;
+    const WS = options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
+    const f = options.fetch ?? (globalThis.fetch as unknown as FetchLike | undefined)?.bind(globalThis);
+    if (!WS) throw new PvwireError("no WebSocket implementation: pass options.WebSocket (e.g. the `ws` package in Node)");
+    if (!f) throw new PvwireError("no fetch implementation: pass options.fetch");
+    this.WS = WS;
+    this.fetchFn = f;
+    this.backoff = { baseMs: 500, maxMs: 30_000, resetAfterMs: 30_000, ...options.backoff };
+    this.random = options.random ?? Math.random;
+  }
+
+  // ------------------------------------------------------------------ events
+
+  get state(): ConnectionState { return this.connState; }
+
+  on<K extends keyof ClientEvents>(event: K, fn: ClientEvents[K]): () => void {
+    this.listeners[event].add(fn);
+    return () => this.listeners[event].delete(fn);
+  }
+
+  private emit<K extends keyof ClientEvents>(event: K, ...args: Parameters<ClientEvents[K]>): void {
+    for (const fn of [...this.listeners[event]]) (fn as (...a: Parameters<ClientEvents[K]>) => void)(...args);
+  }
+
+  private move(event: ConnectionEvent): void {
+    const next = transition(this.connState, event);
+    if (next !== this.connState) {
+      this.connState = next;
+      this.emit("state", next);
+    }
+  }
+
+  // ------------------------------------------------------------------ control plane
+
+  graphql<T>(query: string, variables: Record<string, unknown> = {}): Promise<T> {
+    return graphqlRequest<T>(this.fetchFn, `${this.url}/graphql`, query, variables);
+  }
+
+  /** Read one channel (throws on NOT_FOUND, TIMEOUT...) or several (each may carry `error`). */
+  get(id: string, timeout?: number): Promise<Channel>;
+  get(ids: readonly string[], timeout?: number): Promise<Channel[]>;
+  async get(ids: string | readonly string[], timeout = 3): Promise<Channel | Channel[]> {
+    if (typeof ids === "string") {
+      const d = await this.graphql<{ channel: Channel }>(`query($id: String!, $t: Float!) { channel(id: $id, timeout: $t) ${CHANNEL_FIELDS} }`, { id: ids, t: timeout });
+      return d.channel;
+    }
+    const d = await this.graphql<{ channels: Channel[] }>(`query($ids: [String!]!, $t: Float!) { channels(ids: $ids, timeout: $t) ${CHANNEL_FIELDS} }`, { ids, t: timeout });
+    return d.channels;
+  }
+
+  /** Write a value; with `wait`, resolves after the IOC processed it. Throws RequestError on failure. */
+  async put(id: string, value: unknown, options: { wait?: boolean; timeout?: number } = {}): Promise<PutResult> {
+    const d = await this.graphql<{ put: PutResult }>(
+      `mutation($id: String!, $v: JSON!, $w: Boolean!, $t: Float!) { put(id: $id, value: $v, wait: $w, timeout: $t) { id ok error errorCode } }`,
+      { id, v: value, w: options.wait ?? false, t: options.timeout ?? 5 },
+    );
+    if (!d.put.ok) throw new RequestError(d.put.error ?? `put to ${id} failed`, d.put.errorCode ?? "PUT_FAILED");
+    return d.put;
+  }
+
+  /** Glob search (*, ?, [..]) over known channel ids, sorted. */
+  async search(pattern: string, limit = 100): Promise<string[]> {
+    const d = await this.graphql<{ search: string[] }>(`query($p: String!, $l: Int!) { search(pattern: $p, limit: $l) }`, { p: pattern, l: limit });
+    return d.search;
+  }
+
+  /** Register a stream through the GraphQL `subscribe` mutation (returns a token). */
+  async register(ids: readonly string[], options: SubscribeOptions = {}): Promise<StreamRegistration> {
+    const d = await this.graphql<{ subscribe: StreamRegistration }>(
+      `mutation($ids: [String!]!, $o: SubscribeOptions) { subscribe(ids: $ids, options: $o) { token expiresAt streamPath channels { sid id } } }`,
+      { ids, o: { maxRate: options.maxRate ?? 0, mode: options.mode ?? "LATEST" } },
+    );
+    return d.subscribe;
+  }
+
+  // ------------------------------------------------------------------ data plane
+
+  /** Stream channels: `listener(state, changed)` after every applied entry, snapshot first. */
+  subscribe(ids: readonly string[], listener: Listener, options: SubscribeOptions = {}): Subscription {
+    const sub = new Sub(this, [...ids], listener, options, true);
+    this.subs.add(sub);
+    void this.renew(sub);
+    return sub;
+  }
+
+  /** Stream a token obtained elsewhere (it cannot be renewed when it expires). */
+  subscribeToken(token: string, listener: Listener, options: SubscribeOptions = {}): Subscription {
+    const sub = new Sub(this, [], listener, options, false);
+    sub.token = token;
+    this.subs.add(sub);
+    this.ensureSocket();
+    if (this.connState === "connected") this.attach(sub);
+    return sub;
+  }
+
+  /** Round-trip time (ms) through the server's send queue. */
+  ping(): Promise<number> {
+    const nonce = this.nextReq++;
+    return new Promise((resolve, reject) => {
+      if (!this.send({ kind: "PING", nonce })) return reject(new PvwireError("not connected"));
+      this.pings.set(nonce, { sent: performance.now(), resolve });
+    });
+  }
+
+  /** Close the socket and end every subscription. */
+  close(): void {
+    this.closedByUser = true;
+    for (const sub of [...this.subs]) sub.closed = true;
+    this.subs.clear();
+    this.byAtt.clear();
+    this.pending.clear();
+    clearTimeout(this.retryTimer);
+    clearTimeout(this.watchdog);
+    const ws = this.ws;
+    this.ws = undefined;
+    if (ws) {
+      silence(ws);
+      try { ws.close(CloseCode.NORMAL, "client closed"); } catch { /* already closed */ }
+    }
+    if (this.connState !== "disconnected") this.move("closed");
+  }
+
+  /** @internal */
+  _unsubscribe(sub: Sub): void {
+    if (sub.closed) return;
+    sub.closed = true;
+    this.subs.delete(sub);
+    if (sub.att !== undefined) {
+      this.byAtt.delete(sub.att);
+      this.send({ kind: "DETACH", req: this.nextReq++, att: sub.att });
+      sub.att = undefined;
+    }
+  }
+
+  /** Get a (fresh) token through GraphQL, then attach it. */
+  private async renew(sub: Sub): Promise<void> {
+    if (sub.registering || sub.closed) return;
+    sub.registering = true;
+    try {
+      const reg = await this.register(sub.ids, sub.options);
+      if (sub.closed) return;
+      sub.token = reg.token;
+      sub.tokenAccepted = false;
+      sub.expiresAt = reg.expiresAt * 1000;
+      this.streamPath = reg.streamPath || "/stream";
+    } catch (err) {
+      const e = err instanceof PvwireError ? err : new PvwireError(String(err));
+      // While reconnecting, a failed registration is most likely the server being down: retry
+      // with the socket's backoff. A first registration that fails is the app's error.
+      if (sub.isReady && !sub.closed && e.code === "NETWORK") {
+        this.dropSocket("re-registration failed");
+      } else {
+        this.fail(sub, e);
+      }
+      return;
+    } finally {
+      sub.registering = false;
+    }
+    this.ensureSocket();
+    if (this.connState === "connected") this.attach(sub);
+  }
+
+  private fail(sub: Sub, err: PvwireError): void {
+    if (sub.closed) return;
+    this._unsubscribe(sub);
+    sub.rejectReady(err);
+    if (sub.options.onError) sub.options.onError(err);
+    else this.emit("error", err);
+  }
+
+  private attach(sub: Sub): void {
+    if (sub.closed || sub.token === undefined || sub.att !== undefined || [...this.pending.values()].includes(sub)) return;
+    if (sub.renewable && sub.expiresAt < Date.now() + 1000) {
+      sub.token = undefined;
+      void this.renew(sub);
+      return;
+    }
+    const req = this.nextReq++;
+    if (this.send({ kind: "ATTACH", req, token: sub.token })) this.pending.set(req, sub);
+  }
+
+  private send(m: ClientMessage): boolean {
+    const ws = this.ws;
+    if (!ws || ws.readyState !== WS_OPEN || this.connState !== "connected") return false;
+    ws.send(encodeClientMessage(m));
+    return true;
+  }
+
+  private ensureSocket(): void {
+    if (this.ws || this.retryTimer !== undefined || this.subs.size === 0) return;
+    this.closedByUser = false;
+    this.open();
+  }
+
+  private wsUrl(): string {
+    return this.url.replace(/^http/, "ws") + this.streamPath;
+  }
+
+  private open(): void {
+    this.retryTimer = undefined;
+    this.move("open");
+    this.lastSeq = 0;
+    this.localClose = undefined;
+    let ws: WebSocketLike;
+    try {
+      ws = new this.WS(this.wsUrl(), SUBPROTOCOL);
+    } catch (err) {
+      this.emit("error", new PvwireError(`cannot open ${this.wsUrl()}: ${(err as Error).message}`));
+      this.scheduleReconnect();
+      return;
+    }
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    this.stats.connects++;
+    this.armWatchdog(2 * this.heartbeatMs + 1000);
+    ws.onmessage = (ev) => this.onMessage(ev.data);
+    ws.onclose = (ev) => this.onClose(ws, ev.code, ev.reason);
+    ws.onerror = () => undefined; // a close event always follows
+  }
+
+  private armWatchdog(ms: number): void {
+    clearTimeout(this.watchdog);
+    this.watchdog = setTimeout(() => this.dropSocket(`no message for ${ms} ms`), this.opts.heartbeatTimeoutMs ?? ms);
+  }
+
+  /** Close the socket ourselves and reconnect (dead connection, protocol violation). */
+  private dropSocket(reason: string): void {
+    const ws = this.ws;
+    if (!ws) return;
+    this.localClose = reason;
+    // Do not wait for the close handshake of a dead connection: detach the handlers now.
+    silence(ws);
+    try { ws.close(CloseCode.HEARTBEAT_TIMEOUT, reason.slice(0, 100)); } catch { /* ignore */ }
+    this.onClose(ws, CloseCode.HEARTBEAT_TIMEOUT, reason);
+  }
+
+  private onMessage(data: unknown): void {
+    let msg: ServerMessage | null;
+    try {
+      if (!(data instanceof ArrayBuffer)) throw new ProtocolError("invalid server message: text WebSocket message (pvwire sends binary only)");
+      this.stats.messages++;
+      this.stats.bytes += data.byteLength;
+      msg = decodeServerMessage(new Uint8Array(data));
+    } catch (err) {
+      const e = err instanceof PvwireError ? err : new ProtocolError(String(err));
+      this.emit("error", e);
+      this.dropSocket(e.message);
+      return;
+    }
+    this.armWatchdog(2 * this.heartbeatMs + 1000);
+    if (msg === null) return;
+    try {
+      this.handle(msg);
+    } catch (err) {
+      const e = err instanceof PvwireError ? err : new PvwireError(String(err));
+      this.emit("error", e);
+      this.dropSocket(e.message);
+    }
+  }
+
+  private checkSeq(seq: number): void {
+    if (seq !== this.lastSeq + 1) throw new ProtocolError(`sequence gap: expected ${this.lastSeq + 1}, got ${seq}`);
+    this.lastSeq = seq;
+  }
+
+  private deliver(sub: Sub, entries: readonly Entry[], full: boolean): void {
+    for (const e of entries) {
+      const prev = sub.states[e.sid];
+      if (prev === undefined) throw new ProtocolError(`entry for sid ${e.sid}, attachment has ${sub.states.length} channels`);
+      const [next, changed] = applyEntry(prev, e, full);
+      sub.states[e.sid] = next;
+      this.stats.entries++;
+      if (sub.closed) return;
+      sub.listener(next, changed);
+    }
+  }
+
+  private handle(msg: ServerMessage): void {
+    switch (msg.kind) {
+      case "HELLO": {
+        if (msg.version !== PROTOCOL_VERSION) {
+          this.terminal(new StreamClosedError(`server speaks protocol version ${msg.version}, client ${PROTOCOL_VERSION}`, CloseCode.UNSUPPORTED, ""));
+          return;
+        }
+        this.heartbeatMs = msg.heartbeatMs;
+        this.armWatchdog(2 * msg.heartbeatMs + 1000);
+        this.connectedAt = Date.now();
+        this.move("hello");
+        this.emit("hello", msg);
+        for (const sub of this.subs) {
+          if (sub.token === undefined) void this.renew(sub);
+          else this.attach(sub);
+        }
+        return;
+      }
+      case "ATTACHED": {
+        const sub = this.pending.get(msg.req);
+        if (sub === undefined) return;
+        this.pending.delete(msg.req);
+        if (sub.closed) {
+          this.send({ kind: "DETACH", req: this.nextReq++, att: msg.att });
+          return;
+        }
+        sub.att = msg.att;
+        sub.tokenAccepted = true;
+        this.byAtt.set(msg.att, sub);
+        // Keep previous states (serial continuity) when the ids are the same.
+        sub.states = msg.ids.map((id, sid) => {
+          const prev = sub.states[sid];
+          return prev !== undefined && prev.id === id ? prev : initialState(id, sid);
+        });
+        return;
+      }
+      case "SNAPSHOT": {
+        this.checkSeq(msg.seq);
+        const sub = this.byAtt.get(msg.att);
+        if (sub === undefined) return;
+        this.deliver(sub, msg.entries, true);
+        if (!sub.isReady) {
+          sub.isReady = true;
+          sub.resolveReady();
+        }
+        return;
+      }
+      case "DATA":
+        this.checkSeq(msg.seq);
+        for (const g of msg.groups) {
+          const sub = this.byAtt.get(g.att);
+          if (sub !== undefined) this.deliver(sub, g.entries, false);
+        }
+        return;
+      case "DETACHED": {
+        const sub = this.byAtt.get(msg.att);
+        this.byAtt.delete(msg.att);
+        if (sub !== undefined && msg.req === null) {
+          sub.att = undefined;
+          this.fail(sub, new StreamRequestError(`server ended attachment ${msg.att}`));
+        }
+        return;
+      }
+      case "ERROR": {
+        const sub = msg.req === null ? undefined : this.pending.get(msg.req);
+        const err = new StreamRequestError(`stream error ${msg.code}: ${msg.message}`, msg.code);
+        if (sub !== undefined && msg.req !== null) {
+          this.pending.delete(msg.req);
+          this.fail(sub, err);
+        } else if (msg.code !== 4404) {
+          this.emit("error", err);
+        }
+        return;
+      }
+      case "PONG": {
+        const p = typeof msg.nonce === "number" ? this.pings.get(msg.nonce) : undefined;
+        if (p && typeof msg.nonce === "number") {
+          this.pings.delete(msg.nonce);
+          p.resolve(performance.now() - p.sent);
+        }
+        return;
+      }
+      case "HEARTBEAT":
+        return;
+    }
+  }
+
+  /** A terminal condition for the whole connection: fail every subscription, no reconnect. */
+  private terminal(err: StreamClosedError): void {
+    for (const sub of [...this.subs]) this.fail(sub, err);
+    const ws = this.ws;
+    this.ws = undefined;
+    clearTimeout(this.watchdog);
+    if (ws) {
+      silence(ws);
+      try { ws.close(CloseCode.NORMAL, err.message.slice(0, 100)); } catch { /* ignore */ }
+    }
+    if (this.subs.size === 0 && this.listeners.error.size > 0 && err.code !== CloseCode.NORMAL) this.emit("error", err);
+    this.move("closed");
+  }
+
+  private onClose(ws: WebSocketLike, code: number, reason: string): void {
+    if (ws !== this.ws) return;
+    this.ws = undefined;
+    clearTimeout(this.watchdog);
+    for (const p of this.pings.values()) p.resolve(NaN);
+    this.pings.clear();
+    // The server answers ATTACHes in order and closes at a bad token, so the first unanswered
+    // ATTACH is the one whose token was refused.
+    const culprit = this.pending.values().next().value as Sub | undefined;
+    this.pending.clear();
+    for (const sub of this.subs) sub.att = undefined;
+    this.byAtt.clear();
+    if (this.connectedAt && Date.now() - this.connectedAt >= this.backoff.resetAfterMs) this.attempt = 0;
+    this.connectedAt = 0;
+    if (this.closedByUser) return;
+
+    const local = this.localClose !== undefined;
+    if (!local && closeClass(code) === "terminal") {
+      const err = new StreamClosedError(`stream closed: ${code} ${closeName(code)}${reason ? `: ${reason}` : ""}`, code, reason);
+      if (culprit !== undefined && [CloseCode.BAD_TOKEN, CloseCode.TOKEN_EXPIRED, CloseCode.FORBIDDEN].includes(code as 4401)) {
+        // Re-register (then attach the new token) when the token expired, or when a token the
+        // server accepted before is now refused: a restarted server without a shared key, or a
+        // rotated key. A fresh token refused again fails the subscription: no loop.
+        const renew = culprit.renewable && (code === CloseCode.TOKEN_EXPIRED || (code === CloseCode.BAD_TOKEN && culprit.tokenAccepted));
+        if (renew) culprit.token = undefined;
+        else this.fail(culprit, err);
+        if (this.subs.size > 0) {
+          this.move("lost");
+          this.scheduleReconnect();
+        } else {
+          this.move("closed");
+        }
+        return;
+      }
+      this.terminal(err);
+      return;
+    }
+    if (this.opts.reconnect === false) {
+      this.terminal(new StreamClosedError(`stream closed: ${code} ${closeName(code)}`, code, reason));
+      return;
+    }
+    this.move("lost");
+    this.scheduleReconnect();
+  }
+
+  private scheduleReconnect(): void {
+    if (this.subs.size === 0) {
+      this.move("closed");
+      return;
+    }
+    const delay = backoffDelay(this.attempt++, this.backoff, this.random);
+    clearTimeout(this.retryTimer);
+    this.retryTimer = setTimeout(() => this.open(), delay);
+  }
+}

@@ -1,0 +1,35 @@
+/**
+ * The client's connection state machine, one table (as h11's _state.py):
+ *
+ *   disconnected --open--> connecting --hello--> connected
+ *   connecting/connected --lost--> connecting   (a reconnect close code: retry after backoff)
+ *   any --closed--> disconnected                (terminal close code, or close() by the app)
+ */
+export type ConnectionState = "disconnected" | "connecting" | "connected";
+export type ConnectionEvent = "open" | "hello" | "lost" | "closed";
+
+export const TRANSITIONS: Readonly<Record<ConnectionState, Partial<Record<ConnectionEvent, ConnectionState>>>> = {
+  disconnected: { open: "connecting", closed: "disconnected" },
+  connecting: { open: "connecting", hello: "connected", lost: "connecting", closed: "disconnected" },
+  connected: { lost: "connecting", closed: "disconnected" },
+};
+
+export function transition(state: ConnectionState, event: ConnectionEvent): ConnectionState {
+  const next = TRANSITIONS[state][event];
+  if (next === undefined) throw new Error(`illegal connection transition: ${event} in state ${state}`);
+  return next;
+}
+
+export interface BackoffOptions {
+  /** First retry at most this late (ms). Default 500. */
+  baseMs?: number;
+  /** Cap (ms). Default 30,000. */
+  maxMs?: number;
+  /** A connection that stayed up this long resets the attempt count (ms). Default 30,000. */
+  resetAfterMs?: number;
+}
+
+/** Full jitter: random(0, min(max, base * 2^attempt)) (PROTOCOL.md section 8). */
+export function backoffDelay(attempt: number, o: Required<BackoffOptions>, random: () => number): number {
+  return random() * Math.min(o.maxMs, o.baseMs * 2 ** attempt);
+}

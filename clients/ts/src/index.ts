@@ -1,0 +1,17 @@
+/** @pvwire/client: stream EPICS process variables from a pvwire server (browsers and Node 20). */
+export { PvwireClient } from "./client.js";
+export type { ClientOptions, ClientStats, Listener, SubscribeOptions, Subscription, WebSocketConstructor, WebSocketLike } from "./client.js";
+export { applyEntry, CONNECTION_STATES, initialState, SEVERITIES, toDate } from "./channel.js";
+export type { AlarmState, ChangedField, ChannelConnection, ChannelState, Severity, Timestamp } from "./channel.js";
+export { CLOSE_CODES, CloseCode, closeClass, closeName } from "./closeCodes.js";
+export type { CloseClass } from "./closeCodes.js";
+export { backoffDelay, transition, TRANSITIONS } from "./connection.js";
+export type { BackoffOptions, ConnectionEvent, ConnectionState } from "./connection.js";
+export { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
+export type { Channel, PutResult, StreamRegistration, GqlLimits, GqlMetadata } from "./graphql.js";
+export { decode, encode, Ext, MsgpackError } from "./msgpack.js";
+export type { Encodable, ExtDecoder } from "./msgpack.js";
+export { decodeNdArray, encodeNdArray, NdArray, DTYPES } from "./ndarray.js";
+export type { ArrayValue, DType, TypedArray } from "./ndarray.js";
+export { decodeEntry, decodeServerMessage, encodeClientMessage, Kind, Mask, PROTOCOL_VERSION, SUBPROTOCOL } from "./protocol.js";
+export type { ClientMessage, Entry, Group, Limits, Metadata, ServerMessage, Value } from "./protocol.js";

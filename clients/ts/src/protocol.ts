@@ -1,0 +1,237 @@
+/**
+ * pvwire stream protocol v1 (protocol/PROTOCOL.md): message types, the decoder with runtime
+ * validation of every field, and the encoder for client messages. Pure: bytes in, objects out.
+ */
+import { ProtocolError } from "./errors.js";
+import { decode, encode } from "./msgpack.js";
+import { decodeNdArray, NDARRAY_EXT, type ArrayValue } from "./ndarray.js";
+
+export const PROTOCOL_VERSION = 1;
+export const SUBPROTOCOL = "pvwire.v1";
+
+export const Kind = {
+  HELLO: 0, ATTACHED: 1, SNAPSHOT: 2, DATA: 3, DETACHED: 4, ERROR: 5, HEARTBEAT: 6, PONG: 7,
+  ATTACH: 16, DETACH: 17, PING: 18,
+} as const;
+
+/** Entry mask bits (section 3), in the order their fields follow. */
+export const Mask = { VALUE: 1, TIME: 2, ALARM: 4, META: 8, CONN: 16 } as const;
+const KNOWN_MASK = 31;
+
+/** A decoded value (section 4): numbers, strings, arrays, structures, or null for "no value yet". */
+export type Value = number | bigint | string | null | ArrayValue | readonly string[] | readonly Value[] | { readonly [field: string]: Value };
+
+/** Limits: [low, high]; an unset side is NaN. */
+export type Limits = readonly [number, number];
+
+/** Channel metadata (section 5); every key optional, unknown keys are kept as they came. */
+export interface Metadata {
+  readonly type?: string;
+  readonly count?: number;
+  readonly description?: string;
+  readonly units?: string;
+  readonly precision?: number;
+  readonly form?: string;
+  readonly display?: Limits;
+  readonly control?: Limits;
+  readonly alarm?: Limits;
+  readonly warning?: Limits;
+  readonly choices?: readonly string[];
+  readonly writable?: boolean;
+  readonly [key: string]: unknown;
+}
+
+/** One entry: sid, mask and exactly the fields the mask selects. */
+export interface Entry {
+  sid: number;
+  mask: number;
+  value?: Value;
+  serial?: number;
+  seconds?: number;
+  nanoseconds?: number;
+  severity?: number;
+  status?: number;
+  message?: string;
+  metadata?: Metadata;
+  state?: number;
+  reason?: string;
+}
+
+export interface Group { att: number; entries: Entry[] }
+
+export type ServerMessage =
+  | { kind: "HELLO"; version: number; server: string; tickMs: number; heartbeatMs: number; maxInBytes: number }
+  | { kind: "ATTACHED"; req: number; att: number; ids: string[] }
+  | { kind: "SNAPSHOT"; seq: number; att: number; entries: Entry[] }
+  | { kind: "DATA"; seq: number; groups: Group[] }
+  | { kind: "DETACHED"; req: number | null; att: number }
+  | { kind: "ERROR"; req: number | null; code: number; message: string }
+  | { kind: "HEARTBEAT" }
+  | { kind: "PONG"; nonce: unknown };
+
+export type ClientMessage =
+  | { kind: "ATTACH"; req: number; token: string }
+  | { kind: "DETACH"; req: number; att: number }
+  | { kind: "PING"; nonce: number | string };
+
+// ---- validation helpers: each names the field, so an error says exactly what was wrong ----
+
+function fail(what: string, got: unknown): never {
+  const shown = typeof got === "string" ? JSON.stringify(got) : Array.isArray(got) ? `array(${got.length})` : String(got);
+  throw new ProtocolError(`invalid server message: ${what}, got ${shown}`);
+}
+function uint(v: unknown, what: string): number {
+  if (typeof v === "number" && Number.isInteger(v) && v >= 0) return v;
+  return fail(`${what} must be an unsigned integer`, v);
+}
+function str(v: unknown, what: string): string {
+  return typeof v === "string" ? v : fail(`${what} must be a string`, v);
+}
+function arr(v: unknown, what: string): unknown[] {
+  return Array.isArray(v) ? v : fail(`${what} must be an array`, v);
+}
+function optUint(v: unknown, what: string): number | null {
+  return v === null ? null : uint(v, what);
+}
+function isMap(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v) && !ArrayBuffer.isView(v) && Object.getPrototypeOf(v) === Object.prototype;
+}
+function minLength(a: unknown[], n: number, what: string): void {
+  if (a.length < n) fail(`${what} needs at least ${n} elements`, a);
+}
+
+function limits(v: unknown, what: string): Limits {
+  const a = arr(v, what);
+  if (a.length !== 2 || typeof a[0] !== "number" || typeof a[1] !== "number") fail(`${what} must be [low, high] numbers`, v);
+  return [a[0], a[1]];
+}
+
+const META_CHECKS: Record<string, (v: unknown, what: string) => unknown> = {
+  type: str, description: str, units: str, form: str,
+  count: uint,
+  precision: (v, w) => (typeof v === "number" && Number.isInteger(v) ? v : fail(`${w} must be an integer`, v)),
+  display: limits, control: limits, alarm: limits, warning: limits,
+  choices: (v, w) => arr(v, w).map((c, i) => str(c, `${w}[${i}]`)),
+  writable: (v, w) => (typeof v === "boolean" ? v : fail(`${w} must be a boolean`, v)),
+};
+
+function metadata(v: unknown, what: string): Metadata {
+  if (!isMap(v)) return fail(`${what} must be a map`, v);
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(v)) {
+    const check = META_CHECKS[key];
+    out[key] = check === undefined ? value : check(value, `${what}.${key}`);
+  }
+  return out as Metadata;
+}
+
+function value(v: unknown, what: string): Value {
+  if (v === null || typeof v === "number" || typeof v === "string" || typeof v === "bigint") return v;
+  if (ArrayBuffer.isView(v)) return v as ArrayValue; // from the ndarray ext (bin is refused by the decoder)
+  if (Array.isArray(v)) return v.map((x, i) => value(x, `${what}[${i}]`));
+  if (typeof v === "boolean") return fail(`${what}: booleans travel as 0/1`, v);
+  if (isMap(v)) {
+    for (const [k, x] of Object.entries(v)) value(x, `${what}.${k}`);
+    return v as Value;
+  }
+  return v as ArrayValue; // NdArray (from the ext decoder)
+}
+
+/** Element counts per mask bit, in field order. */
+const FIELD_COUNTS: readonly (readonly [number, number])[] = [[Mask.VALUE, 2], [Mask.TIME, 2], [Mask.ALARM, 3], [Mask.META, 1], [Mask.CONN, 2]];
+
+export function decodeEntry(raw: unknown, what: string): Entry {
+  const a = arr(raw, what);
+  minLength(a, 2, what);
+  const sid = uint(a[0], `${what} sid`);
+  const mask = uint(a[1], `${what} mask`);
+  if ((mask & ~KNOWN_MASK) !== 0) fail(`${what} mask has unknown bits 0x${(mask & ~KNOWN_MASK).toString(16)} (reserved)`, mask);
+  let expected = 2;
+  for (const [bit, n] of FIELD_COUNTS) if (mask & bit) expected += n;
+  if (a.length !== expected) fail(`${what} with mask ${mask} must have exactly ${expected} elements`, a);
+  const e: Entry = { sid, mask };
+  let i = 2;
+  if (mask & Mask.VALUE) {
+    e.value = value(a[i++], `${what} value`);
+    e.serial = uint(a[i++], `${what} serial`);
+  }
+  if (mask & Mask.TIME) {
+    e.seconds = uint(a[i++], `${what} seconds`);
+    e.nanoseconds = uint(a[i++], `${what} nanoseconds`);
+    if (e.nanoseconds >= 1e9) fail(`${what} nanoseconds must be < 1e9`, e.nanoseconds);
+  }
+  if (mask & Mask.ALARM) {
+    e.severity = uint(a[i++], `${what} severity`);
+    if (e.severity > 3) fail(`${what} severity must be 0..3`, e.severity);
+    e.status = uint(a[i++], `${what} status`);
+    e.message = str(a[i++], `${what} alarm message`);
+  }
+  if (mask & Mask.META) e.metadata = metadata(a[i++], `${what} metadata`);
+  if (mask & Mask.CONN) {
+    e.state = uint(a[i++], `${what} state`);
+    if (e.state > 3) fail(`${what} state must be 0..3`, e.state);
+    e.reason = str(a[i++], `${what} reason`);
+  }
+  return e;
+}
+
+function entries(v: unknown, what: string): Entry[] {
+  return arr(v, what).map((x, i) => decodeEntry(x, `${what}[${i}]`));
+}
+
+function extDecoder(type: number, data: Uint8Array): unknown {
+  if (type !== NDARRAY_EXT) throw new ProtocolError(`invalid server message: unknown MessagePack ext type ${type}`);
+  return decodeNdArray(data);
+}
+
+/**
+ * Decode and validate one server message. Returns null for kinds this client does not know
+ * (section 1: ignored, not an error). Throws ProtocolError for anything malformed.
+ */
+export function decodeServerMessage(bytes: Uint8Array): ServerMessage | null {
+  const a = arr(decode(bytes, extDecoder, false), "message");
+  minLength(a, 1, "message");
+  const kind = uint(a[0], "kind");
+  switch (kind) {
+    case Kind.HELLO:
+      minLength(a, 6, "HELLO");
+      return { kind: "HELLO", version: uint(a[1], "HELLO version"), server: str(a[2], "HELLO server"), tickMs: uint(a[3], "HELLO tick_ms"), heartbeatMs: uint(a[4], "HELLO heartbeat_ms"), maxInBytes: uint(a[5], "HELLO max_in_bytes") };
+    case Kind.ATTACHED:
+      minLength(a, 4, "ATTACHED");
+      return { kind: "ATTACHED", req: uint(a[1], "ATTACHED req"), att: uint(a[2], "ATTACHED att"), ids: arr(a[3], "ATTACHED ids").map((x, i) => str(x, `ATTACHED ids[${i}]`)) };
+    case Kind.SNAPSHOT:
+      minLength(a, 4, "SNAPSHOT");
+      return { kind: "SNAPSHOT", seq: uint(a[1], "SNAPSHOT seq"), att: uint(a[2], "SNAPSHOT att"), entries: entries(a[3], "SNAPSHOT entries") };
+    case Kind.DATA: {
+      minLength(a, 3, "DATA");
+      const groups = arr(a[2], "DATA groups").map((g, i): Group => {
+        const pair = arr(g, `DATA groups[${i}]`);
+        minLength(pair, 2, `DATA groups[${i}]`);
+        return { att: uint(pair[0], `DATA groups[${i}] att`), entries: entries(pair[1], `DATA groups[${i}] entries`) };
+      });
+      return { kind: "DATA", seq: uint(a[1], "DATA seq"), groups };
+    }
+    case Kind.DETACHED:
+      minLength(a, 3, "DETACHED");
+      return { kind: "DETACHED", req: optUint(a[1], "DETACHED req"), att: uint(a[2], "DETACHED att") };
+    case Kind.ERROR:
+      minLength(a, 4, "ERROR");
+      return { kind: "ERROR", req: optUint(a[1], "ERROR req"), code: uint(a[2], "ERROR code"), message: str(a[3], "ERROR message") };
+    case Kind.HEARTBEAT:
+      return { kind: "HEARTBEAT" };
+    case Kind.PONG:
+      minLength(a, 2, "PONG");
+      return { kind: "PONG", nonce: a[1] };
+    default:
+      if (kind >= 16) fail("kind 16-31 travel client to server only", kind);
+      return null;
+  }
+}
+
+export function encodeClientMessage(m: ClientMessage): Uint8Array {
+  switch (m.kind) {
+    case "ATTACH": return encode([Kind.ATTACH, m.req, m.token]);
+    case "DETACH": return encode([Kind.DETACH, m.req, m.att]);
+    case "PING": return encode([Kind.PING, m.nonce]);
+  }
+}

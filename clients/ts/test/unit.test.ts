@@ -1,0 +1,141 @@
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import {
+  applyEntry, backoffDelay, CLOSE_CODES, closeClass, decode, decodeNdArray, decodeServerMessage, encode, encodeNdArray, Ext,
+  initialState, NdArray, ProtocolError, transition, TRANSITIONS, type Encodable,
+} from "../src/index.js";
+
+const frame = (v: Encodable) => encode(v);
+
+describe("close codes", () => {
+  const source = JSON.parse(readFileSync(join(import.meta.dirname, "../../../protocol/close_codes.json"), "utf8")) as { codes: { code: number; name: string; class: string }[] };
+  it("equal protocol/close_codes.json (the single source)", () => {
+    const fromJson = Object.fromEntries(source.codes.map((c) => [c.code, { name: c.name, class: c.class }]));
+    expect(CLOSE_CODES).toEqual(fromJson);
+  });
+  it("classify unknown codes by the protocol's default rule", () => {
+    expect(closeClass(3001)).toBe("reconnect");
+    expect(closeClass(1014)).toBe("reconnect");
+    expect(closeClass(4999)).toBe("terminal");
+    expect(closeClass(4000)).toBe("reconnect");
+    for (const c of source.codes) expect(closeClass(c.code)).toBe(c.class);
+  });
+});
+
+describe("connection state machine", () => {
+  it("has the documented transitions and refuses the others", () => {
+    expect(transition("disconnected", "open")).toBe("connecting");
+    expect(transition("connecting", "hello")).toBe("connected");
+    expect(transition("connected", "lost")).toBe("connecting");
+    expect(transition("connecting", "lost")).toBe("connecting");
+    expect(transition("connected", "closed")).toBe("disconnected");
+    expect(() => transition("disconnected", "hello")).toThrow(/illegal/);
+    expect(() => transition("connected", "open")).toThrow(/illegal/);
+    expect(() => transition("disconnected", "lost")).toThrow(/illegal/);
+    expect(Object.keys(TRANSITIONS).sort()).toEqual(["connected", "connecting", "disconnected"]);
+  });
+  it("backs off with full jitter, capped", () => {
+    const o = { baseMs: 500, maxMs: 30_000, resetAfterMs: 30_000 };
+    expect(backoffDelay(0, o, () => 0.999)).toBeCloseTo(499.5);
+    expect(backoffDelay(3, o, () => 0.5)).toBe(2000);
+    expect(backoffDelay(20, o, () => 1)).toBe(30_000);
+    expect(backoffDelay(5, o, () => 0)).toBe(0);
+  });
+});
+
+describe("msgpack", () => {
+  it("round-trips the types pvwire uses", () => {
+    const v = [0, 127, 128, 255, 256, 65535, 65536, 2 ** 32, -1, -32, -33, -128, -129, -40000, -(2 ** 31) - 1, 1.5, -0.25, "", "é", "x".repeat(40), "y".repeat(300), null, true, false, [1, [2]], { a: 1, b: "c" }];
+    expect(decode(encode(v as Encodable))).toEqual(v);
+  });
+  it("keeps uint64 beyond 2^53 exact", () => {
+    expect(decode(encode(2n ** 64n - 1n))).toBe(2n ** 64n - 1n);
+    expect(decode(encode(-(2n ** 63n)))).toBe(-(2n ** 63n));
+  });
+  it("rejects trailing bytes, truncation and invalid type bytes", () => {
+    expect(() => decode(new Uint8Array([0x91, 1, 2]))).toThrow(/1 trailing bytes/);
+    expect(() => decode(new Uint8Array([0x92, 1]))).toThrow(/truncated|cannot fit/);
+    expect(() => decode(new Uint8Array([0xc1]))).toThrow(/invalid MessagePack type byte 0xc1/);
+    expect(() => decode(new Uint8Array([0xdd, 0xff, 0xff, 0xff, 0xff]))).toThrow(/cannot fit/);
+  });
+  it("bounds nesting depth", () => {
+    const deep = new Uint8Array(200).fill(0x91);
+    expect(() => decode(deep)).toThrow(/nested deeper/);
+  });
+});
+
+describe("ndarray ext", () => {
+  const payload = encodeNdArray(new Float64Array([1, 2, 3]));
+  it("views the received bytes when aligned", () => {
+    const buf = new Uint8Array(64);
+    buf.set(payload, 8 - 6); // data starts at 2 + 4 = 6 → offset 8
+    const a = decodeNdArray(buf.subarray(2, 2 + payload.length));
+    expect(a).toBeInstanceOf(Float64Array);
+    expect((a as Float64Array).buffer).toBe(buf.buffer);
+    expect(Array.from(a as Float64Array)).toEqual([1, 2, 3]);
+  });
+  it("copies once when misaligned", () => {
+    const buf = new Uint8Array(64);
+    buf.set(payload, 3);
+    const a = decodeNdArray(buf.subarray(3, 3 + payload.length)) as Float64Array;
+    expect(a.buffer).not.toBe(buf.buffer);
+    expect(Array.from(a)).toEqual([1, 2, 3]);
+  });
+  it("keeps dims of images", () => {
+    const img = new NdArray("uint16", [2, 3], new Uint16Array([1, 2, 3, 4, 5, 6]));
+    const back = decodeNdArray(encodeNdArray(img));
+    expect(back).toBeInstanceOf(NdArray);
+    expect((back as NdArray).dims).toEqual([2, 3]);
+    expect((back as NdArray).dtype).toBe("uint16");
+  });
+  it("rejects a length that does not match the dims, and unknown dtypes", () => {
+    const bad = encodeNdArray(new Int32Array([1, 2]));
+    expect(() => decodeNdArray(bad.subarray(0, bad.length - 1))).toThrow(/need 8 data bytes, got 7/);
+    expect(() => decodeNdArray(new Uint8Array([12, 0]))).toThrow(/unknown dtype code 12/);
+    expect(() => decodeNdArray(new Uint8Array([9, 2, 0]))).toThrow(/header bytes/);
+  });
+});
+
+describe("message validation", () => {
+  const data = (entry: Encodable[]) => frame([3, 1, [[1, [entry]]]]);
+  it("rejects unknown mask bits", () => {
+    expect(() => decodeServerMessage(data([0, 32]))).toThrow(/unknown bits 0x20/);
+  });
+  it("checks the element count against the mask", () => {
+    expect(() => decodeServerMessage(data([0, 3, 1.5, 1, 17]))).toThrow(/exactly 6 elements/);
+    expect(() => decodeServerMessage(data([0, 1, 1.5, 1, 9]))).toThrow(/exactly 4 elements/);
+  });
+  it("checks field types and ranges", () => {
+    expect(() => decodeServerMessage(data([0, 2, 1, 1e9]))).toThrow(/nanoseconds must be < 1e9/);
+    expect(() => decodeServerMessage(data([0, 4, 4, 0, ""]))).toThrow(/severity must be 0..3/);
+    expect(() => decodeServerMessage(data([0, 16, 1, 7]))).toThrow(/reason must be a string/);
+    expect(() => decodeServerMessage(data([0, 8, { units: 5 }]))).toThrow(/metadata.units must be a string/);
+    expect(() => decodeServerMessage(data([0, 8, { display: [1] }]))).toThrow(/display must be \[low, high\]/);
+    expect(() => decodeServerMessage(data([-1, 0]))).toThrow(/sid must be an unsigned integer/);
+    expect(() => decodeServerMessage(frame([0, 1, "s", 20]))).toThrow(/HELLO needs at least 6/);
+    expect(() => decodeServerMessage(frame({ a: 1 }))).toThrow(ProtocolError);
+    expect(() => decodeServerMessage(frame([3, 1, [[1, [[0, 1, new Ext(5, new Uint8Array(1)), 1]]]]]))).toThrow(/unknown MessagePack ext type 5/);
+  });
+  it("ignores unknown server kinds and extra trailing elements", () => {
+    expect(decodeServerMessage(frame([9, "future"]))).toBeNull();
+    expect(decodeServerMessage(frame([6, "extra"]))).toEqual({ kind: "HEARTBEAT" });
+    expect(() => decodeServerMessage(frame([16, 1, "tok"]))).toThrow(/client to server/);
+  });
+});
+
+describe("channel state merge", () => {
+  it("merges deltas, counts conflation and resets on a lower serial", () => {
+    let s = initialState("ca://X", 0);
+    [s] = applyEntry(s, { sid: 0, mask: 31, value: 1, serial: 5, seconds: 10, nanoseconds: 0, severity: 0, status: 0, message: "", metadata: { units: "mm" }, state: 1, reason: "" }, true);
+    expect(s).toMatchObject({ value: 1, serial: 5, connection: "CONNECTED", metadata: { units: "mm" }, alarm: { severity: "NO_ALARM" } });
+    let changed;
+    [s, changed] = applyEntry(s, { sid: 0, mask: 3, value: 2, serial: 8, seconds: 11, nanoseconds: 5 }, false);
+    expect(changed).toEqual(["value", "time"]);
+    expect(s).toMatchObject({ value: 2, conflated: 2, conflatedTotal: 2, metadata: { units: "mm" }, connection: "CONNECTED" });
+    [s] = applyEntry(s, { sid: 0, mask: 16, state: 2, reason: "IOC gone" }, false);
+    expect(s).toMatchObject({ value: 2, connection: "DISCONNECTED", reason: "IOC gone" });
+    [s] = applyEntry(s, { sid: 0, mask: 19, value: 3, serial: 1, seconds: 12, nanoseconds: 0, state: 1, reason: "" }, false);
+    expect(s).toMatchObject({ value: 3, serial: 1, conflated: 0, conflatedTotal: 0, connection: "CONNECTED" });
+  });
+});

@@ -1,0 +1,83 @@
+// Every golden vector in protocol/vectors/ decoded (server→client) or encoded (client→server) and
+// compared with its meaning (protocol/vectors/README.md).
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { decodeServerMessage, encodeClientMessage, NdArray, type ClientMessage, type Entry, type ServerMessage } from "../src/index.js";
+
+export const VECTORS = join(import.meta.dirname, "../../../protocol/vectors");
+
+/** JSON.parse that keeps integers beyond 2^53 exact (as BigInt), e.g. uint64 max. */
+function parseExact(text: string): unknown {
+  const marked = text.replace(/(?<=[\[,:\s])(-?\d{16,})(?=[\s,\]}])/g, '"$$big:$1"');
+  return JSON.parse(marked, (_k, v: unknown) => (typeof v === "string" && v.startsWith("$big:") ? BigInt(v.slice(5)) : v));
+}
+
+/** A JSON meaning value → what the client yields. */
+function expectedValue(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(expectedValue);
+  if (v !== null && typeof v === "object") {
+    const o = v as Record<string, unknown>;
+    if ("$float" in o) return Number(o.$float);
+    if ("$ndarray" in o) {
+      const nd = o.$ndarray as { dtype: string; dims: number[]; data: (number | bigint)[] };
+      const data = nd.dtype.endsWith("int64") ? nd.data.map((x) => BigInt(x)) : nd.data.map(Number);
+      const flat = { dtype: nd.dtype, data };
+      return nd.dims.length === 1 ? flat : { ...flat, dims: nd.dims };
+    }
+    return Object.fromEntries(Object.entries(o).map(([k, x]) => [k, expectedValue(x)]));
+  }
+  return typeof v === "bigint" && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+}
+
+const DTYPE_OF: Record<string, string> = {
+  Int8Array: "int8", Uint8Array: "uint8", Int16Array: "int16", Uint16Array: "uint16", Int32Array: "int32",
+  Uint32Array: "uint32", BigInt64Array: "int64", BigUint64Array: "uint64", Float32Array: "float32", Float64Array: "float64",
+};
+
+/** What the client yielded → comparable plain data. */
+function actualValue(v: unknown): unknown {
+  if (v instanceof NdArray) return { dtype: v.dtype, data: Array.from(v.data as ArrayLike<number>), dims: [...v.dims] };
+  if (ArrayBuffer.isView(v)) return { dtype: DTYPE_OF[v.constructor.name], data: Array.from(v as unknown as ArrayLike<number>) };
+  if (Array.isArray(v)) return v.map(actualValue);
+  if (v !== null && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, actualValue(x)]));
+  return v;
+}
+
+const SNAKE: Record<string, string> = { tickMs: "tick_ms", heartbeatMs: "heartbeat_ms", maxInBytes: "max_in_bytes" };
+
+function asMeaning(m: ServerMessage): unknown {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(m)) out[SNAKE[k] ?? k] = v;
+  const entries = (es: Entry[]) => es.map((e) => ({ ...e, ...("value" in e ? { value: actualValue(e.value) } : {}) }));
+  if (m.kind === "SNAPSHOT") out.entries = entries(m.entries);
+  if (m.kind === "DATA") out.groups = m.groups.map((g) => ({ att: g.att, entries: entries(g.entries) }));
+  return out;
+}
+
+const files = readdirSync(VECTORS).filter((f) => f.endsWith(".json")).sort();
+
+describe("golden vectors", () => {
+  it("exist", () => expect(files.length).toBeGreaterThan(20));
+
+  for (const file of files) {
+    const meaning = parseExact(readFileSync(join(VECTORS, file), "utf8")) as { name: string; direction: string; message: Record<string, unknown> };
+    const bin = new Uint8Array(readFileSync(join(VECTORS, file.replace(/\.json$/, ".bin"))));
+    if (meaning.direction === "server") {
+      it(`decodes ${meaning.name}`, () => {
+        const m = decodeServerMessage(bin);
+        expect(m).not.toBeNull();
+        expect(asMeaning(m!)).toEqual(expectedValue(meaning.message));
+      });
+      it(`decodes ${meaning.name} from a misaligned buffer`, () => {
+        const shifted = new Uint8Array(bin.length + 1);
+        shifted.set(bin, 1);
+        expect(asMeaning(decodeServerMessage(shifted.subarray(1))!)).toEqual(expectedValue(meaning.message));
+      });
+    } else {
+      it(`encodes ${meaning.name}`, () => {
+        expect(Buffer.from(encodeClientMessage(meaning.message as unknown as ClientMessage)).toString("hex")).toBe(Buffer.from(bin).toString("hex"));
+      });
+    }
+  }
+});
