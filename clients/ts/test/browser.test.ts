@@ -94,6 +94,32 @@ describe("demo page in Chromium", () => {
     await page.screenshot({ path: join(ARTIFACTS, "demo-page.png"), fullPage: true });
   });
 
+  it("serves GraphiQL that works with no network but the server's", async () => {
+    const gq = await browser.newPage();
+    const external: string[] = [];
+    // Control rooms are often offline: refuse every request that does not go to the server.
+    await gq.route("**/*", (route) => {
+      const url = route.request().url();
+      if (url.startsWith(stack.url)) return route.continue();
+      external.push(url);
+      return route.abort();
+    });
+    await gq.goto(`${stack.url}/graphql`);
+    const editor = gq.locator(".graphiql-query-editor");
+    await editor.waitFor({ timeout: 15_000 });
+    expect(external).toEqual([]);
+    // Run a query: the result pane shows the server's answer.
+    await gq.evaluate(() => {
+      const cm = (document.querySelector(".graphiql-query-editor .CodeMirror") as unknown as { CodeMirror: { setValue(v: string): void } }).CodeMirror;
+      cm.setValue('{ channel(id: "PVWIRE:DEMO:SP") { metadata { units } } }');
+    });
+    await gq.locator(".graphiql-execute-button").click();
+    await gq.locator(".graphiql-response", { hasText: '"units": "mm"' }).waitFor({ timeout: 10_000 });
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await gq.screenshot({ path: join(ARTIFACTS, "graphiql-offline.png") });
+    await gq.close();
+  }, 30_000);
+
   it("shows a dead IOC as DISCONNECTED", async () => {
     await stack.command("kill-ioc");
     await page.waitForFunction(() => document.querySelector('tr[data-pv$="COUNTER"] [data-testid="conn"]')?.textContent?.startsWith("DISCONNECTED"), null, { timeout: 15_000 });
