@@ -23,6 +23,10 @@ __all__ = ["ALL_MODE_LIMIT", "Channel", "DirtyListener"]
 # unbounded `all_updates` queue grew 195 MB -> 641 MB in 95 s (DESIGN.md section 9).
 ALL_MODE_LIMIT = 1000
 
+_VALUE_TIME = VALUE | TIME
+_PLAIN = wire.PLAIN_TYPES
+_update_body = wire.encode_update_body
+
 
 class DirtyListener:
     """What a channel tells when it first changes after a tick (implemented by the Hub)."""
@@ -164,6 +168,9 @@ class Channel:
         return self.body(self.known)
 
     def _encode(self, mask: int) -> wire.EntryBody:
+        value = self.value
+        if mask == _VALUE_TIME and type(value) in _PLAIN:
+            return _update_body(value, self.serial, self.seconds, self.nanoseconds)
         return wire.encode_entry_body(
             mask,
             value=self.value,

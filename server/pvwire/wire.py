@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -41,6 +41,7 @@ __all__ = [
     "encode_hello",
     "encode_pong",
     "encode_snapshot",
+    "encode_update_body",
     "entries_array",
     "entry",
     "pack_value",
@@ -112,8 +113,15 @@ def _ndarray_parts(arr: np.ndarray[Any, Any]) -> list[bytes | memoryview]:
     return [_ext_header(NDARRAY_EXT, len(head) + data.nbytes), head, data]
 
 
+# Values msgpack packs exactly as PROTOCOL.md section 4 says, with no conversion (bool excluded:
+# type(True) is bool, not int).
+PLAIN_TYPES = frozenset((float, int, str, type(None)))
+
+
 def _value_parts(value: Value, parts: list[bytes | memoryview]) -> None:
-    if isinstance(value, bool | np.bool_):
+    if type(value) in PLAIN_TYPES:
+        parts.append(_pack(value))  # the common case first: one type test
+    elif isinstance(value, bool | np.bool_):
         parts.append(_pack(int(value)))  # PROTOCOL.md section 4: booleans travel as 0/1
     elif isinstance(value, np.ndarray):
         parts.extend(_ndarray_parts(value))
@@ -143,9 +151,11 @@ def pack_value(value: Value) -> bytes:
     return b"".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class EntryBody:
-    """An entry without its sid: `length` array elements (sid included) and the bytes after sid."""
+class EntryBody(NamedTuple):
+    """An entry without its sid: `length` array elements (sid included) and the bytes after sid.
+
+    A NamedTuple rather than a frozen dataclass: one is built per changed channel per tick, and a
+    frozen dataclass's __init__ cost more than the encoding itself."""
 
     length: int
     data: bytes
@@ -166,6 +176,22 @@ def encode_entry_body(
     reason: str = "",
 ) -> EntryBody:
     """The shared part of an entry: mask, then the fields its bits select, in bit order."""
+    if type(value) in PLAIN_TYPES or not mask & VALUE:
+        # Fast path (every scalar update): pack the fields as one array and drop its one-byte
+        # fixarray header; MessagePack arrays are their elements' encodings back to back, so the
+        # bytes are exactly those of packing each field in turn (at most 11 fields < 16).
+        items: list[Any] = [mask]
+        if mask & VALUE:
+            items += (value, serial)
+        if mask & TIME:
+            items += (seconds, nanoseconds)
+        if mask & ALARM:
+            items += (severity, status, message)
+        if mask & META:
+            items.append(metadata or {})
+        if mask & CONN:
+            items += (state, reason)
+        return EntryBody(len(items) + 1, _pack(items)[1:])
     parts: list[bytes | memoryview] = [_pack(mask)]
     length = 2
     if mask & VALUE:
@@ -189,6 +215,15 @@ def encode_entry_body(
         parts.append(_pack(reason))
         length += 2
     return EntryBody(length, b"".join(parts))
+
+
+_VALUE_TIME = VALUE | TIME
+
+
+def encode_update_body(value: Value, serial: int, seconds: int, nanoseconds: int) -> EntryBody:
+    """`encode_entry_body(VALUE | TIME, ...)` for a plain scalar value (float, int, str, None):
+    the body of almost every update, packed in one call."""
+    return EntryBody(6, _pack((_VALUE_TIME, value, serial, seconds, nanoseconds))[1:])
 
 
 _SID_CACHE = [_pack(i) for i in range(4096)]

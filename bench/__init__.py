@@ -1,0 +1,1 @@
+"""pvwire load harness and micro-benchmarks (bench/README.md); run on demand: `make bench`."""

@@ -1,0 +1,98 @@
+"""Run one load scenario: `python -m bench.scenario NAME [options]` (list them with `--list`).
+
+Examples:
+    .venv/bin/python -m bench.scenario ca-1x1000
+    .venv/bin/python -m bench.scenario fanout-100x1000 --duration 20
+    .venv/bin/python -m bench.scenario custom --source pva --pvs 300 --clients 3
+    .venv/bin/python -m bench.scenario ca-1x1000 --profile   # py-spy the server (raw stacks)
+
+Prints the result as a Markdown row and JSON; `--save` also writes bench/results/NAME.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from .harness import Scenario, run
+from .report import markdown_table
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def scenarios() -> dict[str, Scenario]:
+    """Every named scenario of the issue, in the order `run_all` runs them."""
+    out: dict[str, Scenario] = {}
+    for source in ("ca", "pva"):
+        for n in (10, 50, 100, 200, 500, 1000, 2000):
+            name = f"{source}-1x{n}"
+            out[name] = Scenario(name, source=source, pvs=n)
+    out["ca-2x50"] = Scenario("ca-2x50", pvs=100, clients=2, per_client=50, shared=False)
+    out["ca-10x10"] = Scenario("ca-10x10", pvs=100, clients=10, per_client=10, shared=False)
+    for k in (10, 50, 100):
+        name = f"fanout-{k}x1000"
+        out[name] = Scenario(name, pvs=1000, clients=k, floor=False)
+    out["sim-1x10000"] = Scenario("sim-1x10000", source="sim", pvs=10000, floor=False)
+    for source in ("ca", "pva"):
+        name = f"waveform-{source}"
+        out[name] = Scenario(name, source=source, pvs=1, waveform=True, floor=False)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    known = scenarios()
+    p = argparse.ArgumentParser(prog="python -m bench.scenario", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("name", nargs="?", help="scenario name (see --list) or 'custom'")
+    p.add_argument("--list", action="store_true", help="list the named scenarios")
+    p.add_argument("--source", choices=["ca", "pva", "sim"])
+    p.add_argument("--pvs", type=int, help="PVs in the IOC (or sim counters)")
+    p.add_argument("--clients", type=int, help="WebSocket clients")
+    p.add_argument("--per-client", type=int, help="PVs per client (default: all)")
+    p.add_argument("--disjoint", action="store_true", help="clients get disjoint PV slices")
+    p.add_argument("--waveform", action="store_true", help="one 1M-element float64 waveform")
+    p.add_argument("--duration", type=float, help="measured window in s (default 15)")
+    p.add_argument("--warmup", type=float, help="warm-up in s (default 3)")
+    p.add_argument("--client-procs", type=int, help="load-client processes (default auto)")
+    p.add_argument("--no-floor", action="store_true", help="skip the aioca/p4p floor")
+    p.add_argument("--profile", action="store_true", help="py-spy the server during the window")
+    p.add_argument("--tick-ms", type=float, help="server tick (default: server's 20 ms)")
+    p.add_argument("--save", action="store_true", help="write bench/results/NAME.json")
+    a = p.parse_args(argv)
+    if a.list or not a.name:
+        for name, sc in known.items():
+            print(f"{name:18} {sc.describe()}")
+        return
+    if a.name in known:
+        sc = known[a.name]
+    elif a.name == "custom":
+        sc = Scenario("custom")
+    else:
+        sys.exit(f"unknown scenario {a.name!r}; --list shows them")
+    changes = {
+        "source": a.source, "pvs": a.pvs, "clients": a.clients, "per_client": a.per_client,
+        "duration": a.duration, "warmup": a.warmup, "client_procs": a.client_procs,
+        "tick_ms": a.tick_ms,
+    }  # fmt: skip
+    sc = replace(sc, **{k: v for k, v in changes.items() if v is not None})
+    if a.disjoint:
+        sc = replace(sc, shared=False)
+    if a.waveform:
+        sc = replace(sc, waveform=True, pvs=1)
+    if a.no_floor:
+        sc = replace(sc, floor=False)
+    if a.profile:
+        sc = replace(sc, profile=True)
+    res = run(sc)
+    print(markdown_table([res]))
+    print(json.dumps({k: v for k, v in res.items() if k != "per_client"}, indent=1, default=str))
+    if a.save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"{sc.name}.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

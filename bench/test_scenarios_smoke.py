@@ -1,0 +1,45 @@
+"""Every load scenario once at a tiny size, so the harness cannot rot (`make test`).
+
+No timing assertions: only that the harness ran end to end and produced sane numbers.
+The real runs are `make bench` (bench/run_all.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from bench.harness import Scenario, run
+from bench.report import markdown_table
+from bench.scenario import scenarios
+
+TINY = {
+    # One CA and one PVA single-client run with the floor, disjoint clients, fan-out, sim,
+    # and the waveform: one of each kind of scenario in scenario.py.
+    "ca-1x10": {},
+    "pva-1x10": {},
+    "ca-2x50": {"pvs": 10, "per_client": 5},
+    "fanout-10x1000": {"pvs": 10, "clients": 2},
+    "sim-1x10000": {"pvs": 10},
+    "waveform-ca": {},
+}
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_scenario_tiny(name: str) -> None:
+    sc: Scenario = replace(scenarios()[name], duration=2.0, warmup=1.0, **TINY[name])
+    res = run(sc, verbose=False)
+    assert not res["errors"], res["errors"]
+    assert res["received"] > 0
+    assert res["missing"] == 0
+    assert res["seq_gaps"] == 0
+    assert res["min_received_client"] > 0
+    for key in ("server_cpu", "client_cpu", "server_rss_mb", "lat_p50_ms", "lat_p99_ms"):
+        assert key in res and not math.isnan(res[key]), key
+    assert res["server_rss_mb"] > 1
+    if sc.floor and sc.source != "sim":
+        assert res["floor_received"] > 0
+        assert "own_us_per_update" in res
+    assert name in markdown_table([res])
