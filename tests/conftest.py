@@ -48,6 +48,7 @@ class RecordingSink:
         self.updates: list[Update] = []
         self.metas: list[Metadata] = []
         self.states: list[tuple[ConnState, str]] = []
+        self.skipped = 0
 
     def on_update(
         self,
@@ -57,7 +58,9 @@ class RecordingSink:
         severity: int,
         status: int,
         message: str,
+        skipped: int = 0,
     ) -> None:
+        self.skipped += skipped
         update = Update(value, seconds, nanoseconds, severity, status, message)
         self.updates.append(update)
         self.events.append(("update", update))

@@ -153,7 +153,7 @@ async def test_malformed_frames_get_errors_and_the_connection_survives(
 
 async def test_oversized_message_closes_with_1009(server: ServerProcess) -> None:
     s = await RawStream.connect(server.ws_url)
-    await s.ws.send(msgpack.packb([16, 1, "x" * 100_000]))
+    await s.ws.send(msgpack.packb([16, 1, "x" * 2_000_000]))
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await s.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
@@ -215,3 +215,13 @@ async def test_per_message_deflate_is_refused(server: ServerProcess) -> None:
     assert "Sec-WebSocket-Extensions" not in ws.response.headers
     assert ws.subprotocol == "pvwire.v1"
     await ws.close()
+
+
+async def test_a_subscription_of_10000_channels_can_be_attached(server: ServerProcess) -> None:
+    ids = [f"sim://counter/big{i}?rate=1" for i in range(10_000)]
+    t = token(server, ids)
+    assert len(t) < 200_000  # compressed: ids share long prefixes
+    s = await RawStream.connect(server.ws_url)
+    attached, snapshot = await s.attach(t)
+    assert len(attached.ids) == 10_000 and len(snapshot.entries) == 10_000
+    await s.close()

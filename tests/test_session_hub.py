@@ -429,3 +429,15 @@ async def test_search_globs_over_active_and_backend_names(hub: Hub) -> None:
     assert hub.search("fake://*", 10) == ["fake://a", "fake://b", "fake://zz"]
     assert hub.search("z*", 10) == ["fake://zz"]
     assert hub.search("*", 2) == ["fake://a", "fake://b"]
+
+
+async def test_updates_merged_upstream_count_in_the_serial(hub: Hub, backend: FakeBackend) -> None:
+    c = Client(hub)
+    attach(c, hub, ["fake://a"])
+    backend.sinks["a"].on_update(1.0, 1, 0, 0, 0, "")
+    hub.tick()
+    backend.sinks["a"].on_update(2.0, 2, 0, 0, 0, "", 3)  # the library merged 3 before this one
+    hub.tick()
+    first, second = c.drain()
+    assert first[2][0][1][0][3] == 1
+    assert second[2][0][1][0][3] == 5  # the client counts 3 conflated updates

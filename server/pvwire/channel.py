@@ -108,11 +108,12 @@ class Channel:
         severity: int,
         status: int,
         message: str,
+        skipped: int = 0,
     ) -> None:
         self.value = value
         self.seconds = seconds
         self.nanoseconds = nanoseconds
-        self.serial += 1
+        self.serial += 1 + skipped
         self.updates += 1
         mask = VALUE | TIME
         if severity != self.severity or status != self.status or message != self.message:

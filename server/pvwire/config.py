@@ -22,7 +22,7 @@ class Settings:
     send_budget: int = 4 << 20  # per-connection queued bytes before conflation
     stall_timeout_s: float = 10.0  # no send progress this long: close with 4008 SLOW
     linger_s: float = 5.0  # an unwatched channel's monitor stays open this long
-    max_in_bytes: int = 65536  # largest client message
+    max_in_bytes: int = 1 << 20  # largest client message: a 10,000-channel ATTACH fits
     max_channels_per_subscription: int = 10_000
     max_channels_per_connection: int = 100_000
     max_query_depth: int = 12

@@ -35,8 +35,14 @@ class ChannelSink(Protocol):
         severity: int,
         status: int,
         message: str,
+        skipped: int = 0,
     ) -> None:
-        """A new value with its IOC timestamp (POSIX seconds + ns) and alarm."""
+        """A new value with its IOC timestamp (POSIX seconds + ns) and alarm.
+
+        `skipped`: upstream updates the library merged into this one without a callback (aioca
+        does when the event loop falls behind); they count in the serial, so clients see them
+        as conflated rather than lost without trace.
+        """
 
     def on_meta(self, meta: Metadata) -> None:
         """The channel's metadata, complete (it replaces the previous one)."""

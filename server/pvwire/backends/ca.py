@@ -133,6 +133,7 @@ class CaMonitor:
         "_desc",
         "_desc_state",
         "_desc_task",
+        "_dropped_seen",
         "_meta",
         "_name",
         "_pending",
@@ -158,6 +159,7 @@ class CaMonitor:
         self._desc_task: asyncio.Task[None] | None = None
         # A value that arrived before the metadata was complete; delivered once it is.
         self._pending: Any = None
+        self._dropped_seen = 0  # aioca's merged-update count already folded into a serial
         self._subs = [
             camonitor(
                 name,
@@ -196,8 +198,12 @@ class CaMonitor:
                 return
             secs, nsec = value.raw_stamp
             status = value.status
+            # aioca merges updates that arrive while the event loop is busy, and counts them.
+            dropped = self._subs[0].dropped_callbacks
+            skipped = dropped - self._dropped_seen
+            self._dropped_seen = dropped
             self._sink.on_update(
-                _plain(value), secs, nsec, value.severity, status, _status_name(status)
+                _plain(value), secs, nsec, value.severity, status, _status_name(status), skipped
             )
             return
         if isinstance(value, CANothing):
