@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -56,6 +57,11 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hub.start()
+        # Everything allocated so far (FastAPI, strawberry, numpy, EPICS libraries) lives as
+        # long as the process: move it out of the collector's reach, so that full collections,
+        # which otherwise walked all of it, no longer pause the event loop.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
