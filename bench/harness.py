@@ -27,19 +27,18 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
-from pvwire.ioc import IocProcess, free_port
+from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
+
+from tests.server_process import ServerProcess
 
 from .loadclient import HIST_BINS
 
-TOKEN_KEY = "bench-key-not-secret"
 WAVEFORM_LEN = 1_000_000
 UPDATE_HZ = 10.0
 TOKEN_IDS = 1000  # ids per subscription token
@@ -158,68 +157,31 @@ class ProcWatch:
         self._thread.join(2)
 
 
-class Server:
+class Server(ServerProcess):
+    """The server under test: the tests' child-process server plus the two calls the harness
+    makes; `env` is the whole environment (loopback settings and the bench IOC's ports)."""
+
     def __init__(self, env: dict[str, str], args: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/stream"
-        cmd = [
-            sys.executable, "-m", "pvwire.cli", "serve", "--loopback", "--port", str(self.port),
-            "--token-key", TOKEN_KEY, "--log-level", "warning", *args,
-        ]  # fmt: skip
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.output()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("server did not start")
-            time.sleep(0.1)
+        super().__init__("--log-level", "warning", *args, env=env)
+        self.start()
 
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-3000:]
-
-    def graphql(self, query: str, variables: dict[str, Any]) -> Any:
-        body = json.dumps({"query": query, "variables": variables}).encode()
-        req = urllib.request.Request(
-            f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            doc = json.loads(r.read())
+    def _data(self, query: str, variables: dict[str, Any]) -> Any:
+        doc = self.graphql(query, variables)
         if doc.get("errors"):
             raise RuntimeError(f"GraphQL errors: {doc['errors']}")
         return doc["data"]
 
     def subscribe(self, ids: list[str]) -> str:
-        data = self.graphql(
+        data = self._data(
             "mutation($ids: [String!]!) { subscribe(ids: $ids) { token } }", {"ids": ids}
         )
         return str(data["subscribe"]["token"])
 
     def loop_lag_ms(self) -> float:
         try:
-            return float(self.graphql("{ server { loopLagMs } }", {})["server"]["loopLagMs"])
+            return float(self._data("{ server { loopLagMs } }", {})["server"]["loopLagMs"])
         except Exception:
             return math.nan
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
 
 
 class Child:
@@ -329,9 +291,10 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             if sc.waveform:
                 args += ["--send-budget", str(64 << 20)]
             server = Server(server_env, args)
-            say(f"server up on port {server.port} (pid {server.proc.pid})")
+            say(f"server up on port {server.port} (pid {server.pid})")
             per = sc.per_client or len(ids)
-            # One token per <= TOKEN_IDS ids: ATTACH messages are limited to 64 KiB.
+            # One token per <= TOKEN_IDS ids, as the published results were measured (a single
+            # 10,000-id token attaches too: tokens are compressed; tests/test_server_stream.py).
             tokens: list[list[tuple[str, int]]] = []
             cache: dict[tuple[str, ...], str] = {}
             for k in range(sc.clients):
@@ -363,7 +326,7 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
                 c.wait_ready(time.time() + 120)
             say(f"{sc.clients} client(s) in {len(children)} process(es) attached")
             pids = {
-                "server": [server.proc.pid],
+                "server": [server.pid],
                 "clients": [c.proc.pid for c in children],
                 "ioc": [ioc.pid()] if ioc and ioc.pid() else [],
             }
@@ -376,7 +339,7 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             watch.start_window()
             spy = None
             if sc.profile:
-                spy = _start_py_spy(server.proc.pid, sc, tmp)
+                spy = _start_py_spy(server.pid, sc, tmp)
             time.sleep(max(0.0, t1 - time.time()))
             wall = watch.end_window()
             res["loop_lag_ms"] = server.loop_lag_ms()

@@ -148,7 +148,7 @@ class Channel:
 
     def _changed(self, mask: int) -> None:
         if self._cache:
-            self._cache = {}
+            self._cache.clear()  # the tick filled it; a new state invalidates every encoding
         self.known |= mask if not mask & VALUE else mask | ALARM
         if not self.dirty:
             self.listener.mark_dirty(self)
