@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pvwire import wire
-from pvwire.channel import Channel, DirtyListener
+from pvwire.core.channel import Channel, DirtyListener
+from pvwire.core.view import View, ViewKey
 from pvwire.model import ConnState, Metadata
-from pvwire.session import Session, SessionLimits
-from pvwire.view import View, ViewKey
+from pvwire.wire import codec as wire
+from pvwire.wire.session import Session, SessionLimits
 from pvwire_client import wire as client_wire
 
 

@@ -15,11 +15,16 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from pvwire.config import Settings
+from pvwire.core.hub import Hub
 from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
 from pvwire.model import ConnState, Metadata, Value
+from pvwire.wire.tokens import TokenSigner
 
 from tests.server_process import ServerProcess, server_args_for_tests
+
+from . import hub_doubles
 
 DBS = Path(__file__).parent / "dbs"
 
@@ -105,3 +110,18 @@ def server(epics_env: IocProcess) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="session")
 def server_url(server: ServerProcess) -> str:
     return server.url
+
+
+# In-memory hub for unit tests of the core (tests/hub_doubles.py).
+@pytest.fixture
+def backend() -> hub_doubles.FakeBackend:
+    return hub_doubles.FakeBackend()
+
+
+@pytest.fixture
+async def hub(backend: hub_doubles.FakeBackend) -> Any:
+    settings = Settings(default_scheme="fake", linger_s=0.0, tick_ms=20)
+    h = Hub({"fake": backend}, settings, TokenSigner(hub_doubles.KEYS, "k1"))
+    h.start()
+    yield h
+    await h.stop()

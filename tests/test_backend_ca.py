@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from pvwire.backends.ca import CaBackend
 from pvwire.errors import ChannelNotFound, ReadOnlyChannel, TypeMismatch
 from pvwire.ioc import IocProcess
 from pvwire.model import ConnState, Severity
+from pvwire.upstream.ca import CaBackend
 
 from tests.conftest import RecordingSink
 

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from pvwire.backends.pva import PvaBackend
 from pvwire.errors import ChannelNotFound, TypeMismatch
 from pvwire.ioc import IocProcess
 from pvwire.model import ConnState, Severity
+from pvwire.upstream.pva import PvaBackend
 
 from tests.conftest import RecordingSink
 

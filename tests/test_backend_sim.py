@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from pvwire.backends.sim import KINDS, SimBackend, parse_sim
 from pvwire.errors import BadChannelId, ReadOnlyChannel, TypeMismatch
 from pvwire.model import ConnState, Metadata, Value
+from pvwire.upstream.sim import KINDS, SimBackend, parse_sim
 
 from tests.conftest import RecordingSink
 

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pvwire import wire
 from pvwire.model import ALARM, CONN, META, TIME, VALUE
+from pvwire.wire import codec as wire
 from pvwire_client import wire as client_wire
 
 DTYPES = ["<i1", "<u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8"]

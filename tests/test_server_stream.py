@@ -8,7 +8,7 @@ import time
 import msgpack
 import pytest
 import websockets
-from pvwire.tokens import TokenSigner
+from pvwire.wire.tokens import TokenSigner
 from pvwire_client import wire
 
 from tests.server_process import TEST_TOKEN_KEY, ServerProcess

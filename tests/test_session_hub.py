@@ -6,128 +6,15 @@ tests/test_server_*.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
-import msgpack
 import numpy as np
 import pytest
-from pvwire.backends.base import Backend, ChannelSink
 from pvwire.config import Settings
-from pvwire.hub import Hub
-from pvwire.model import ConnState, Metadata, Reading
-from pvwire.session import Session, SessionLimits
-from pvwire.tokens import TokenSigner
+from pvwire.core.hub import Hub
+from pvwire.model import ConnState, Metadata
+from pvwire.wire.session import SessionLimits
+from pvwire.wire.tokens import TokenSigner
 
-KEYS = {"k1": b"secret"}
-
-
-class FakeMonitor:
-    def __init__(self, backend: FakeBackend, name: str) -> None:
-        self.backend, self.name, self.closed = backend, name, False
-
-    def close(self) -> None:
-        self.closed = True
-        self.backend.sinks.pop(self.name, None)
-
-
-class FakeBackend(Backend):
-    """Records monitors; tests push updates through `update`."""
-
-    scheme = "fake"
-
-    def __init__(self) -> None:
-        self.sinks: dict[str, ChannelSink] = {}
-        self.opened: list[str] = []
-        self.monitors: list[FakeMonitor] = []
-
-    def monitor(self, name: str, sink: ChannelSink) -> FakeMonitor:
-        self.opened.append(name)
-        self.sinks[name] = sink
-        sink.on_meta(Metadata(type="float64", units="mm", precision=2, writable=True))
-        sink.on_connection(ConnState.CONNECTED)
-        mon = FakeMonitor(self, name)
-        self.monitors.append(mon)
-        return mon
-
-    def update(self, name: str, value: Any, severity: int = 0, t: int = 1700000000) -> None:
-        self.sinks[name].on_update(value, t, 0, severity, 0, "")
-
-    async def get(self, name: str, timeout: float) -> Reading:
-        return Reading(value=0.0, seconds=1, nanoseconds=0)
-
-    async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
-        return None
-
-    def names(self) -> Iterable[str]:
-        return ["a", "b"]
-
-
-def decode(frame: bytes) -> Any:
-    def ext(code: int, data: bytes) -> Any:
-        dt = ["i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8"][data[0]]
-        ndim = data[1]
-        dims = [int.from_bytes(data[2 + 4 * i : 6 + 4 * i], "little") for i in range(ndim)]
-        return np.frombuffer(data[2 + 4 * ndim :], dtype="<" + dt).reshape(dims)
-
-    return msgpack.unpackb(frame, ext_hook=ext, raw=False, strict_map_key=False)
-
-
-class Client:
-    """A session plus the frames it produced, as a socket pump would see them."""
-
-    def __init__(self, hub: Hub, limits: SessionLimits | None = None, clock: Any = None) -> None:
-        kwargs = {"clock": clock} if clock else {}
-        self.session = Session(
-            len(hub.sessions) + 1, "test", hub, b"\x91\x00", limits or SessionLimits(),
-            lambda: None, **kwargs,
-        )  # fmt: skip
-        hub.add_session(self.session)
-        self.received: list[Any] = []
-
-    def send(self, *msg: Any) -> None:
-        self.session.receive(msgpack.packb(list(msg)))
-
-    def drain(self) -> list[Any]:
-        """Send everything queued (the client reads it all)."""
-        out = []
-        while (frame := self.session.next_frame()) is not None:
-            self.session.sent(len(frame))
-            out.append(decode(frame))
-        self.received += out
-        return out
-
-    def pop_unsent(self) -> list[Any]:
-        out = []
-        while (frame := self.session.next_frame()) is not None:
-            out.append(decode(frame))
-        return out
-
-
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
-
-
-@pytest.fixture
-async def hub(backend: FakeBackend) -> Any:
-    settings = Settings(default_scheme="fake", linger_s=0.0, tick_ms=20)
-    h = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
-    h.start()
-    yield h
-    await h.stop()
-
-
-def attach(client: Client, hub: Hub, ids: list[str], **options: Any) -> int:
-    client.send(16, 1, hub.signer.sign(ids, **options))
-    msgs = client.drain()
-    attached = [m for m in msgs if m[0] == 1]
-    assert attached, msgs
-    # The monitor just opened: its metadata and connection are in the snapshot and are also
-    # sent once as a delta at the next tick (to other attachments of the view). Flush that.
-    hub.tick()
-    client.drain()
-    return int(attached[-1][2])
+from .hub_doubles import KEYS, Client, FakeBackend, attach
 
 
 async def test_attach_sends_attached_then_a_full_snapshot(hub: Hub, backend: FakeBackend) -> None:
@@ -154,14 +41,15 @@ async def test_each_tick_sends_only_changes_with_increasing_seq(
     att = attach(c, hub, ["fake://a", "fake://b"])
     backend.update("a", 1.0)
     backend.update("a", 2.0)  # conflated within one tick: latest wins, serial 2
-    hub.tick()
+    hub.ticker.tick()
     backend.update("b", 3.0, severity=2)
-    hub.tick()
-    hub.tick()  # nothing changed: no frame
+    hub.ticker.tick()
+    hub.ticker.tick()  # nothing changed: no frame
     frames = c.drain()
     assert [f[0] for f in frames] == [3, 3]
     assert frames[1][1] == frames[0][1] + 1
-    assert frames[0][2] == [[att, [[0, 3, 2.0, 2, 1700000000, 0]]]]  # alarm unchanged: absent
+    # The first value carries its alarm even when it is NO_ALARM (the initial state is a state).
+    assert frames[0][2] == [[att, [[0, 7, 2.0, 2, 1700000000, 0, 0, 0, ""]]]]
     assert frames[1][2] == [[att, [[1, 3 | 4, 3.0, 1, 1700000000, 0, 2, 0, ""]]]]
 
 
@@ -172,9 +60,9 @@ async def test_clients_share_one_upstream_monitor_and_one_encoding(
     for c in clients:
         attach(c, hub, ["fake://a"])
     assert backend.opened == ["a"]
-    assert len(hub.views) == 1
+    assert len(hub.registry.views) == 1
     backend.update("a", 7.0)
-    hub.tick()
+    hub.ticker.tick()
     frames = [c.drain() for c in clients]
     # Same groups for everyone (seq is per connection).
     assert frames[0][0][2] == frames[1][0][2] == frames[2][0][2]
@@ -189,18 +77,18 @@ async def test_metadata_travels_once_and_again_only_when_changed(
     sink = backend.sinks["a"]
     sink.on_meta(Metadata(type="float64", units="mm", precision=2, writable=True))  # same
     backend.update("a", 1.0)
-    hub.tick()
+    hub.ticker.tick()
     sink.on_meta(Metadata(type="float64", units="um", precision=2, writable=True))
-    hub.tick()
+    hub.ticker.tick()
     frames = c.drain()
-    assert frames[0][2][0][1][0][1] == 3  # value+time, no META
+    assert frames[0][2][0][1][0][1] == 7  # first value: value+time+alarm, no META
     assert frames[1][2][0][1][0][1] == 8 and frames[1][2][0][1][0][2]["units"] == "um"
 
 
 async def test_write_rules_decide_writable_in_metadata(backend: FakeBackend) -> None:
     settings = Settings(default_scheme="fake", write_rules=["fake://a"])
     hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
-    a, b = hub.acquire("fake://a"), hub.acquire("fake://b")
+    a, b = hub.registry.acquire("fake://a"), hub.registry.acquire("fake://b")
     assert a.meta.writable is True
     assert b.meta.writable is False
 
@@ -215,7 +103,7 @@ async def test_slow_client_conflates_and_catches_up_without_delaying_others(
     for i in range(50):
         backend.update("a", float(i))
         backend.update("b", float(-i))
-        hub.tick()
+        hub.ticker.tick()
         fast.drain()  # the fast client reads every frame
     assert slow.session.behind
     assert len([f for f in fast.received if f[0] == 3]) == 50
@@ -236,7 +124,7 @@ async def test_stalled_client_is_closed_with_slow(hub: Hub, backend: FakeBackend
     c = Client(hub, SessionLimits(send_budget=100, stall_timeout=10.0), clock=lambda: now[0])
     attach(c, hub, ["fake://a"])
     backend.update("a", 1.0)
-    hub.tick()
+    hub.ticker.tick()
     c.session.next_frame()  # the writer took a frame and never finished sending it
     now[0] += 5
     c.session.housekeeping(now[0])
@@ -313,9 +201,9 @@ async def test_detach_releases_the_channel_after_linger(hub: Hub, backend: FakeB
     att = attach(c, hub, ["fake://a"])
     c.send(17, 9, att)
     assert c.drain() == [[4, 9, att]]
-    assert not hub.views
+    assert not hub.registry.views
     await asyncio.sleep(0.05)  # linger_s = 0 in this fixture
-    assert backend.monitors[0].closed and "fake://a" not in hub.channels
+    assert backend.monitors[0].closed and "fake://a" not in hub.registry.channels
 
 
 async def test_reattach_within_linger_reuses_the_monitor(backend: FakeBackend) -> None:
@@ -338,7 +226,7 @@ async def test_too_many_channels_is_refused(backend: FakeBackend) -> None:
     c.send(16, 1, hub.signer.sign(["fake://a", "fake://b", "fake://c"]))
     (err,) = c.drain()
     assert err[0] == 5 and err[2] == 4413
-    assert not hub.channels
+    assert not hub.registry.channels
 
 
 async def test_max_rate_limits_emissions(hub: Hub, backend: FakeBackend) -> None:
@@ -347,13 +235,17 @@ async def test_max_rate_limits_emissions(hub: Hub, backend: FakeBackend) -> None
     c = Client(hub)
     attach(c, hub, ["fake://a"], max_rate=2.0)  # one group per 0.5 s at most
     backend.update("a", 1.0)
-    hub.tick()
+    hub.ticker.tick()
     backend.update("a", 2.0)
-    hub.tick()  # held back
+    hub.ticker.tick()  # held back
     first = c.drain()
     assert len(first) == 1 and first[0][2][0][1][0][2] == 1.0
-    await asyncio.sleep(0.6)  # the hub scheduled a tick for when the view is due
-    later = c.drain()
+    # The hub scheduled a tick for when the view is due; wait for it (bounded, not a sleep).
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30.0
+    while not (later := c.drain()):
+        assert loop.time() < deadline
+        await asyncio.sleep(0.01)
     assert len(later) == 1 and later[0][2][0][1][0][2] == 2.0
 
 
@@ -362,7 +254,7 @@ async def test_all_mode_sends_every_update_in_order(hub: Hub, backend: FakeBacke
     attach(c, hub, ["fake://a"], mode="ALL")
     for i in range(5):
         backend.update("a", float(i))
-    hub.tick()
+    hub.ticker.tick()
     (frame,) = c.drain()
     entries = frame[2][0][1]
     assert [e[2] for e in entries] == [0.0, 1.0, 2.0, 3.0, 4.0]
@@ -376,7 +268,7 @@ async def test_two_attachments_share_a_frame_with_two_groups(
     a1 = attach(c, hub, ["fake://a"])
     a2 = attach(c, hub, ["fake://b", "fake://a"])
     backend.update("a", 5.0)
-    hub.tick()
+    hub.ticker.tick()
     (frame,) = c.drain()
     groups = {g[0]: g[1] for g in frame[2]}
     assert set(groups) == {a1, a2}
@@ -387,13 +279,13 @@ async def test_disconnect_and_reconnect_are_streamed(hub: Hub, backend: FakeBack
     c = Client(hub)
     attach(c, hub, ["fake://a"])
     backend.update("a", 1.0)
-    hub.tick()
+    hub.ticker.tick()
     sink = backend.sinks["a"]
     sink.on_connection(ConnState.DISCONNECTED, "IOC gone")
-    hub.tick()
+    hub.ticker.tick()
     sink.on_connection(ConnState.CONNECTED)
     backend.update("a", 2.0)
-    hub.tick()
+    hub.ticker.tick()
     frames = c.drain()
     assert frames[1][2][0][1][0] == [0, 16, 2, "IOC gone"]
     last = frames[2][2][0][1][0]
@@ -408,16 +300,16 @@ async def test_get_of_a_monitored_channel_comes_from_the_cache(
     backend.update("a", 4.5)
     cid, reading = await hub.get("a", 1.0)
     assert (cid, reading.value) == ("fake://a", 4.5)
-    assert hub.stats.cache_gets == 1 and hub.stats.upstream_gets == 0
+    assert hub.control.stats.cache_gets == 1 and hub.control.stats.upstream_gets == 0
     await hub.get("b", 1.0)
-    assert hub.stats.upstream_gets == 1
+    assert hub.control.stats.upstream_gets == 1
 
 
 async def test_arrays_travel_as_typed_bytes(hub: Hub, backend: FakeBackend) -> None:
     c = Client(hub)
     attach(c, hub, ["fake://a"])
     backend.update("a", np.arange(1000, dtype=np.float64))
-    hub.tick()
+    hub.ticker.tick()
     (frame,) = c.drain()
     value = frame[2][0][1][0][2]
     assert value.dtype == np.dtype("<f8") and value.shape == (1000,) and value[999] == 999.0
@@ -435,9 +327,9 @@ async def test_updates_merged_upstream_count_in_the_serial(hub: Hub, backend: Fa
     c = Client(hub)
     attach(c, hub, ["fake://a"])
     backend.sinks["a"].on_update(1.0, 1, 0, 0, 0, "")
-    hub.tick()
+    hub.ticker.tick()
     backend.sinks["a"].on_update(2.0, 2, 0, 0, 0, "", 3)  # the library merged 3 before this one
-    hub.tick()
+    hub.ticker.tick()
     first, second = c.drain()
     assert first[2][0][1][0][3] == 1
     assert second[2][0][1][0][3] == 5  # the client counts 3 conflated updates

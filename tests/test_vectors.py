@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from pvwire import wire
+from pvwire.wire import codec as wire
 
 from tests.vector_cases import CASES, VECTORS, build
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from pvwire import wire
 from pvwire.model import ALARM, CONN, FULL, META, TIME, VALUE
+from pvwire.wire import codec as wire
 
 VECTORS = Path(__file__).resolve().parent.parent / "protocol" / "vectors"
 

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from pvwire.graphiql_offline import ASSETS, UNPKG, strawberry_page
+from pvwire.api.graphiql_offline import ASSETS, UNPKG, strawberry_page
 
 HERE = Path(__file__).resolve().parent
 

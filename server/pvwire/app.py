@@ -17,14 +17,14 @@ from fastapi.staticfiles import StaticFiles
 from strawberry.fastapi import GraphQLRouter
 
 from . import __version__
-from .backends.base import Backend
+from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
+from .api.graphql import make_schema
+from .api.metrics import render_metrics
+from .api.stream import serve_stream
 from .config import Settings
-from .graphiql_offline import ASSETS, ASSETS_PATH, offline_page
-from .graphql_api import make_schema
-from .hub import Hub
-from .metrics import render_metrics
-from .stream import serve_stream
-from .tokens import TokenSigner
+from .core.hub import Hub
+from .upstream.base import Backend
+from .wire.tokens import TokenSigner
 
 __all__ = ["create_app", "make_backends"]
 
@@ -34,9 +34,9 @@ MAX_LOOP_LAG_READY = 5.0  # seconds: a loop this late cannot serve anyone (DESIG
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
-    from .backends.ca import CaBackend
-    from .backends.pva import PvaBackend
-    from .backends.sim import SimBackend
+    from .upstream.ca import CaBackend
+    from .upstream.pva import PvaBackend
+    from .upstream.sim import SimBackend
 
     return {"ca": CaBackend(), "pva": PvaBackend(), "sim": SimBackend()}
 
@@ -107,14 +107,17 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        lag = hub.stats.loop_lag
+        lag = hub.loop_lag
         ready = lag < MAX_LOOP_LAG_READY
-        body = {"ready": ready, "loop_lag_s": lag, "channels": len(hub.channels)}
+        body = {"ready": ready, "loop_lag_s": lag, "channels": len(hub.registry.channels)}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(hub), media_type="text/plain; version=0.0.4")
+        text = render_metrics(
+            hub.snapshot(detail=False), len(hub.sessions), len(hub.registry.channels)
+        )
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     if (STATIC / "index.html").is_file():
         app.mount("/", StaticFiles(directory=STATIC, html=True), name="page")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import secrets
 import tomllib
@@ -34,6 +35,7 @@ class Settings:
     allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
     cors_origins: list[str] = field(default_factory=list)
     get_timeout_s: float = 3.0
+    not_found_s: float = 5.0  # CONNECTING this long with no server answering: NOT_FOUND
     instance: str = field(default_factory=lambda: os.uname().nodename)
 
     @classmethod
@@ -61,6 +63,9 @@ class Settings:
             if isinstance(value, str) and not isinstance(current, str):
                 value = _parse(value, current)
             setattr(self, key, value)
+
+    def writes_allowed(self, canonical_id: str) -> bool:
+        return any(fnmatch.fnmatchcase(canonical_id, rule) for rule in self.write_rules)
 
     def signing_keys(self) -> tuple[dict[str, bytes], str]:
         """Keys for tokens; a random key for this process when none is configured.

@@ -41,10 +41,11 @@ Limits: TypeAlias = tuple[float, float]
 
 
 class ConnState(IntEnum):
-    CONNECTING = 0
+    CONNECTING = 0  # never connected yet, searching
     CONNECTED = 1
     DISCONNECTED = 2
-    FAILED = 3
+    FAILED = 3  # cannot be served; the reason says why
+    NOT_FOUND = 4  # no server answered for `not_found_s`; still searching
 
 
 class Severity(IntEnum):
@@ -96,6 +97,13 @@ class Metadata:
                 v = list(v)
             out[name] = v
         return out
+
+    def for_client(self, rules_allow: bool) -> Metadata:
+        """`writable` as clients see it: pvwire's write rules AND the upstream's access rights.
+        Where the upstream cannot tell (PVA: p4p exposes no access rights), the rules decide, so
+        the put box shows exactly when the server would accept a put."""
+        writable = rules_allow and self.writable is not False
+        return self if self.writable is writable else self.replace(writable=writable)
 
     def replace(self, **changes: Any) -> Metadata:
         values = {name: getattr(self, name) for name in self.__slots__}

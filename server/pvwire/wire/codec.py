@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from .model import ALARM, CONN, META, TIME, VALUE, Value
+from ..model import ALARM, CONN, META, TIME, VALUE, Value
 
 __all__ = [
     "HEARTBEAT",

@@ -3,20 +3,24 @@
 A Channel is the `ChannelSink` its backend monitor delivers to. Upstream callbacks do O(1) work:
 store the new state, bump the serial, mark the channel dirty once per tick (DESIGN.md section 2).
 Encoding happens at the tick, once per channel whatever the number of clients (`body`).
+
+A value the encoder cannot carry fails this channel alone: it turns FAILED with the reason, which
+clients see in its CONN field, and every other channel and client goes on (DESIGN.md section 9:
+one CA string array once froze every subscription that held it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import logging
+from typing import Any, Protocol
 
-from . import wire
-from .backends.base import Backend, Monitor
-from .model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
+from ..model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
+from ..upstream.base import Backend, Monitor
+from ..wire import codec as wire
 
-if TYPE_CHECKING:
-    from .view import View
+__all__ = ["ALL_MODE_LIMIT", "ChangeSink", "Channel", "DirtyListener"]
 
-__all__ = ["ALL_MODE_LIMIT", "Channel", "DirtyListener"]
+log = logging.getLogger("pvwire.channel")
 
 # ALL mode keeps at most this many updates of one channel between two ticks; beyond it updates
 # are dropped and the serial tells clients how many. Bounds memory under overload: aioca's own
@@ -28,11 +32,20 @@ _PLAIN = wire.PLAIN_TYPES
 _update_body = wire.encode_update_body
 
 
-class DirtyListener:
-    """What a channel tells when it first changes after a tick (implemented by the Hub)."""
+class DirtyListener(Protocol):
+    """What a channel tells when it first changes after a tick (the ticker)."""
 
-    def mark_dirty(self, channel: Channel) -> None:
-        raise NotImplementedError
+    def mark_dirty(self, channel: Channel) -> None: ...
+
+    def count_failure(self, unit: str) -> None: ...
+
+
+class ChangeSink(Protocol):
+    """Who receives a channel's changes at the tick (a view, under the sid it knows it by)."""
+
+    def add_change(self, sid: int, mask: int, channel: Channel) -> bool: ...
+
+    def subscribers(self) -> int: ...
 
 
 class Channel:
@@ -41,6 +54,7 @@ class Channel:
         "all_views",
         "backend",
         "dirty",
+        "fault",
         "history",
         "id",
         "known",
@@ -93,10 +107,11 @@ class Channel:
         self.known = CONN  # fields with data: a snapshot sends exactly these
         self.dirty = 0  # fields changed since the last tick
         self.refs = 0  # views holding this channel
-        self.views: list[tuple[View, int]] = []  # (view, sid) pairs to notify at each tick
+        self.views: list[tuple[ChangeSink, int]] = []  # (view, sid) pairs to notify at each tick
         self.all_views = 0  # ALL-mode views: only then is `history` kept
         self.history: list[wire.EntryBody] = []
         self._cache: dict[int, wire.EntryBody] = {}
+        self.fault = ""  # why encoding failed; the channel stays FAILED until it reconnects
 
     # --- ChannelSink: called by the backend on the event loop, O(1) --------------------------
 
@@ -116,19 +131,26 @@ class Channel:
         self.serial += 1 + skipped
         self.updates += 1
         mask = VALUE | TIME
-        if severity != self.severity or status != self.status or message != self.message:
+        # The first value always carries its alarm, even NO_ALARM with an empty message: a
+        # client that attached before it must see the same state as one attaching after
+        # (DESIGN.md section 9: PVA channels showed alarm UNKNOWN).
+        if (
+            not self.known & VALUE
+            or severity != self.severity
+            or status != self.status
+            or message != self.message
+        ):
             self.severity = severity
             self.status = status
             self.message = message
             mask |= ALARM
+        self._changed(mask)
         if self.all_views and len(self.history) < ALL_MODE_LIMIT:
             # ALL mode must keep this update even if another arrives before the tick.
-            self.history.append(self._encode(mask))
-        self._changed(mask)
+            self.history.append(self.body(mask, cache=False))
 
     def on_meta(self, meta: Metadata) -> None:
-        if meta.writable and not self.write_allowed:
-            meta = meta.replace(writable=False)
+        meta = meta.for_client(self.write_allowed)
         if meta == self.meta and self.known & META:
             return
         self.meta = meta
@@ -140,6 +162,7 @@ class Channel:
             return
         self.state = state
         self.reason = reason
+        self.fault = ""  # a new connection gets a new chance to deliver values we can encode
         if state == ConnState.CONNECTED and self.serial and self.known & VALUE:
             # A reconnect: the monitor will deliver a fresh first update; restart the serial so
             # clients do not count the gap as conflated updates (PROTOCOL.md section 3).
@@ -156,13 +179,30 @@ class Channel:
 
     # --- encoding -----------------------------------------------------------------------------
 
-    def body(self, mask: int) -> wire.EntryBody:
-        """The entry body for `mask` (limited to known fields), encoded once per state."""
+    def body(self, mask: int, cache: bool = True) -> wire.EntryBody:
+        """The entry body for `mask` (limited to known fields), encoded once per state.
+
+        Never raises: a state the encoder rejects fails this channel (see the module docstring).
+        """
         mask &= self.known
         body = self._cache.get(mask)
         if body is None:
-            body = self._cache[mask] = self._encode(mask)
+            try:
+                body = self._encode(mask) if not self.fault else self._encode(mask | CONN)
+            except Exception as exc:
+                body = self._fail(mask, exc)
+            if cache:
+                self._cache[mask] = body
         return body
+
+    def _fail(self, mask: int, exc: Exception) -> wire.EntryBody:
+        if not self.fault:
+            # Logged once per channel and connection; counted every time.
+            log.error("channel %s failed: cannot encode its value: %r", self.id, exc)
+        self.fault = f"value cannot be sent: {exc}"[:200]
+        self.value = None
+        self.listener.count_failure("channel")
+        return self._encode(mask | CONN)
 
     def full_body(self) -> wire.EntryBody:
         """The entry a snapshot sends: everything known."""
@@ -182,15 +222,20 @@ class Channel:
             status=self.status,
             message=self.message,
             metadata=self.meta_wire,
-            state=int(self.state),
-            reason=self.reason,
+            state=int(ConnState.FAILED if self.fault else self.state),
+            reason=self.fault or self.reason,
         )
 
     # --- control plane ------------------------------------------------------------------------
 
     def reading(self) -> Reading | None:
         """The cached state as a Reading, if it is complete enough to answer a get."""
-        if self.state != ConnState.CONNECTED or not self.known & VALUE or not self.known & META:
+        if (
+            self.state != ConnState.CONNECTED
+            or self.fault
+            or not self.known & VALUE
+            or not self.known & META
+        ):
             return None
         return Reading(
             value=self.value,

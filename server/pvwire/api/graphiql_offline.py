@@ -14,7 +14,7 @@ from strawberry.http.ides import get_graphql_ide_html
 
 __all__ = ["ASSETS", "ASSETS_PATH", "UNPKG", "offline_page", "strawberry_page"]
 
-ASSETS = Path(__file__).parent / "graphiql"
+ASSETS = Path(__file__).parent.parent / "graphiql"  # server/pvwire/graphiql
 ASSETS_PATH = "/graphiql-assets"
 UNPKG = re.compile(r"https://unpkg\.com/(@?[^@/]+(?:/[^@/]+)?)@[^/]+/([^\"]+)")
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import wire
+from ..model import CONN, META
+from ..wire import codec as wire
 from .channel import Channel
-from .model import CONN, META
 
 if TYPE_CHECKING:
-    from .session import Session
+    from ..wire.session import Session
 
 __all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
 
@@ -82,6 +82,14 @@ class View:
                 del out[: len(out) - ALL_PENDING_LIMIT]
         return first
 
+    def subscribers(self) -> int:
+        return len(self.attachments)
+
+    def reset(self) -> None:
+        """Drop what is pending (after a failure, its clients resume from a snapshot)."""
+        self.pending = {}
+        self.pending_all = []
+
     def due(self, now: float) -> bool:
         return not self.period or now >= self.next_due
 
@@ -98,6 +106,17 @@ class View:
         self.pending = {}
         if self.period:
             self.next_due = max(self.next_due + self.period, now)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return self.key.ids
+
+    def entries_for(self, masks: dict[int, int]) -> bytes:
+        """Entries for `masks` from the channels' current state (a session catching up)."""
+        channels = self.channels
+        return wire.entries_array(
+            [wire.entry(sid, channels[sid].body(m)) for sid, m in masks.items()]
+        )
 
     def snapshot_entries(self) -> bytes:
         return wire.entries_array(

@@ -21,9 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import wire
+from . import codec as wire
 from .tokens import Claims, TokenError
-from .view import View
 
 __all__ = ["Session", "SessionHost", "SessionLimits"]
 
@@ -41,12 +40,26 @@ class SessionLimits:
     max_channels: int = 100_000  # channels over all attachments of one connection
 
 
+class Source(Protocol):
+    """What a session reads from one attachment's subscription (a `core.view.View`); the session
+    never sees channels or the hub's registries, so data flows one way: view -> session."""
+
+    @property
+    def ids(self) -> tuple[str, ...]: ...
+
+    tick_entries: bytes  # this tick's spliced entries, set before `Session.collect`
+    tick_masks: dict[int, int]  # sid -> field mask of this tick's entries
+
+    def snapshot_entries(self) -> bytes: ...
+    def entries_for(self, masks: dict[int, int]) -> bytes: ...
+
+
 class SessionHost(Protocol):
     """What a session needs from the hub."""
 
     def verify_token(self, token: str) -> Claims: ...
-    def open_view(self, claims: Claims, session: Session, att: int) -> View: ...
-    def close_view(self, view: View, session: Session, att: int) -> None: ...
+    def open_view(self, claims: Claims, session: Session, att: int) -> Source: ...
+    def close_view(self, view: Source, session: Session, att: int) -> None: ...
 
 
 class Session:
@@ -67,7 +80,7 @@ class Session:
         self._wake = wake
         self._clock = clock
         self.connected_at = clock()
-        self.attachments: dict[int, View] = {}
+        self.attachments: dict[int, Source] = {}
         self.channel_count = 0
         self._next_att = 1
         self._seq = 0
@@ -77,7 +90,7 @@ class Session:
         self._last_send = self.connected_at
         self.behind = False
         self._pending: dict[int, dict[int, int]] = {}  # att -> sid -> merged mask while behind
-        self._tick_groups: list[tuple[int, View]] = []
+        self._tick_groups: list[tuple[int, Source]] = []
         self.close_request: tuple[int, str] | None = None
         # Counters for `server` stats and metrics.
         self.frames_sent = 0
@@ -137,8 +150,8 @@ class Session:
         self._next_att += 1
         view = self._host.open_view(claims, self, att)
         self.attachments[att] = view
-        self.channel_count += len(view.channels)
-        self._queue_frame(wire.encode_attached(req, att, view.key.ids))
+        self.channel_count += len(view.ids)
+        self._queue_frame(wire.encode_attached(req, att, view.ids))
         self._queue_frame(wire.encode_snapshot(self._next_seq(), att, view.snapshot_entries()))
 
     def _detach(self, req: int, att: int) -> None:
@@ -149,8 +162,8 @@ class Session:
         self._release(att, view)
         self._queue_frame(wire.encode_detached(req, att))
 
-    def _release(self, att: int, view: View) -> None:
-        self.channel_count -= len(view.channels)
+    def _release(self, att: int, view: Source) -> None:
+        self.channel_count -= len(view.ids)
         self._pending.pop(att, None)
         self._tick_groups = [(a, v) for a, v in self._tick_groups if a != att]
         self._host.close_view(view, self, att)
@@ -161,7 +174,7 @@ class Session:
 
     # --- tick ---------------------------------------------------------------------------------
 
-    def collect(self, att: int, view: View) -> bool:
+    def collect(self, att: int, view: Source) -> bool:
         """The hub hands over an emitting view; True if this is the session's first this tick."""
         first = not self._tick_groups
         self._tick_groups.append((att, view))
@@ -191,10 +204,8 @@ class Session:
         """One DATA with everything merged while behind, from the channels' current state."""
         groups = []
         for att, pending in self._pending.items():
-            channels = self.attachments[att].channels
-            entries = [wire.entry(sid, channels[sid].body(m)) for sid, m in pending.items()]
-            if entries:
-                groups.append((att, wire.entries_array(entries)))
+            if pending:
+                groups.append((att, self.attachments[att].entries_for(pending)))
         self._pending.clear()
         self.behind = False
         if groups:

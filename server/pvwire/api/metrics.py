@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from .hub import TICK_BUCKETS_MS, Hub
+from ..core.stats import HubSnapshot
+from ..core.tick import TICK_BUCKETS_MS
 
 __all__ = ["render_metrics"]
 
 
-def render_metrics(hub: Hub) -> str:
-    s = hub.stats
-    totals = hub.totals()
+def render_metrics(s: HubSnapshot, clients: int, channels: int) -> str:
     lines: list[str] = []
 
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -17,35 +16,33 @@ def render_metrics(hub: Hub) -> str:
         lines.append(f"# TYPE pvwire_{name} {kind}")
         lines.extend(f"pvwire_{name}{labels} {value:g}" for labels, value in samples)
 
-    metric("clients", "gauge", "Connected stream clients.", [("", len(hub.sessions))])
-    metric("channels", "gauge", "Open upstream channels.", [("", len(hub.channels))])
-    metric("views", "gauge", "Distinct subscriptions being served.", [("", len(hub.views))])
+    metric("clients", "gauge", "Connected stream clients.", [("", clients)])
+    metric("channels", "gauge", "Open upstream channels.", [("", channels)])
+    metric("views", "gauge", "Distinct subscriptions being served.", [("", s.views)])
     metric(
         "updates_received_total",
         "counter",
         "Upstream updates received.",
-        [("", totals["updates_in"])],
+        [("", s.updates_in)],
     )
     metric(
         "frames_sent_total",
         "counter",
         "Stream messages sent to clients.",
-        [("", totals["frames_out"])],
+        [("", s.frames_out)],
     )
-    metric(
-        "bytes_sent_total", "counter", "Stream bytes sent to clients.", [("", totals["bytes_out"])]
-    )
+    metric("bytes_sent_total", "counter", "Stream bytes sent to clients.", [("", s.bytes_out)])
     metric(
         "conflated_total",
         "counter",
         "Entries merged because a client was behind.",
-        [("", totals["conflated"])],
+        [("", s.conflated)],
     )
     metric(
         "queued_bytes",
         "gauge",
         "Bytes queued for all clients.",
-        [("", sum(x.queued_bytes for x in hub.sessions))],
+        [("", s.queued_bytes)],
     )
     metric(
         "disconnects_total",
@@ -57,13 +54,25 @@ def render_metrics(hub: Hub) -> str:
         "gets_total",
         "counter",
         "GraphQL gets, by where the answer came from.",
-        [('{source="cache"}', s.cache_gets), ('{source="upstream"}', s.upstream_gets)],
+        [
+            ('{source="cache"}', s.control.cache_gets),
+            ('{source="upstream"}', s.control.upstream_gets),
+        ],
     )
     metric(
         "puts_total",
         "counter",
         "Puts, by result.",
-        [('{result="ok"}', s.puts - s.put_errors), ('{result="error"}', s.put_errors)],
+        [
+            ('{result="ok"}', s.control.puts - s.control.put_errors),
+            ('{result="error"}', s.control.put_errors),
+        ],
+    )
+    metric(
+        "failures_total",
+        "counter",
+        "Failures contained to one unit (a channel turned FAILED, a view or a session closed).",
+        [(f'{{unit="{u}"}}', s.failures.get(u, 0)) for u in ("channel", "view", "session")],
     )
     metric(
         "event_loop_lag_seconds",

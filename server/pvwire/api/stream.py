@@ -15,9 +15,10 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from . import __version__, wire
-from .hub import Hub
-from .session import Session, SessionLimits
+from .. import __version__
+from ..core.hub import Hub
+from ..wire import codec as wire
+from ..wire.session import Session, SessionLimits
 
 __all__ = ["SUBPROTOCOL", "serve_stream"]
 

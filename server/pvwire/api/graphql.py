@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
@@ -21,14 +20,14 @@ from strawberry.extensions import MaxTokensLimiter, QueryDepthLimiter
 from strawberry.scalars import JSON
 from strawberry.types import Info
 
-from . import __version__
-from .errors import BadChannelId, PvwireError
-from .format import format_value
-from .hub import Hub
-from .model import ConnState as ModelConnState
-from .model import Limits as ModelLimits
-from .model import Metadata as ModelMetadata
-from .model import Reading, alarm_status_name
+from .. import __version__
+from ..core.hub import Hub
+from ..errors import BadChannelId, ChannelNotFound, PvwireError
+from ..format import format_value
+from ..model import ConnState as ModelConnState
+from ..model import Limits as ModelLimits
+from ..model import Metadata as ModelMetadata
+from ..model import Reading, alarm_status_name
 
 __all__ = ["make_schema"]
 
@@ -39,6 +38,7 @@ class ConnectionState(Enum):
     CONNECTED = "CONNECTED"
     DISCONNECTED = "DISCONNECTED"
     FAILED = "FAILED"
+    NOT_FOUND = "NOT_FOUND"
 
 
 @strawberry.enum
@@ -276,7 +276,12 @@ def _severity_name(severity: int) -> str:
 
 
 def _failed(cid: str, exc: PvwireError) -> Channel:
-    state = ConnectionState.FAILED if isinstance(exc, BadChannelId) else ConnectionState.CONNECTING
+    if isinstance(exc, BadChannelId):
+        state = ConnectionState.FAILED
+    elif isinstance(exc, ChannelNotFound):
+        state = ConnectionState.NOT_FOUND
+    else:
+        state = ConnectionState.CONNECTING
     return Channel(
         id=cid,
         value=None,
@@ -330,36 +335,36 @@ class Query:
     @strawberry.field
     def server(self, info: Info) -> ServerInfo:
         hub = _hub(info)
-        now = time.monotonic()
+        snap = hub.snapshot()
         return ServerInfo(
             version=__version__,
-            uptime=time.time() - hub.started,
+            uptime=snap.uptime,
             tick_ms=hub.settings.tick_ms,
             writes_enabled=bool(hub.settings.write_rules),
-            loop_lag_ms=hub.stats.loop_lag * 1000.0,
+            loop_lag_ms=snap.loop_lag * 1000.0,
             clients=[
                 ClientInfo(
-                    id=s.number,
-                    address=s.address,
-                    attachments=len(s.attachments),
-                    channels=s.channel_count,
-                    queued_bytes=s.queued_bytes,
-                    conflated=float(s.conflated),
-                    frames_sent=float(s.frames_sent),
-                    bytes_sent=float(s.bytes_sent),
-                    connected_seconds=now - s.connected_at,
+                    id=c.number,
+                    address=c.address,
+                    attachments=c.attachments,
+                    channels=c.channels,
+                    queued_bytes=c.queued_bytes,
+                    conflated=float(c.conflated),
+                    frames_sent=float(c.frames_sent),
+                    bytes_sent=float(c.bytes_sent),
+                    connected_seconds=c.connected_seconds,
                 )
-                for s in sorted(hub.sessions, key=lambda s: s.number)
+                for c in snap.clients
             ],
             channels=[
                 UpstreamInfo(
-                    id=cid,
-                    subscribers=sum(len(v.attachments) for v, _ in ch.views),
+                    id=ch.id,
+                    subscribers=ch.subscribers,
                     updates=float(ch.updates),
-                    update_rate=float(hub.rates.get(cid, 0)),
+                    update_rate=ch.update_rate,
                     connection=ConnectionState[ModelConnState(ch.state).name],
                 )
-                for cid, ch in sorted(hub.channels.items())
+                for ch in snap.channels
             ],
         )
 
@@ -441,7 +446,7 @@ class Mutation:
         claims = hub.signer.verify(token)
         channels = []
         for sid, cid in enumerate(canonical):
-            ch = hub.channels.get(cid)
+            ch = hub.registry.channels.get(cid)
             meta = _metadata(ch.meta) if ch is not None and ch.meta != ModelMetadata() else None
             channels.append(StreamChannel(sid=sid, id=cid, metadata=meta))
         return StreamRegistration(

@@ -1,0 +1,1 @@
+"""Thin endpoints: GraphQL, the stream WebSocket, metrics; they call into `core`."""

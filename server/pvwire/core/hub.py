@@ -1,0 +1,197 @@
+"""The hub: the registry, the tick and the control plane's operations, wired together.
+
+Data flows one way: backend -> channel -> view -> session -> socket. The hub owns the parts and
+the housekeeping timer; each part owns its own state (registry.py, tick.py, control.py), and
+statistics leave as snapshots (stats.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+from ..config import Settings
+from ..model import Reading
+from ..upstream.base import Backend
+from ..wire.session import Session, Source
+from ..wire.tokens import Claims, TokenSigner
+from .control import Control
+from .registry import Registry
+from .stats import ChannelSnapshot, ClientSnapshot, HubSnapshot
+from .tick import INTERNAL_ERROR, Ticker
+from .view import View, ViewKey
+
+__all__ = ["Hub"]
+
+log = logging.getLogger("pvwire.hub")
+
+
+class Hub:
+    def __init__(
+        self, backends: Mapping[str, Backend], settings: Settings, signer: TokenSigner
+    ) -> None:
+        self.settings = settings
+        self.signer = signer
+        self.ticker = Ticker(settings.tick_ms)
+        self.registry = Registry(backends, settings, self.ticker)
+        self.control = Control(self.registry)
+        self.sessions: set[Session] = set()
+        self.started = time.time()
+        self.loop_lag = 0.0  # seconds, worst in the last window
+        self._lag_window: list[float] = []
+        self._rates: dict[str, float] = {}  # channel id -> updates/s over the last second
+        self._last_counts: dict[str, int] = {}
+        self._closed_sessions = ClientSnapshot(0, "", 0, 0, 0, 0, 0, 0, 0.0)  # running sums
+        self._closes_by_code: dict[int, int] = {}
+        self._housekeeping: asyncio.TimerHandle | None = None
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._schedule_housekeeping(loop, loop.time())
+
+    async def stop(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        self.ticker.stop()
+        self.registry.close_all()
+        for backend in self.registry.backends.values():
+            await backend.close()
+
+    # --- the control plane --------------------------------------------------------------------
+
+    def resolve(self, channel_id: str) -> tuple[str, Backend, str]:
+        return self.registry.resolve(channel_id)
+
+    async def get(self, channel_id: str, timeout: float) -> tuple[str, Reading]:
+        return await self.control.get(channel_id, timeout)
+
+    async def put(self, channel_id: str, value: Any, wait: bool, timeout: float, who: str) -> str:
+        return await self.control.put(channel_id, value, wait, timeout, who)
+
+    def search(self, pattern: str, limit: int) -> list[str]:
+        return self.control.search(pattern, limit)
+
+    # --- sessions (SessionHost) ---------------------------------------------------------------
+
+    def verify_token(self, token: str) -> Claims:
+        return self.signer.verify(token)
+
+    def open_view(self, claims: Claims, session: Session, att: int) -> Source:
+        return self.registry.open_view(
+            ViewKey(claims.ids, claims.mode, claims.max_rate), session, att
+        )
+
+    def close_view(self, view: Source, session: Session, att: int) -> None:
+        own = cast(View, view)  # a session only ever holds the views `open_view` gave it
+        if self.registry.close_view(own, session, att):
+            self.ticker.forget(own)
+
+    def add_session(self, session: Session) -> None:
+        self.sessions.add(session)
+
+    def remove_session(self, session: Session) -> None:
+        if session not in self.sessions:
+            return
+        self.sessions.discard(session)
+        try:
+            session.close()
+        except Exception:
+            log.exception("releasing session %s failed", session.number)
+            self.ticker.count_failure("session")
+        c = self._closed_sessions
+        self._closed_sessions = dataclasses.replace(
+            c,
+            frames_sent=c.frames_sent + session.frames_sent,
+            bytes_sent=c.bytes_sent + session.bytes_sent,
+            conflated=c.conflated + session.conflated,
+        )
+
+    def count_close(self, code: int) -> None:
+        self._closes_by_code[code] = self._closes_by_code.get(code, 0) + 1
+
+    # --- housekeeping: heartbeats, stalls, not-found, rates, loop lag -------------------------
+
+    def _schedule_housekeeping(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._housekeeping = loop.call_at(when, self._run_housekeeping, loop, when)
+
+    def _run_housekeeping(self, loop: asyncio.AbstractEventLoop, expected: float) -> None:
+        now = loop.time()
+        try:
+            # How late this timer ran is how long the event loop was busy: DESIGN.md section 9
+            # (aioca overload made timers seconds late and HTTP stop answering).
+            self._lag_window = [*self._lag_window[-9:], max(0.0, now - expected)]
+            self.loop_lag = max(self._lag_window)
+            mono = time.monotonic()
+            for session in list(self.sessions):
+                try:
+                    session.housekeeping(mono)
+                except Exception:
+                    log.exception("housekeeping of session %s failed", session.number)
+                    self.ticker.count_failure("session")
+                    session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
+            self.registry.check_not_found(now)
+            counts = {cid: ch.updates for cid, ch in self.registry.channels.items()}
+            self._rates = {cid: n - self._last_counts.get(cid, n) for cid, n in counts.items()}
+            self._last_counts = counts
+        except Exception:
+            log.exception("housekeeping failed")
+        finally:
+            self._schedule_housekeeping(loop, now + 1.0)
+
+    # --- statistics ---------------------------------------------------------------------------
+
+    def snapshot(self, detail: bool = True) -> HubSnapshot:
+        """Everything `/metrics` and the `server` query show, copied out of the live state."""
+        channels = self.registry.channels
+        sessions = sorted(self.sessions, key=lambda s: s.number)
+        mono = time.monotonic()
+        clients = tuple(
+            ClientSnapshot(
+                number=s.number,
+                address=s.address,
+                attachments=len(s.attachments),
+                channels=s.channel_count,
+                queued_bytes=s.queued_bytes,
+                conflated=s.conflated,
+                frames_sent=s.frames_sent,
+                bytes_sent=s.bytes_sent,
+                connected_seconds=mono - s.connected_at,
+            )
+            for s in sessions
+        )
+        upstream = tuple(
+            ChannelSnapshot(
+                id=cid,
+                subscribers=sum(v.subscribers() for v, _ in ch.views),
+                updates=ch.updates,
+                update_rate=float(self._rates.get(cid, 0)),
+                state=ch.state,
+            )
+            for cid, ch in sorted(channels.items())
+        )
+        closed = self._closed_sessions
+        tick = self.ticker.stats
+        return HubSnapshot(
+            uptime=time.time() - self.started,
+            loop_lag=self.loop_lag,
+            views=len(self.registry.views),
+            ticks=tick.ticks,
+            tick_seconds=tick.tick_seconds,
+            tick_buckets=tuple(tick.tick_buckets),
+            failures=dict(tick.failures),
+            closes_by_code=dict(self._closes_by_code),
+            control=dataclasses.replace(self.control.stats),
+            updates_in=self.registry.updates_closed + sum(ch.updates for ch in channels.values()),
+            frames_out=closed.frames_sent + sum(c.frames_sent for c in clients),
+            bytes_out=closed.bytes_sent + sum(c.bytes_sent for c in clients),
+            conflated=closed.conflated + sum(c.conflated for c in clients),
+            queued_bytes=sum(c.queued_bytes for c in clients),
+            clients=clients if detail else (),
+            channels=upstream if detail else (),
+        )

@@ -1,0 +1,146 @@
+"""The registry: which channels and views exist, and who holds them.
+
+- Channels are refcounted by the views that hold them; the first view opens the upstream monitor,
+  the last one to go lets it linger `linger_s` before closing (a page reload does not reconnect).
+- Views are shared by every attachment of the same channel list and options (the fan-out case).
+- A channel that no server answers for `not_found_s` turns NOT_FOUND and keeps searching, so a
+  script or a page can tell a typo from a quiet PV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from ..config import Settings
+from ..ids import parse_id
+from ..model import ConnState
+from ..upstream.base import Backend
+from ..wire.session import Session
+from .channel import Channel, DirtyListener
+from .view import View, ViewKey
+
+__all__ = ["Registry"]
+
+log = logging.getLogger("pvwire.registry")
+
+
+class Registry:
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        settings: Settings,
+        listener: DirtyListener,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.backends = dict(backends)
+        self.settings = settings
+        self._listener = listener
+        self._loop = loop
+        self.channels: dict[str, Channel] = {}
+        self.views: dict[ViewKey, View] = {}
+        self._lingering: dict[str, asyncio.TimerHandle] = {}
+        self._searching: dict[Channel, float] = {}  # opened, not connected yet -> opened at
+        self.updates_closed = 0  # updates of channels already closed, so totals never go down
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    # --- ids, write rules ---------------------------------------------------------------------
+
+    def resolve(self, channel_id: str) -> tuple[str, Backend, str]:
+        """(canonical id, backend, name); raises BadChannelId."""
+        scheme, name = parse_id(channel_id, self.settings.default_scheme, self.backends)
+        return f"{scheme}://{name}", self.backends[scheme], name
+
+    def writes_allowed(self, canonical_id: str) -> bool:
+        return self.settings.writes_allowed(canonical_id)
+
+    # --- channels -----------------------------------------------------------------------------
+
+    def acquire(self, canonical_id: str) -> Channel:
+        ch = self.channels.get(canonical_id)
+        if ch is None:
+            _, backend, name = self.resolve(canonical_id)
+            ch = Channel(
+                canonical_id, backend, name, self._listener, self.writes_allowed(canonical_id)
+            )
+            self.channels[canonical_id] = ch
+            self._searching[ch] = self.loop.time()
+            ch.monitor = backend.monitor(name, ch)
+        elif handle := self._lingering.pop(canonical_id, None):
+            handle.cancel()
+        ch.refs += 1
+        return ch
+
+    def release(self, ch: Channel) -> None:
+        ch.refs -= 1
+        if ch.refs <= 0 and ch.id not in self._lingering:
+            self._lingering[ch.id] = self.loop.call_later(
+                self.settings.linger_s, self._close_channel, ch
+            )
+
+    def _close_channel(self, ch: Channel) -> None:
+        self._lingering.pop(ch.id, None)
+        if ch.refs > 0 or self.channels.get(ch.id) is not ch:
+            return
+        del self.channels[ch.id]
+        self._searching.pop(ch, None)
+        self.updates_closed += ch.updates
+        if ch.monitor is not None:
+            monitor, ch.monitor = ch.monitor, None
+            try:
+                monitor.close()
+            except Exception:
+                log.exception("closing the upstream monitor of %s failed", ch.id)
+
+    def check_not_found(self, now: float) -> None:
+        """Once a second: channels still searching after `not_found_s` turn NOT_FOUND."""
+        limit = self.settings.not_found_s
+        for ch, opened in list(self._searching.items()):
+            if ch.state != ConnState.CONNECTING:
+                del self._searching[ch]
+            elif now - opened >= limit:
+                del self._searching[ch]
+                ch.on_connection(
+                    ConnState.NOT_FOUND, f"not found (no IOC answered for {limit:g} s)"
+                )
+
+    def close_all(self) -> None:
+        for handle in self._lingering.values():
+            handle.cancel()
+        for ch in list(self.channels.values()):
+            ch.refs = 0
+            self._close_channel(ch)
+
+    # --- views --------------------------------------------------------------------------------
+
+    def open_view(self, key: ViewKey, session: Session, att: int) -> View:
+        view = self.views.get(key)
+        if view is None:
+            channels = [self.acquire(self.resolve(i)[0]) for i in key.ids]
+            view = View(key, channels)
+            for sid, ch in enumerate(channels):
+                ch.views.append((view, sid))
+                if view.all_mode:
+                    ch.all_views += 1
+            self.views[key] = view
+        view.attachments.append((session, att))
+        return view
+
+    def close_view(self, view: View, session: Session, att: int) -> bool:
+        """Detach; True if that was the view's last attachment and it is gone."""
+        view.attachments.remove((session, att))
+        if view.attachments:
+            return False
+        del self.views[view.key]
+        for sid, ch in enumerate(view.channels):
+            ch.views.remove((view, sid))
+            if view.all_mode:
+                ch.all_views -= 1
+            self.release(ch)
+        return True

@@ -1,0 +1,150 @@
+"""Fault isolation in the hub, in memory: nothing one channel, view, session or option does may
+change what another client receives or when. Ticks are driven by hand where order matters; the
+maxRate case runs the hub's own timer, because the timer is what once went wrong."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from pvwire.core.hub import Hub
+from pvwire.model import ConnState, Metadata
+
+from .hub_doubles import Client, FakeBackend, attach
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait for a condition the hub's own timers bring about; bounded, never a fixed sleep."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def values(frames: list[Any], att: int, sid: int = 0) -> list[Any]:
+    """The VALUE field of every entry of `sid` in DATA frames for `att`."""
+    out = []
+    for f in frames:
+        if f[0] != 3:
+            continue
+        for group_att, entries in f[2]:
+            out += [e[2] for e in entries if group_att == att and e[0] == sid and e[1] & 1]
+    return out
+
+
+async def test_a_max_rate_client_does_not_slow_another_client(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    slow, fast = Client(hub), Client(hub)
+    # A period of 20 s: before the fix the next tick waited for this view to be due, and every
+    # other client's changes waited with it.
+    slow_att = attach(slow, hub, ["fake://b"], max_rate=0.05)
+    fast_att = attach(fast, hub, ["fake://a"])
+    backend.update("b", 1.0)
+    await until(lambda: bool(values(slow.drain(), slow_att)))
+    backend.update("b", 2.0)  # held back for 20 s
+    for i in range(5):
+        backend.update("a", float(i))
+        await until(lambda: bool(fast.drain()))
+        assert values(fast.received, fast_att)[-1] == float(i)
+    assert not values(slow.drain(), slow_att), "the held-back view was not due yet"
+
+
+async def test_a_value_the_wire_cannot_carry_fails_only_its_channel(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    c = Client(hub)
+    att = attach(c, hub, ["fake://a", "fake://b"])
+    backend.update("a", object())  # no wire form: the encoder raises
+    backend.update("b", 1.0)
+    hub.ticker.tick()
+    (frame,) = c.drain()
+    entries = {e[0]: e for e in frame[2][0][1]}
+    bad = entries[0]
+    assert bad[1] & 16 and bad[2] is None  # CONN field present, value nil
+    assert bad[-2] == int(ConnState.FAILED) and "cannot be sent" in bad[-1]
+    assert entries[1][2] == 1.0
+    for i in range(3):  # the tick goes on for the other channel and the failed one stays failed
+        backend.update("a", object())
+        backend.update("b", float(i))
+        hub.ticker.tick()
+    assert values(c.drain(), att, 1) == [0.0, 1.0, 2.0]
+    assert hub.snapshot().failures["channel"] >= 1
+    late = Client(hub)  # a late joiner sees the same failed state
+    late_att = attach(late, hub, ["fake://a"])
+    assert late_att and hub.registry.channels["fake://a"].reading() is None
+
+
+async def test_a_failing_session_is_closed_and_the_others_go_on(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    broken, healthy = Client(hub), Client(hub)
+    attach(broken, hub, ["fake://a"])
+    att = attach(healthy, hub, ["fake://a"])
+
+    def explode() -> None:
+        raise RuntimeError("injected")
+
+    broken.session.flush_tick = explode  # type: ignore[method-assign]
+    backend.update("a", 1.0)
+    hub.ticker.tick()
+    backend.update("a", 2.0)
+    hub.ticker.tick()
+    assert values(healthy.drain(), att) == [1.0, 2.0]
+    assert broken.session.close_request is not None and broken.session.close_request[0] == 1011
+    assert hub.snapshot().failures["session"] >= 1
+
+
+async def test_a_failing_view_closes_its_clients_only(hub: Hub, backend: FakeBackend) -> None:
+    a, b = Client(hub), Client(hub)
+    attach(a, hub, ["fake://a"])
+    b_att = attach(b, hub, ["fake://a", "fake://b"])
+    view = hub.registry.views[next(k for k in hub.registry.views if k.ids == ("fake://a",))]
+    channel = view.channels[0]
+    view.channels[0] = None  # type: ignore[call-overload]  # a corrupt view: emit raises
+    backend.update("a", 1.0)
+    hub.ticker.tick()
+    backend.update("a", 2.0)
+    hub.ticker.tick()
+    view.channels[0] = channel
+    assert values(b.drain(), b_att) == [1.0, 2.0]
+    assert a.session.close_request is not None and a.session.close_request[0] == 1011
+    assert hub.snapshot().failures["view"] >= 1
+
+
+async def test_a_channel_no_server_answers_turns_not_found(hub: Hub, backend: FakeBackend) -> None:
+    backend.silent.add("missing")
+    c = Client(hub)
+    att = attach(c, hub, ["fake://missing"])
+    loop = asyncio.get_running_loop()
+    hub.registry.check_not_found(loop.time())  # not yet
+    hub.ticker.tick()
+    assert not [f for f in c.drain() if f[0] == 3]
+    hub.registry.check_not_found(loop.time() + hub.settings.not_found_s)
+    hub.ticker.tick()
+    (frame,) = c.drain()
+    entry = frame[2][0][1][0]
+    assert frame[2][0][0] == att and entry[1] == 16
+    assert entry[2:] == [4, "not found (no IOC answered for 5 s)"]
+    # It appears later: the channel is CONNECTED and its first value arrives with its alarm.
+    backend.connect("missing")
+    backend.update("missing", 3.0)
+    hub.ticker.tick()
+    (frame,) = c.drain()
+    (entry,) = frame[2][0][1]
+    assert entry[1] == 1 | 2 | 4 | 8 | 16 and entry[2] == 3.0
+
+
+async def test_writable_unknown_upstream_follows_the_write_rules(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    backend.meta = Metadata(type="float64", writable=None)  # PVA cannot tell
+    hub.settings.write_rules = ["fake://a"]
+    c = Client(hub)
+    attach(c, hub, ["fake://a", "fake://b"])
+    assert hub.registry.channels["fake://a"].meta.writable is True
+    assert hub.registry.channels["fake://b"].meta.writable is False
+    _, reading = await hub.get("fake://b", 1.0)
+    assert reading.meta.writable is False
