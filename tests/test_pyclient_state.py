@@ -51,6 +51,14 @@ def test_disconnect_keeps_the_last_value() -> None:
     assert (s.value, s.connected, s.reason, s.connection) == (5, False, "IOC gone", "DISCONNECTED")
 
 
+def test_not_found_and_unknown_states() -> None:
+    s = ChannelState("ca://NOPE")
+    s.apply(Entry(0, CONN, state=4, reason="not found (no IOC answered for 5 s)"))
+    assert s.connection == "NOT_FOUND" and s.reason.startswith("not found")
+    s.apply(Entry(0, CONN, state=99, reason="from a later version"))
+    assert s.state == DISCONNECTED and s.connection == "DISCONNECTED"
+
+
 def test_conflated_counts_serial_jumps() -> None:
     s = ChannelState("sim://x")
     s.apply(full(0, 10))  # joining late is not conflation

@@ -202,7 +202,7 @@ def data_msg(*entries: Any) -> bytes:
         (data_msg([0, 4, 4, 0, ""]), "severity"),
         (data_msg([0, 4, 0, 0, None]), "alarm message"),
         (data_msg([0, 8, []]), "metadata must be a map"),
-        (data_msg([0, 16, 4, ""]), "connection state"),
+        (data_msg([0, 16, -1, ""]), "entry state"),
         (data_msg([0, 1, True, 1]), "booleans"),
         (data_msg([0, 1, [1, 2], 1]), "arrays of str"),
         (data_msg([0, 1, b"raw", 1]), "unsupported value type"),

@@ -21,8 +21,8 @@ STATUSES = (
     "TIMEOUT", "HWLIMIT", "CALC", "SCAN", "LINK", "SOFT", "BAD_SUB", "UDF", "DISABLE", "SIMM",
     "READ_ACCESS", "WRITE_ACCESS",
 )  # fmt: skip
-CONNECTION_STATES = ("CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED")
-CONNECTING, CONNECTED, DISCONNECTED, FAILED = range(4)
+CONNECTION_STATES = ("CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED", "NOT_FOUND")
+CONNECTING, CONNECTED, DISCONNECTED, FAILED, NOT_FOUND = range(5)
 
 # Arrays longer than this are shown by their ends only.
 _ARRAY_SHOWN = 10
@@ -82,7 +82,9 @@ class ChannelState:
             changed.add("metadata")
         if m & CONN and (entry.state, entry.reason) != (self.state, self.reason):
             assert entry.state is not None and entry.reason is not None
-            self.state, self.reason = entry.state, entry.reason
+            # An unknown state number is shown as DISCONNECTED (PROTOCOL.md section 3).
+            known = entry.state < len(CONNECTION_STATES)
+            self.state, self.reason = entry.state if known else DISCONNECTED, entry.reason
             changed.add("connection")
         return changed
 

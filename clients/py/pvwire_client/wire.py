@@ -335,10 +335,7 @@ def decode_entry(e: object, where: str = "entry") -> Entry:
         f["metadata"] = md
         i += 1
     if mask & CONN:
-        state = _uint(e[i], "entry state")
-        if state > 3:
-            raise ProtocolError(f"entry connection state {state} not in 0-3")
-        f["state"] = state
+        f["state"] = _uint(e[i], "entry state")  # unknown numbers: see state.py
         f["reason"] = _str(e[i + 1], "entry reason")
     return Entry(sid, mask, **f)
 

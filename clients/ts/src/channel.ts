@@ -3,7 +3,7 @@ import { Mask, type Entry, type Metadata, type Value } from "./protocol.js";
 
 export const SEVERITIES = ["NO_ALARM", "MINOR", "MAJOR", "INVALID"] as const;
 export type Severity = (typeof SEVERITIES)[number];
-export const CONNECTION_STATES = ["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED"] as const;
+export const CONNECTION_STATES = ["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED", "NOT_FOUND"] as const;
 export type ChannelConnection = (typeof CONNECTION_STATES)[number];
 export type ChangedField = "value" | "time" | "alarm" | "metadata" | "connection";
 
@@ -81,7 +81,8 @@ export function applyEntry(prev: ChannelState, e: Entry, full: boolean): [Channe
     changed.push("metadata");
   }
   if (e.mask & Mask.CONN) {
-    next.connection = CONNECTION_STATES[e.state!]!;
+    // An unknown state number shows as DISCONNECTED (PROTOCOL.md section 3).
+    next.connection = CONNECTION_STATES[e.state!] ?? "DISCONNECTED";
     next.reason = e.reason!;
     changed.push("connection");
   }

@@ -139,3 +139,13 @@ describe("channel state merge", () => {
     expect(s).toMatchObject({ value: 3, serial: 1, conflated: 0, conflatedTotal: 0, connection: "CONNECTED" });
   });
 });
+
+describe("connection states", () => {
+  it("shows NOT_FOUND, and an unknown state number as DISCONNECTED", () => {
+    const base = initialState("ca://NOPE", 0);
+    const [found] = applyEntry(base, { sid: 0, mask: 16, state: 4, reason: "not found (no IOC answered for 5 s)" }, false);
+    expect(found.connection).toBe("NOT_FOUND");
+    const [later] = applyEntry(found, { sid: 0, mask: 16, state: 99, reason: "" }, false);
+    expect(later.connection).toBe("DISCONNECTED");
+  });
+});

@@ -467,3 +467,10 @@ def make_schema(max_depth: int) -> strawberry.Schema:
             lambda: MaxTokensLimiter(max_token_count=20_000),
         ],
     )
+
+
+if __name__ == "__main__":
+    # Prints the schema that protocol/schema.graphql must equal (tests/test_graphql_schema.py).
+    from ..config import Settings
+
+    print(make_schema(Settings().max_query_depth).as_str())
