@@ -409,11 +409,11 @@ export class PvwireClient {
     this.lastSeq = seq;
   }
 
-  private deliver(sub: Sub, entries: readonly Entry[], full: boolean): void {
+  private deliver(sub: Sub, entries: readonly Entry[]): void {
     for (const e of entries) {
       const prev = sub.states[e.sid];
       if (prev === undefined) throw new ProtocolError(`entry for sid ${e.sid}, attachment has ${sub.states.length} channels`);
-      const [next, changed] = applyEntry(prev, e, full);
+      const [next, changed] = applyEntry(prev, e);
       sub.states[e.sid] = next;
       this.stats.entries++;
       if (sub.closed) return;
@@ -461,7 +461,7 @@ export class PvwireClient {
         this.checkSeq(msg.seq);
         const sub = this.byAtt.get(msg.att);
         if (sub === undefined) return;
-        this.deliver(sub, msg.entries, true);
+        this.deliver(sub, msg.entries);
         if (!sub.isReady) {
           sub.isReady = true;
           sub.resolveReady();
@@ -472,7 +472,7 @@ export class PvwireClient {
         this.checkSeq(msg.seq);
         for (const g of msg.groups) {
           const sub = this.byAtt.get(g.att);
-          if (sub !== undefined) this.deliver(sub, g.entries, false);
+          if (sub !== undefined) this.deliver(sub, g.entries);
         }
         return;
       case "DETACHED": {
