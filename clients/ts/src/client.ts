@@ -11,14 +11,21 @@ import {
 } from "./graphql.js";
 import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
 
+/**
+ * An event handler property. Declared through a method so that its parameter is checked
+ * bivariantly: the browser's and `ws`'s handlers take richer event types than the fields the
+ * client reads, and both must be accepted without a cast (`new PvwireClient(url, { WebSocket })`).
+ */
+type Handler<E> = { handle(ev: E): void }["handle"];
+
 /** The part of the WebSocket API the client uses (browser WebSocket and the `ws` package fit). */
 export interface WebSocketLike {
   binaryType: string;
   readonly readyState: number;
-  onopen: ((ev: unknown) => void) | null;
-  onmessage: ((ev: { data: unknown }) => void) | null;
-  onclose: ((ev: { code: number; reason: string }) => void) | null;
-  onerror: ((ev: unknown) => void) | null;
+  onopen: Handler<unknown> | null;
+  onmessage: Handler<{ data: unknown }> | null;
+  onclose: Handler<{ code: number; reason: string }> | null;
+  onerror: Handler<unknown> | null;
   send(data: Uint8Array): void;
   close(code?: number, reason?: string): void;
 }

@@ -169,3 +169,21 @@ describe("channel state merge", () => {
     expect(CONNECTION_STATES).toEqual(["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED", "NOT_FOUND"]);
   });
 });
+
+describe("demo page chart ticks", () => {
+  it("picks 1-2-5 steps inside the range, labelled with just enough decimals", async () => {
+    const { niceTicks } = await import("../page/axes.js");
+    expect(niceTicks(0, 999, 5).map((t) => t.label)).toEqual(["0", "200", "400", "600", "800"]);
+    expect(niceTicks(-5, 5, 4).map((t) => t.label)).toEqual(["-5", "0", "5"]);
+    expect(niceTicks(-5, 5, 10).map((t) => t.label)).toEqual(["-5", "-4", "-3", "-2", "-1", "0", "1", "2", "3", "4", "5"]);
+    expect(niceTicks(0.1, 0.35, 5).map((t) => t.label)).toEqual(["0.10", "0.15", "0.20", "0.25", "0.30", "0.35"]);
+    expect(niceTicks(1, 1)).toEqual([]);
+    expect(niceTicks(0, Number.NaN)).toEqual([]);
+  });
+  it("puts time ticks on whole multiples of the step, as local HH:MM:SS", async () => {
+    const { timeTicks } = await import("../page/axes.js");
+    const t0 = new Date(2026, 0, 2, 10, 0, 7).getTime();
+    const ticks = timeTicks(t0, t0 + 60_000, 15);
+    expect(ticks.map((t) => t.label)).toEqual(["10:00:15", "10:00:30", "10:00:45", "10:01:00"]);
+  });
+});
