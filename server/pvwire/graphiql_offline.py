@@ -20,11 +20,14 @@ ASSETS = Path(__file__).parent / "graphiql"
 ASSETS_PATH = "/graphiql-assets"
 UNPKG = re.compile(r"https://unpkg\.com/(@?[^@/]+(?:/[^@/]+)?)@[^/]+/([^\"]+)")
 
+# Lines short enough for the editor pane at 1400 px.
 # ASCII only (offline fonts), and no backquote or "${": it goes into a JavaScript template literal.
 EXAMPLE_QUERY = """\
-# pvwire: read channels, search names. Run with Ctrl-Enter or the play button.
-# A channel id is a PV name (ca:// by default), pva://NAME, or sim://KIND.
-# Writes: mutation { put(id: "PVWIRE:DEMO:SP", value: 12.5, wait: true) { ok error } }
+# pvwire: read a channel and search names.
+# Run: Ctrl-Enter or the play button.
+# Ids: PV name (Channel Access), pva://NAME, sim://KIND.
+# Write: mutation { put(id: "PVWIRE:DEMO:SP",
+#          value: 12.5, wait: true) { ok error } }
 
 {
   channel(id: "PVWIRE:DEMO:SINE") {
@@ -34,7 +37,7 @@ EXAMPLE_QUERY = """\
     time { iso }
     alarm { severity message }
     connection
-    metadata { units precision display { low high } writable }
+    metadata { units precision writable }
   }
   search(pattern: "PVWIRE:DEMO:*", limit: 20)
 }

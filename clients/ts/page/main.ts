@@ -176,6 +176,7 @@ function onUpdate(name: string, st: ChannelState): void {
   row.cells.conn!.className = `conn conn-${st.connection}`;
   row.tr.classList.toggle("disconnected", st.connection !== "CONNECTED");
   row.tr.classList.toggle("not-found", st.connection === "NOT_FOUND");
+  row.tr.dataset.connection = st.connection; // set once the server's state arrived (tests wait on it)
   renderPut(row, st);
   const v = st.value;
   if (ArrayBuffer.isView(v) && !waveformName) {

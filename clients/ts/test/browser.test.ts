@@ -122,6 +122,8 @@ describe("demo page in Chromium", () => {
     await gq.locator(".graphiql-execute-button").click();
     await gq.locator(".graphiql-response", { hasText: '"units": "V"' }).waitFor({ timeout: 10_000 });
     await gq.locator(".graphiql-response", { hasText: "ca://PVWIRE:DEMO:COUNTER" }).waitFor({ timeout: 10_000 });
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await gq.screenshot({ path: join(ARTIFACTS, "graphiql-example.png") });
     // Another query typed in runs too.
     await gq.evaluate(() => {
       const cm = (document.querySelector(".graphiql-query-editor .CodeMirror") as unknown as { CodeMirror: { setValue(v: string): void } }).CodeMirror;
@@ -191,8 +193,8 @@ describe("demo page in Chromium", () => {
     await page.locator('[data-testid="pv-add"]').click();
     const nope = page.locator(`tr[data-pv="${P}NOPE"]`);
     await nope.waitFor({ timeout: 10_000 });
-    // Wait for the snapshot to be applied (the server's CONNECTING or NOT_FOUND), then look.
-    await page.waitForFunction((pv) => (window as unknown as { pvwire: { stats: { entries: number } } }).pvwire.stats.entries > 0 && document.querySelector(`tr[data-pv="${pv}"] [data-testid="conn"]`)?.textContent !== "", `${P}NOPE`, { timeout: 10_000 });
+    // Wait for the server's first state of this channel (CONNECTING, or NOT_FOUND), then look.
+    await page.locator(`tr[data-pv="${P}NOPE"][data-connection]`).waitFor({ timeout: 10_000 });
     const severity = nope.locator('[data-testid="severity"]');
     expect(await severity.textContent()).toBe("–");
     expect(await severity.locator(".sev").count()).toBe(0);
