@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import strawberry
@@ -329,7 +330,7 @@ class Query:
             except PvwireError as exc:
                 return _failed(i, exc)
 
-        return list(await asyncio.gather(*(one(i) for i in ids)))
+        return await _in_slices(one, ids)
 
     @strawberry.field(
         description="glob pattern (*, ?, [..]) over catalogue, active and sim channels; "
@@ -373,6 +374,22 @@ class Query:
                 for ch in snap.channels
             ],
         )
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Gets and puts are started this many at a time, yielding to the event loop in between: starting
+# 2,000 CA gets in one go held the loop (and every stream) for ~400 ms here.
+SLICE = 50
+
+
+async def _in_slices(call: Callable[[T], Awaitable[R]], items: list[T]) -> list[R]:
+    tasks: list[asyncio.Task[R]] = []
+    for start in range(0, len(items), SLICE):
+        tasks += [asyncio.ensure_future(call(x)) for x in items[start : start + SLICE]]
+        await asyncio.sleep(0)  # let the tick and other requests run between slices
+    return list(await asyncio.gather(*tasks))
 
 
 def _clamp_timeout(timeout: float) -> float:
@@ -424,7 +441,7 @@ class Mutation:
                 return PutResult(id=p.id, ok=False, error=str(exc), error_code=exc.code)
             return PutResult(id=cid, ok=True, error=None, error_code=None)
 
-        return list(await asyncio.gather(*(one(p) for p in puts)))
+        return await _in_slices(one, puts)
 
     @strawberry.mutation
     def subscribe(
