@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pvwire_client import wire
 from pvwire_client.wire import ProtocolError, decode_message
@@ -349,3 +349,11 @@ def test_round_trip(es: list[wire.Entry], seq: int, att: int) -> None:
     for got, want in zip(msg.entries, es, strict=True):
         for name in want.__slots__:
             assert same(getattr(got, name), getattr(want, name)), name
+
+
+def test_property_tests_do_not_depend_on_machine_speed() -> None:
+    # conftest.py's profile: a loaded machine must not fail a property test (no deadline, no
+    # too_slow health check), and every such test, this module's included, runs under it.
+    assert settings.default.deadline is None
+    assert HealthCheck.too_slow in settings.default.suppress_health_check
+    assert settings.default.max_examples <= 100
