@@ -202,7 +202,7 @@ def data_msg(*entries: Any) -> bytes:
         (data_msg([0, 4, 4, 0, ""]), "severity"),
         (data_msg([0, 4, 0, 0, None]), "alarm message"),
         (data_msg([0, 8, []]), "metadata must be a map"),
-        (data_msg([0, 16, 4, ""]), "connection state"),
+        (data_msg([0, 16, 5, ""]), "connection state"),
         (data_msg([0, 1, True, 1]), "booleans"),
         (data_msg([0, 1, [1, 2], 1]), "arrays of str"),
         (data_msg([0, 1, b"raw", 1]), "unsupported value type"),
@@ -320,7 +320,7 @@ def entries(draw: st.DrawFn) -> wire.Entry:
     if mask & wire.META:
         f["metadata"] = draw(metadata)
     if mask & wire.CONN:
-        f["state"], f["reason"] = draw(st.integers(0, 3)), draw(st.text())
+        f["state"], f["reason"] = draw(st.integers(0, 4)), draw(st.text())
     return wire.Entry(draw(st.integers(0, 2**32)), mask, **f)
 
 
@@ -357,3 +357,11 @@ def test_property_tests_do_not_depend_on_machine_speed() -> None:
     assert settings.default.deadline is None
     assert HealthCheck.too_slow in settings.default.suppress_health_check
     assert settings.default.max_examples <= 100
+
+
+def test_not_found_is_a_connection_state() -> None:
+    # Section 3: state 4 NOT_FOUND, no IOC answered the search for the server's configured time.
+    msg = decode_message(pack([3, 1, [[0, [[0, 16, 4, "not found (no IOC answered for 5 s)"]]]]]))
+    assert isinstance(msg, wire.Data)
+    (entry,) = msg.groups[0].entries
+    assert (entry.state, entry.reason) == (4, "not found (no IOC answered for 5 s)")
