@@ -354,9 +354,10 @@ def test_round_trip(es: list[wire.Entry], seq: int, att: int) -> None:
 def test_property_tests_do_not_depend_on_machine_speed() -> None:
     # conftest.py's profile: a loaded machine must not fail a property test (no deadline, no
     # too_slow health check), and every such test, this module's included, runs under it.
-    assert settings.default.deadline is None
-    assert HealthCheck.too_slow in settings.default.suppress_health_check
-    assert settings.default.max_examples <= 100
+    profile = settings.default
+    assert profile is not None and profile.deadline is None
+    assert HealthCheck.too_slow in profile.suppress_health_check
+    assert profile.max_examples <= 100
 
 
 def test_not_found_is_a_connection_state() -> None:

@@ -221,8 +221,12 @@ class Client:
         max_rate: float = 0,
         mode: Literal["LATEST", "ALL"] = "LATEST",
     ) -> AsyncGenerator[Update, None]:
-        """Yield an Update per applied entry: first one per channel (the snapshot), then changes.
+        """Yield an Update per applied entry: a first one per channel, then its changes.
 
+        A channel's first update carries its value, or a connection state that says why there
+        is none (NOT_FOUND after the server's search time, FAILED, DISCONNECTED) with the reason;
+        its ``changed`` names everything known by then. A cold channel's snapshot (still
+        connecting, no value) is not yielded: a reader expects a value, not an empty state.
         Survives reconnects (channels show DISCONNECTED meanwhile, then a fresh snapshot);
         raises StreamClosed on terminal close codes. Closing the iterator detaches.
         """
@@ -234,6 +238,8 @@ class Client:
             self._stream = _Stream(self)
         stream = self._stream
         await stream.add(sub)
+        # Per channel: what changed before its first update (None once that was yielded).
+        held: list[set[str] | None] = [set() for _ in sub.states]
         try:
             while True:
                 kind, payload = await sub.queue.get()
@@ -243,6 +249,12 @@ class Client:
                     for e in payload:
                         state = sub.states[e.sid]
                         changed = state.apply(e)
+                        pending = held[e.sid]
+                        if pending is not None:
+                            pending |= changed
+                            if not state.has_news:
+                                continue
+                            changed, held[e.sid] = pending, None
                         yield Update(copy.copy(state), frozenset(changed))
                 elif kind == "lost":
                     for sid, state in enumerate(sub.states):

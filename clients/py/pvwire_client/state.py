@@ -129,6 +129,14 @@ class ChannelState:
         )
 
     @property
+    def has_news(self) -> bool:
+        """Whether there is anything to show: a value, or a connection state that says why not.
+
+        False only for a channel still connecting that never had a value (a cold snapshot).
+        """
+        return self.value is not None or self.state != CONNECTING
+
+    @property
     def connected(self) -> bool:
         return self.state == CONNECTED
 
