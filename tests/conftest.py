@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.ioc import IocProcess
@@ -35,13 +36,17 @@ DBS = Path(__file__).parent / "dbs"
 # too_slow health check (it failed test_round_trip once under load). The other health checks flag
 # a strategy's shape, not the machine's speed, so they stay on. CI runs the same examples every
 # time (derandomize) and keeps no example database, so a red CI run can be reproduced anywhere.
-settings.register_profile(
+hypothesis_settings.register_profile(
     "pvwire", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.register_profile(
-    "pvwire-ci", settings.get_profile("pvwire"), derandomize=True, database=None, print_blob=True
+hypothesis_settings.register_profile(
+    "pvwire-ci",
+    hypothesis_settings.get_profile("pvwire"),
+    derandomize=True,
+    database=None,
+    print_blob=True,
 )
-settings.load_profile(
+hypothesis_settings.load_profile(
     "pvwire-ci" if os.environ.get("CI", "").lower() in ("1", "true") else "pvwire"
 )
 
