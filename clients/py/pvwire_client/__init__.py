@@ -1,5 +1,7 @@
 """Python client for pvwire: EPICS PVs over GraphQL and a MessagePack WebSocket stream.
 
+Example::
+
     import asyncio
     from pvwire_client import Client
 
