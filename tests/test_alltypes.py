@@ -140,8 +140,10 @@ async def test_graphql_channels_reads_every_type(
     for name, c in zip(names, body["data"]["channels"], strict=True):
         want = expected(scheme, name)
         if want is None:
-            if not c["error"]:
-                problems.append(f"{name}: want an error, got {c}")
+            # QSRV's ENUM arrays: an upstream get fails; a channel still monitored (lingering
+            # after another test) answers from the monitor, which QSRV gave an NTEnum of 0.
+            if not c["error"] and (c["value"], c["metadata"]["type"]) != QSRV_ENUM_ARRAY_MONITOR:
+                problems.append(f"{name}: want an error or the monitor's value, got {c}")
             continue
         value, type_name = want
         if c["error"] or c["metadata"]["type"] != type_name or c["value"] != _json_expected(value):
