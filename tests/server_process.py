@@ -119,6 +119,7 @@ def server_args_for_tests(extra: Sequence[str] = ()) -> list[str]:
     return [
         "--write-rule", "ca://PVW:*", "--write-rule", "pva://PVW:*",
         "--write-rule", "sim://value*", "--write-rule", "sim://string*",
+        "--write-rule", "ca://PVW:CHG.EGU",  # a field write: the glob names the field
         "--stall-timeout", "2", "--linger", "0.5", "--send-budget", "262144",
         "--catalogue", "ca://PVW:AO", "--catalogue", "ca://PVW:COUNTER",
         "--log-level", "warning", *extra,

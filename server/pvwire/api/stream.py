@@ -19,6 +19,7 @@ from .. import __version__
 from ..access.identity import Authenticator
 from ..core.hub import Hub
 from ..wire import codec as wire
+from ..wire.codes import GOING_AWAY, INTERNAL, NORMAL, POLICY, TRY_AGAIN
 from ..wire.session import Session, SessionLimits
 
 __all__ = ["SUBPROTOCOL", "serve_stream"]
@@ -26,10 +27,6 @@ __all__ = ["SUBPROTOCOL", "serve_stream"]
 log = logging.getLogger("pvwire.stream")
 
 SUBPROTOCOL = "pvwire.v1"
-POLICY = 1008
-TRY_AGAIN = 1013
-INTERNAL = 1011
-GOING_AWAY = 1001
 CLOSE_TIMEOUT = 5.0  # seconds to deliver a close frame before dropping the connection
 
 _numbers = itertools.count(1)
@@ -88,7 +85,7 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
     reader = asyncio.create_task(_read(websocket, session))
     writer = asyncio.create_task(_write(websocket, session, wake))
     closer = asyncio.create_task(closing.wait())
-    code = 1000
+    code = NORMAL
     try:
         await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
         if session.close_request:
