@@ -14,6 +14,7 @@ import logging
 import math
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,9 @@ KINDS: dict[str, dict[str, Any]] = {
 _TEXT_PARAMS = {"shape", "choices", "initial"}
 MAX_RATE = 1000.0  # Hz; a timer chain faster than this would only measure the event loop
 MAX_LENGTH = 10_000_000  # waveform elements (80 MB of float64)
+# Written `value`/`string` instances kept while nobody monitors them (least recently written
+# forgotten first): puts to ever new names must not grow the process without end.
+MAX_IDLE_STORES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +372,7 @@ class SimBackend(Backend):
 
     def __init__(self) -> None:
         self.groups: dict[float, _Group] = {}
-        self.stores: dict[str, _Store] = {}
+        self.stores: OrderedDict[str, _Store] = OrderedDict()
         # The latest periodic channel opened per name, so a get reads what monitors see.
         self.live: dict[str, _Sim] = {}
 
@@ -387,7 +391,17 @@ class SimBackend(Backend):
         store = self.stores.get(spec.key)
         if store is None:
             store = self.stores[spec.key] = _Store(spec)
+            self._forget_idle_stores()
+        self.stores.move_to_end(spec.key)
         return store
+
+    def _forget_idle_stores(self) -> None:
+        excess = len(self.stores) - MAX_IDLE_STORES
+        if excess <= 0:
+            return
+        idle = [key for key, store in self.stores.items() if not store.sinks][:excess]
+        for key in idle:
+            del self.stores[key]
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
         return _SimMonitor(self, name, sink)
@@ -395,7 +409,8 @@ class SimBackend(Backend):
     async def get(self, name: str, timeout: float) -> Reading:
         spec = parse_sim(name)
         if spec.kind in ("value", "string"):
-            store = self.store(spec)
+            # A get keeps nothing: an instance nobody wrote reads as its initial value.
+            store = self.stores.get(spec.key) or _Store(spec)
             return Reading(store.value, store.s, store.ns, meta=store.meta)
         s, ns = _now()
         sim = self.live.get(name)
