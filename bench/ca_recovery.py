@@ -57,8 +57,11 @@ async def measure(scheme: str, runs: int, outages: list[float]) -> list[tuple[fl
                     ready = time.monotonic()
                     back = await until_state(CONNECTED) - ready
                     results.append((outage, down, back))
-                    print(f"outage {outage:4.0f} s: DISCONNECTED after {down * 1000:6.1f} ms, "
-                          f"value back {back:5.2f} s after the IOC was ready", flush=True)
+                    print(
+                        f"outage {outage:4.0f} s: DISCONNECTED after {down * 1000:6.1f} ms, "
+                        f"value back {back:5.2f} s after the IOC was ready",
+                        flush=True,
+                    )
                     await asyncio.sleep(1.0)  # let the counter run before the next kill
             await updates.aclose()
     finally:

@@ -343,8 +343,10 @@ class CaChannel:
         self.closed = True
         self.connected = False
         _channels.pop(self._key, None)
+        # Waiters wake and see `connected` False (a cancel would cancel their callers instead).
         for w in self._waiters:
-            w.cancel()
+            if not w.done():
+                w.set_result(None)
         self._waiters.clear()
         cadef.ca_clear_channel(self)
         cadef.ca_flush_io()
@@ -466,6 +468,10 @@ class GetChannelPool:
             self._busy[name] = (busy[0], busy[1] + 1)
             return busy[0]
         idle = self._idle.pop(name, None)
+        if idle is not None and not idle[0].connected:
+            # Its server went away: a fresh channel searches at once, this one waits up to 10 s.
+            idle[0].close()
+            idle = None
         channel = idle[0] if idle is not None else CaChannel(name)
         self._busy[name] = (channel, 1)
         return channel
