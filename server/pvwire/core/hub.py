@@ -239,6 +239,10 @@ class Hub:
             queued_bytes=sum(c.queued_bytes for c in clients),
             clients=clients if detail else (),
             channels=upstream if detail else (),
+            upstream_channels={
+                scheme: backend.channel_counts()
+                for scheme, backend in sorted(self.registry.backends.items())
+            },
         )
 
 
