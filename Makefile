@@ -42,8 +42,9 @@ chromium:
 tsbuild: node
 	cd $(TS) && npm run --silent build
 
+# `make run PORT=8092` when 8080 is taken (or set PVWIRE_PORT).
 run: venv tsbuild graphiql
-	$(PY) -m pvwire.cli run-demo
+	$(PY) -m pvwire.cli run-demo $(if $(PORT),--port $(PORT))
 
 lint: venv node
 	$(VENV)/bin/ruff check server clients/py tests bench

@@ -24,6 +24,7 @@ from .. import __version__
 from ..core.hub import Hub
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
+from ..logs import LoggingSchema
 from ..model import ConnState as ModelConnState
 from ..model import Limits as ModelLimits
 from ..model import Metadata as ModelMetadata
@@ -458,7 +459,7 @@ class Mutation:
 
 
 def make_schema(max_depth: int) -> strawberry.Schema:
-    return strawberry.Schema(
+    return LoggingSchema(
         query=Query,
         mutation=Mutation,
         extensions=[

@@ -9,8 +9,10 @@ from __future__ import annotations
 import fnmatch
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ..config import CatalogueFile
 from ..errors import PvwireError, WriteDenied
 from ..model import ConnState, Reading
 from .registry import Registry
@@ -33,6 +35,29 @@ class Control:
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
         self.stats = ControlStats()
+        path = registry.settings.catalogue_file
+        self.catalogue_file = CatalogueFile(Path(path)) if path else None
+        self._file_ids: frozenset[str] = frozenset()  # the file's ids, resolved once per load
+        self.poll_catalogue()
+
+    def poll_catalogue(self) -> None:
+        """Take in the catalogue file's new contents, if it changed (called every second)."""
+        if self.catalogue_file is None or not self.catalogue_file.poll():
+            return
+        resolved, bad = set(), []
+        for cid in self.catalogue_file.ids:
+            try:
+                resolved.add(self._registry.resolve(cid)[0])
+            except PvwireError:
+                bad.append(cid)
+        if bad:
+            log.warning(
+                "catalogue file %s: %d entries are not valid channel ids and are left out: %s",
+                self.catalogue_file.path,
+                len(bad),
+                ", ".join(repr(b) for b in bad[:5]) + (" ..." if len(bad) > 5 else ""),
+            )
+        self._file_ids = frozenset(resolved)
 
     async def get(self, channel_id: str, timeout: float) -> tuple[str, Reading]:
         registry = self._registry
@@ -81,7 +106,7 @@ class Control:
         """Glob over the catalogue, active channels and sim kinds; a pattern without a scheme
         also matches names under any scheme."""
         registry = self._registry
-        candidates: set[str] = set(registry.channels)
+        candidates: set[str] = set(registry.channels) | self._file_ids
         for cid in registry.settings.catalogue:
             try:
                 candidates.add(registry.resolve(cid)[0])

@@ -136,6 +136,7 @@ class Hub:
                     self.ticker.count_failure("session")
                     session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
             self.registry.check_not_found(now)
+            self.control.poll_catalogue()
             counts = {cid: ch.updates for cid, ch in self.registry.channels.items()}
             self._rates = {cid: n - self._last_counts.get(cid, n) for cid, n in counts.items()}
             self._last_counts = counts
