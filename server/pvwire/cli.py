@@ -112,8 +112,11 @@ def _reload_catalogue_on_sighup(app: Any) -> None:
     """SIGHUP reads the catalogue file again at once (one process; with --workers, uvicorn's
     supervisor answers SIGHUP by restarting the workers, which read it afresh)."""
     catalogue = app.state.hub.control.catalogue_file
-    if catalogue is not None:
-        signal.signal(signal.SIGHUP, lambda *_: catalogue.request_reload())
+    # Without a handler SIGHUP would end the process at once (uvicorn handles only INT and TERM);
+    # with nothing to reload it is ignored, as `systemctl reload` should be harmless.
+    signal.signal(
+        signal.SIGHUP, lambda *_: catalogue.request_reload() if catalogue is not None else None
+    )
 
 
 def serve(settings: Any, workers: int = 1) -> None:

@@ -52,7 +52,7 @@ class Control:
                 bad.append(cid)
         if bad:
             log.warning(
-                "catalogue file %s: %d entries are not valid channel ids and are left out: %s",
+                "catalogue file %s: left out %d entries that are not valid channel ids: %s",
                 self.catalogue_file.path,
                 len(bad),
                 ", ".join(repr(b) for b in bad[:5]) + (" ..." if len(bad) > 5 else ""),
