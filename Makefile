@@ -11,7 +11,7 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium graphiql clean
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium graphiql clean runtime-lock
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
@@ -62,6 +62,10 @@ test: lint pytest tstest
 
 bench: venv tsbuild
 	$(PY) -m bench.run_all
+
+# The image's lock (Dockerfile): regenerate after changing pyproject's dependencies or the dev lock.
+runtime-lock: venv
+	$(PY) scripts/runtime_lock.py
 
 clean:
 	rm -rf $(VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
