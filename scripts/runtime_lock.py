@@ -32,11 +32,10 @@ def main() -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraints:
         constraints.write(freeze)
         constraints.flush()
+        resolve = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
+        resolve += ["--quiet", "--report", "-", "-c", constraints.name, str(ROOT)]
         report = subprocess.run(
-            [
-                sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                "--quiet", "--report", "-", "-c", constraints.name, str(ROOT),
-            ],  # fmt: skip
+            resolve,
             check=True,
             capture_output=True,
             text=True,

@@ -131,7 +131,9 @@ def test_runtime_lock_is_the_dev_lock_less_dev_tools() -> None:
     dev = pins(ROOT / "requirements.lock")
     # setuptools comes with the venv in development; the image pins the venv's version.
     assert set(runtime) - set(dev) == {"setuptools"}
-    assert {n: v for n, v in runtime.items() if n in dev} == {n: dev[n] for n in runtime if n in dev}
+    assert {n: v for n, v in runtime.items() if n in dev} == {
+        n: dev[n] for n in runtime if n in dev
+    }
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     direct = {normal(re.split(r"[\[<>=!~ ;]", d, maxsplit=1)[0]) for d in project["dependencies"]}
     assert direct <= set(runtime)

@@ -19,7 +19,7 @@ from .ioc import IocPorts, IocProcess, free_port
 from .logs import TEXT_FORMAT, logging_config
 from .loopback import apply_loopback_env
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 DEMO_DB = Path(__file__).parent / "demo" / "demo.db"
 DEMO_PREFIX = "PVWIRE:DEMO:"
@@ -172,7 +172,7 @@ def _ports_or_default() -> IocPorts:
         return IocPorts(free_port(), free_port(), free_port(), free_port())
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pvwire-server", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -214,7 +214,11 @@ def main(argv: list[str] | None = None) -> None:
     run = sub.add_parser("run-demo", help="demo IOC + server + page (what `make run` does)")
     server_options(run)
     run.add_argument("--prefix", default=DEMO_PREFIX)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
 
     if args.command == "demo-ioc":
         logging.basicConfig(level=logging.INFO, format=TEXT_FORMAT)
