@@ -181,6 +181,7 @@ class Hub:
                     session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
             self.registry.check_not_found(now)
             self.reload_rules()
+            self.control.poll_catalogue()
             counts = {cid: ch.updates for cid, ch in self.registry.channels.items()}
             self._rates = {cid: n - self._last_counts.get(cid, n) for cid, n in counts.items()}
             self._last_counts = counts
