@@ -74,6 +74,9 @@ class _Sub:
     space: asyncio.Event = field(default_factory=asyncio.Event)
     att: int | None = None
     attach_req: int | None = None
+    # The current token was attached once: a later BAD_TOKEN means the server's key changed
+    # (a restarted server without a shared key), so the monitor re-registers instead of ending.
+    token_accepted: bool = False
 
     def __post_init__(self) -> None:
         self.states = [ChannelState(c.id, metadata=c.metadata) for c in self.reg.channels]
@@ -366,27 +369,37 @@ class _Stream:
                     attempt = 0
                 if self.closing:
                     break
-                self._closed(code, reason)
-                if code == closecodes.TOKEN_EXPIRED:
-                    continue  # the culprits were re-registered: reconnect at once
+                if self._closed(code, reason):
+                    continue  # the culprits will re-register: reconnect at once
             if self.subs:
                 limit = min(self.client.reconnect_max, self.client.reconnect_base * 2**attempt)
                 await asyncio.sleep(random.uniform(0, limit))
                 attempt += 1
 
-    def _closed(self, code: int, reason: str) -> None:
-        """Apply the close code's class (section 8) to the monitors."""
+    def _closed(self, code: int, reason: str) -> bool:
+        """Apply the close code's class (section 8) to the monitors; True if some re-register."""
         pending = list(self.by_req.values())
         culprits = pending if code in _TOKEN_CODES and pending else list(self.subs)
-        if code == closecodes.TOKEN_EXPIRED:
+        renewed = False
+        if code in (closecodes.TOKEN_EXPIRED, closecodes.BAD_TOKEN):
+            # An expired token, or one the server accepted before and now refuses, is renewed
+            # through GraphQL; a fresh token refused again ends the monitor: no loop.
             for sub in culprits:
-                sub.reg = Registration(sub.reg.token, 0.0, sub.reg.stream_path, sub.reg.channels)
+                if code == closecodes.TOKEN_EXPIRED or sub.token_accepted:
+                    sub.reg = Registration(
+                        sub.reg.token, 0.0, sub.reg.stream_path, sub.reg.channels
+                    )
+                    sub.token_accepted = False
+                    renewed = True
+                else:
+                    self._fail(sub, StreamClosed(code, reason))
         elif not closecodes.is_reconnect(code):
             for sub in culprits:
                 self._fail(sub, StreamClosed(code, reason))
         self._lost(
             f"stream closed: {code} {closecodes.name(code)}" + (f" ({reason})" if reason else "")
         )
+        return renewed
 
     def _lost(self, reason: str) -> None:
         for sub in self.subs:
@@ -507,6 +520,7 @@ class _Stream:
             if msg.ids != expected:
                 raise ProtocolError(f"ATTACHED ids {list(msg.ids)} differ from the token's")
             sub.att = msg.att
+            sub.token_accepted = True
             self.by_att[msg.att] = sub
         elif isinstance(msg, Detached):
             sub = self.by_att.pop(msg.att, None)
