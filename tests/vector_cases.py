@@ -175,7 +175,8 @@ HAND_BUILT: list[HandBuilt] = [
      "accept", {"message": data(2, (1, [e(0, VALUE | TIME, value=1.5, serial=8, **T)]))},
      _p([3, 2, [[1, [[0, 3, 1.5, 8, *_T]]]]], single_float=True)),
     ("accept_ndarray_ndim0", "server", "DATA: an ndarray of ndim 0 holds exactly one element",
-     "accept", {"message": data(2, (1, [e(0, VALUE | TIME, value=nd("float64", [2.5], []),
+     "accept", {"message": data(2, (1, [e(0, VALUE | TIME, value={"$ndarray": {
+                                             "dtype": "float64", "dims": [], "data": [2.5]}},
                                          serial=8, **T)]))},
      _data1([0, 3, _nd_ext(9, 0, [], np.array([2.5], "<f8").tobytes()), 8, *_T])),
     ("accept_extra_elements", "server", "HELLO with a trailing element a later version appended",
