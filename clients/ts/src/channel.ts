@@ -50,6 +50,9 @@ export function initialState(id: string, sid: number): ChannelState {
 /**
  * Apply one entry. `full` (snapshot entries) replaces the state: fields absent from a full
  * entry become unknown. Returns the new state and the fields the entry carried.
+ *
+ * A snapshot's serial is a new baseline (PROTOCOL.md section 2.5): after a reconnect, maybe to
+ * another replica whose upstream monitor counts from elsewhere, a jump is no conflation.
  */
 export function applyEntry(prev: ChannelState, e: Entry, full: boolean): [ChannelState, ChangedField[]] {
   const base = full ? { ...initialState(prev.id, prev.sid), conflatedTotal: prev.conflatedTotal } : prev;
@@ -57,7 +60,7 @@ export function applyEntry(prev: ChannelState, e: Entry, full: boolean): [Channe
   const changed: ChangedField[] = [];
   if (e.mask & Mask.VALUE) {
     const serial = e.serial!;
-    const last = prev.serial;
+    const last = full ? undefined : prev.serial;
     // serial lower than before: the upstream monitor reopened (or the server restarted): reset.
     const gap = last !== undefined && serial > last ? serial - last - 1 : 0;
     next.value = e.value;

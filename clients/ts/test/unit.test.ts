@@ -138,4 +138,14 @@ describe("channel state merge", () => {
     [s] = applyEntry(s, { sid: 0, mask: 19, value: 3, serial: 1, seconds: 12, nanoseconds: 0, state: 1, reason: "" }, false);
     expect(s).toMatchObject({ value: 3, serial: 1, conflated: 0, conflatedTotal: 0, connection: "CONNECTED" });
   });
+  it("takes a snapshot's serial as a new baseline, not as conflation (reconnect, other replica)", () => {
+    let s = initialState("ca://X", 0);
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 1, serial: 5 }, true);
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 2, serial: 7 }, false);
+    expect(s).toMatchObject({ serial: 7, conflated: 1, conflatedTotal: 1 });
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 3, serial: 500 }, true);
+    expect(s).toMatchObject({ serial: 500, conflated: 0, conflatedTotal: 1 });
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 4, serial: 503 }, false);
+    expect(s).toMatchObject({ serial: 503, conflated: 2, conflatedTotal: 3 });
+  });
 });
