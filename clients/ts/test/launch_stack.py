@@ -87,7 +87,7 @@ class Server:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()  # graceful: the server closes streams with 1001 GOING_AWAY
+        proc.terminate()  # graceful: the server closes streams with 1012 RESTART
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -18,6 +18,7 @@ __all__ = [
     "INTERNAL",
     "NORMAL",
     "POLICY",
+    "RESTART",
     "SLOW",
     "TOKEN_EXPIRED",
     "TOO_MANY_CHANNELS",
@@ -41,6 +42,7 @@ NORMAL = _code("NORMAL")
 GOING_AWAY = _code("GOING_AWAY")
 POLICY = _code("POLICY")
 INTERNAL = _code("INTERNAL")
+RESTART = _code("RESTART")
 TRY_AGAIN = _code("TRY_AGAIN")
 SLOW = _code("SLOW")
 UNSUPPORTED = _code("UNSUPPORTED")

@@ -120,7 +120,7 @@ class Session:
         try:
             msg = wire.decode_client_message(data)
         except wire.BadMessage as exc:
-            self._error(None, BAD_MESSAGE, str(exc))
+            self._error(exc.req, BAD_MESSAGE, str(exc))
             return
         if isinstance(msg, wire.Attach):
             self._attach(msg.req, msg.token)
