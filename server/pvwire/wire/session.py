@@ -74,6 +74,8 @@ class SessionHost(Protocol):
 
 
 class Session:
+    endpoint = "stream"
+
     def __init__(
         self,
         number: int,
