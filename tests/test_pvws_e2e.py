@@ -239,9 +239,11 @@ async def test_one_upstream_monitor_for_both_endpoints(
         async with asyncio.timeout(10):
             async for _ in updates:
                 break
-        data = pvws_server.graphql("{ server { channels { id subscribers } } }")
-        rows = [c for c in data["data"]["server"]["channels"] if c["id"] == "ca://PVW:COUNTER"]
-        assert rows == [{"id": "ca://PVW:COUNTER", "subscribers": 2}]
+        query = "{ server { channels { id subscribers lastUpdate } clients { endpoint } } }"
+        server = pvws_server.graphql(query)["data"]["server"]
+        rows = [c for c in server["channels"] if c["id"] == "ca://PVW:COUNTER"]
+        assert len(rows) == 1 and rows[0]["subscribers"] == 2 and rows[0]["lastUpdate"] > 0
+        assert {"pvws", "stream"} <= {c["endpoint"] for c in server["clients"]}
 
 
 async def test_disconnect_as_pvws_shows_it() -> None:
