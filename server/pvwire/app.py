@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from strawberry.fastapi import GraphQLRouter
 
@@ -27,6 +27,7 @@ from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.limits import ValueBudget
 from .api.metrics import render_metrics
+from .api.pvws import PvwsEndpoint
 from .api.stream import serve_stream
 from .config import Settings
 from .core.hub import Hub
@@ -42,10 +43,11 @@ MAX_LOOP_LAG_READY = 5.0  # seconds: a loop this late cannot serve anyone (DESIG
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
     from .upstream.ca import CaBackend
+    from .upstream.loc import LocBackend
     from .upstream.pva import PvaBackend
     from .upstream.sim import SimBackend, SimLimits
 
-    backends: dict[str, Backend] = {"ca": CaBackend(), "pva": PvaBackend()}
+    backends: dict[str, Backend] = {"ca": CaBackend(), "pva": PvaBackend(), "loc": LocBackend()}
     if settings.sim_enabled:
         limits = SimLimits(
             max_rate=settings.sim_max_rate,
@@ -150,6 +152,22 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
     @app.websocket("/stream")
     async def stream(websocket: WebSocket) -> None:
         await serve_stream(websocket, hub, authenticator)
+
+    pvws = PvwsEndpoint(hub, authenticator)
+    app.state.pvws = pvws
+
+    @app.websocket("/pvws/pv")
+    async def pvws_socket(websocket: WebSocket) -> None:
+        await pvws.serve(websocket)
+
+    app.include_router(pvws.router())
+
+    @app.get("/status", response_model=None)
+    async def status_page() -> FileResponse | PlainTextResponse:
+        page = STATIC / "status.html"
+        if page.is_file():
+            return FileResponse(page)
+        return PlainTextResponse("the status page is not built (run `make tsbuild`)", 404)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -169,6 +169,8 @@ class ClientInfo:
     frames_sent: float
     bytes_sent: float
     connected_seconds: float
+    endpoint: str = strawberry.field(description="stream or pvws")
+    identity: str = strawberry.field(description="who the client's subscriptions were made by")
 
 
 @strawberry.type
@@ -178,6 +180,9 @@ class UpstreamInfo:
     updates: float
     update_rate: float
     connection: ConnectionState
+    last_update: float | None = strawberry.field(
+        description="POSIX seconds of the latest value's timestamp"
+    )
 
 
 @strawberry.type
@@ -187,6 +192,8 @@ class ServerInfo:
     tick_ms: float
     writes_enabled: bool
     loop_lag_ms: float
+    ticks: float = strawberry.field(description="ticks since start")
+    tick_seconds: float = strawberry.field(description="time spent in ticks since start")
 
     @strawberry.field(description="connected stream clients; needs an admin identity")
     def clients(self, info: Info) -> list[ClientInfo]:
@@ -202,6 +209,8 @@ class ServerInfo:
                 frames_sent=float(c.frames_sent),
                 bytes_sent=float(c.bytes_sent),
                 connected_seconds=c.connected_seconds,
+                endpoint=c.endpoint,
+                identity=c.identity,
             )
             for c in snap.clients
         ]
@@ -216,6 +225,7 @@ class ServerInfo:
                 updates=float(ch.updates),
                 update_rate=ch.update_rate,
                 connection=ConnectionState[ModelConnState(ch.state).name],
+                last_update=ch.last_update,
             )
             for ch in snap.channels
         ]
@@ -408,6 +418,8 @@ class Query:
             tick_ms=hub.settings.tick_ms,
             writes_enabled=hub.rules.rules.may_write_somewhere(),
             loop_lag_ms=snap.loop_lag * 1000.0,
+            ticks=float(snap.ticks),
+            tick_seconds=snap.tick_seconds,
         )
 
 

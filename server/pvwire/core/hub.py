@@ -22,8 +22,9 @@ from ..access.rules import Access, RulesFile
 from ..config import Settings
 from ..model import Reading
 from ..upstream.base import Backend
-from ..wire.session import FORBIDDEN, AttachRefused, Session, Source
+from ..wire.session import FORBIDDEN, AttachRefused, Source
 from ..wire.tokens import Claims, TokenSigner
+from .clients import Client
 from .control import Control
 from .registry import Registry
 from .stats import ChannelSnapshot, ClientSnapshot, HubSnapshot
@@ -47,7 +48,7 @@ class Hub:
         self.audit = AuditLog(settings.audit_log)
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
         self.control = Control(self.registry, self.rules, self.audit, puts)
-        self.sessions: set[Session] = set()
+        self.sessions: set[Client] = set()  # of both endpoints
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
         self._lag_window: list[float] = []
@@ -120,7 +121,7 @@ class Hub:
     def verify_token(self, token: str) -> Claims:
         return self.signer.verify(token)
 
-    def open_view(self, claims: Claims, session: Session, att: int) -> Source:
+    def open_view(self, claims: Claims, session: Client, att: int) -> Source:
         denied = self._denied(claims)
         if denied:
             raise AttachRefused(FORBIDDEN, denied)
@@ -128,7 +129,7 @@ class Hub:
             ViewKey(claims.ids, claims.mode, claims.max_rate), session, att
         )
 
-    def close_view(self, view: Source, session: Session, att: int) -> None:
+    def close_view(self, view: Source, session: Client, att: int) -> None:
         own = cast(View, view)  # a session only ever holds the views `open_view` gave it
         if self.registry.close_view(own, session, att):
             self.ticker.forget(own)
@@ -136,10 +137,10 @@ class Hub:
     def connections_from(self, address: str) -> int:
         return sum(1 for s in self.sessions if s.address == address)
 
-    def add_session(self, session: Session) -> None:
+    def add_session(self, session: Client) -> None:
         self.sessions.add(session)
 
-    def remove_session(self, session: Session) -> None:
+    def remove_session(self, session: Client) -> None:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
@@ -208,6 +209,8 @@ class Hub:
                 frames_sent=s.frames_sent,
                 bytes_sent=s.bytes_sent,
                 connected_seconds=mono - s.connected_at,
+                endpoint=s.endpoint,
+                identity=", ".join(sorted({identity_of(c).describe() for c in s.claims.values()})),
             )
             for s in sessions
         )
@@ -218,6 +221,7 @@ class Hub:
                 updates=ch.updates,
                 update_rate=float(self._rates.get(cid, 0)),
                 state=ch.state,
+                last_update=ch.seconds + ch.nanoseconds * 1e-9 if ch.seconds else None,
             )
             for cid, ch in sorted(channels.items())
         )

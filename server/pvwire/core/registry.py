@@ -17,8 +17,8 @@ from ..config import Settings
 from ..ids import parse_id
 from ..model import ConnState
 from ..upstream.base import Backend
-from ..wire.session import Session
 from .channel import Channel, DirtyListener
+from .clients import Client
 from .view import View, ViewKey
 
 __all__ = ["Registry"]
@@ -114,7 +114,7 @@ class Registry:
 
     # --- views --------------------------------------------------------------------------------
 
-    def open_view(self, key: ViewKey, session: Session, att: int) -> View:
+    def open_view(self, key: ViewKey, session: Client, att: int) -> View:
         view = self.views.get(key)
         if view is None:
             channels = [self.acquire(self.resolve(i)[0]) for i in key.ids]
@@ -127,7 +127,7 @@ class Registry:
         view.attachments.append((session, att))
         return view
 
-    def close_view(self, view: View, session: Session, att: int) -> bool:
+    def close_view(self, view: View, session: Client, att: int) -> bool:
         """Detach; True if that was the view's last attachment and it is gone."""
         view.attachments.remove((session, att))
         if view.attachments:

@@ -22,6 +22,8 @@ class ClientSnapshot:
     frames_sent: int
     bytes_sent: int
     connected_seconds: float
+    endpoint: str = "stream"  # or "pvws"
+    identity: str = ""  # who the client's subscriptions were made by
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,7 @@ class ChannelSnapshot:
     updates: int
     update_rate: float
     state: ConnState
+    last_update: float | None = None  # POSIX seconds of the latest value's timestamp
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from ..wire.codes import INTERNAL as INTERNAL_ERROR
-from ..wire.session import Session
 from .channel import Channel
+from .clients import Client
 from .view import View
 
 __all__ = ["INTERNAL_ERROR", "TICK_BUCKETS_MS", "TickStats", "Ticker"]
@@ -105,7 +105,7 @@ class Ticker:
         try:
             for ch in dirty:
                 self._route(ch, active)
-            touched: list[Session] = []
+            touched: list[Client] = []
             for view in active:
                 self._emit(view, now, touched)
             for session in touched:
@@ -128,7 +128,7 @@ class Ticker:
         if ch.history:
             ch.history.clear()
 
-    def _emit(self, view: View, now: float, touched: list[Session]) -> None:
+    def _emit(self, view: View, now: float, touched: list[Client]) -> None:
         if not view.pending or not view.attachments:
             return
         if not view.due(now):
@@ -143,7 +143,7 @@ class Ticker:
             if self._guard(session, session.collect, att, view):
                 touched.append(session)
 
-    def _guard(self, session: Session, call: Callable[..., bool | None], *args: object) -> bool:
+    def _guard(self, session: Client, call: Callable[..., bool | None], *args: object) -> bool:
         """Run one session's part of the tick; a failure closes that session only."""
         try:
             return bool(call(*args))

@@ -19,7 +19,7 @@ from ..wire import codec as wire
 from .channel import Channel
 
 if TYPE_CHECKING:
-    from ..wire.session import Session
+    from .clients import Client
 
 __all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
 
@@ -57,7 +57,7 @@ class View:
         self.next_due = 0.0
         self.pending: dict[int, int] = {}  # sid -> merged field mask since the last emission
         self.pending_all: list[bytes] = []  # ALL mode: encoded entries in upstream order
-        self.attachments: list[tuple[Session, int]] = []  # (session, att)
+        self.attachments: list[tuple[Client, int]] = []  # (client, att)
         # What the last emission sent: read by sessions at the same tick.
         self.tick_entries = b""
         self.tick_masks: dict[int, int] = {}

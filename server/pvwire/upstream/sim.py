@@ -26,6 +26,7 @@ from ..errors import BadChannelId, ReadOnlyChannel
 from ..model import ConnState, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
+from .sim_phoebus import from_phoebus
 
 __all__ = ["KINDS", "SimBackend", "SimLimits", "SimSpec", "parse_sim"]
 
@@ -79,6 +80,8 @@ class SimSpec:
 
 def parse_sim(name: str, limits: SimLimits = SimLimits()) -> SimSpec:
     """Parse the part after `sim://`; raise BadChannelId with the reason when it cannot work."""
+    if "(" in name:
+        name = from_phoebus(name)  # `flipflop(2)`: the names pvws-era web UIs use
     path, _, query = name.partition("?")
     kind, _, label = path.partition("/")
     if kind not in KINDS:

@@ -69,6 +69,8 @@ class SessionHost(Protocol):
 
 
 class Session:
+    endpoint = "stream"
+
     def __init__(
         self,
         number: int,

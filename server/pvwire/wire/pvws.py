@@ -1,0 +1,621 @@
+"""The pvws protocol (ornl-epics/pvws) for one client connection, with no I/O.
+
+pvws is JSON over a WebSocket at `/pvws/pv`: the client sends `subscribe` (alias `monitor`),
+`clear`, `list`, `write`, `ping`, `echo`; the server sends `update` messages shaped as pvws's
+`Vtype2Json` writes them (metadata, `vtype` and `severity` with a PV's first value, then the
+severity only when it changes; `readonly` first and on change; arrays as little-endian base64),
+`list` and `error`. Web UIs that speak it today (cs-web-lib, dbwr, pvws.js) work unchanged.
+
+Engine (the same as `/stream`, DESIGN.md section 7a): each PV a client subscribes to is one
+attachment of a one-channel view shared with every other client of that channel, driven by the
+tick. The JSON of a channel's state is made once (`PvwsEncoder`, per PV name and per variant:
+with or without metadata, severity, readonly) and the same string is queued for every client that
+needs that variant; the per-client part is only which variant. Flow control is `/stream`'s: past
+`send_budget` queued the session merges (latest state per PV), and a queue that makes no progress
+for `stall_timeout` closes the connection with 4008.
+
+Differences from pvws, on purpose: a severity change is sent for every type (pvws drops it for
+arrays and for a value whose type changed, e.g. after a disconnect); metadata is sent again when
+it changes (pvws sends it only once); a refused subscription or a bad PV name is answered with an
+`error` message (pvws only logs it); updates are not throttled unless PV_THROTTLE_MS /
+PV_ARRAY_THROTTLE_MS say so.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from ..model import VALUE, ConnState, Metadata
+from .codes import SLOW
+from .session import SessionLimits
+from .tokens import Claims
+
+__all__ = [
+    "ChannelState",
+    "Opened",
+    "Ping",
+    "PvSource",
+    "PvwsEncoder",
+    "PvwsHost",
+    "PvwsRefused",
+    "PvwsSession",
+    "Write",
+]
+
+log = logging.getLogger("pvwire.pvws")
+
+SEVERITIES = ("NONE", "MINOR", "MAJOR", "INVALID")
+UNDEFINED = "UNDEFINED"  # pvws's severity of a disconnected PV (Phoebus' Alarm.disconnected())
+
+# Metadata `type` -> (pvws vtype of a scalar, of an array). Phoebus' VType names.
+_VTYPES = {
+    "float64": ("VDouble", "VDoubleArray"),
+    "float32": ("VFloat", "VFloatArray"),
+    "int64": ("VLong", "VLongArray"),
+    "uint64": ("VULong", "VULongArray"),
+    "int32": ("VInt", "VIntArray"),
+    "uint32": ("VUInt", "VUIntArray"),
+    "int16": ("VShort", "VShortArray"),
+    "uint16": ("VUShort", "VUShortArray"),
+    "int8": ("VByte", "VByteArray"),
+    "uint8": ("VUByte", "VByteArray"),
+    "bool": ("VBoolean", "VBooleanArray"),
+}
+# numpy dtype kind+size -> (pvws field, little-endian dtype the bytes are packed as). pvws packs
+# double/float/short/byte arrays as themselves and every other number array as int32.
+_ARRAY_FIELDS = {
+    "f8": ("b64dbl", "<f8"),
+    "f4": ("b64flt", "<f4"),
+    "i2": ("b64srt", "<i2"),
+    "i1": ("b64byt", "i1"),
+    "u1": ("b64byt", "u1"),
+}
+_INT_ARRAY = ("b64int", "<i4")
+
+
+class ChannelState(Protocol):
+    """What the encoder reads of a channel (core/channel.py's Channel)."""
+
+    @property
+    def value(self) -> Any: ...
+    @property
+    def seconds(self) -> int: ...
+    @property
+    def nanoseconds(self) -> int: ...
+    @property
+    def severity(self) -> int: ...
+    @property
+    def meta(self) -> Metadata: ...
+    @property
+    def state(self) -> ConnState: ...
+    @property
+    def updates(self) -> int: ...
+    @property
+    def known(self) -> int: ...
+    @property
+    def fault(self) -> str: ...
+
+
+class PvSource(Protocol):
+    """A one-channel view (core/view.py)."""
+
+    @property
+    def channels(self) -> Sequence[ChannelState]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    view: PvSource
+    claims: Claims  # the identity it was opened for: the hub checks it again when rules change
+    may_write: bool  # the access rules let this identity write the channel
+
+
+class PvwsRefused(Exception):
+    """A PV name the host cannot open (bad name, not readable by this identity)."""
+
+
+class PvwsHost(Protocol):
+    def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened: ...
+    def close(self, view: PvSource, session: PvwsSession, att: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """The client asked to be pinged: send a WebSocket ping frame."""
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """The client writes `value` to subscribed PV `pv`; answer a failure with `write_failed`."""
+
+    pv: str
+    value: float | str
+
+
+# --- the encoder: one JSON text per PV name, channel state and variant -----------------------
+
+
+def _number(x: float) -> Any:
+    """A display limit as Jackson writes a double: non-finite numbers as strings."""
+    if math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def _json(obj: object) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def _display(meta: Metadata) -> str:
+    out: dict[str, Any] = {"units": meta.units or "", "description": meta.description}
+    if meta.precision is not None:
+        out["precision"] = meta.precision
+    for (lo, hi), limits in (
+        (("min", "max"), meta.display),
+        (("warn_low", "warn_high"), meta.warning),
+        (("alarm_low", "alarm_high"), meta.alarm),
+    ):
+        if limits is not None:
+            out[lo], out[hi] = _number(limits[0]), _number(limits[1])
+    return _json(out)[1:-1]
+
+
+def _scalar_vtype(meta: Metadata, value: object) -> str:
+    names = _VTYPES.get(meta.type or "")
+    if names is not None:
+        return names[0]
+    return "VDouble" if isinstance(value, float) else "VLong"
+
+
+def _value_parts(ch: ChannelState) -> tuple[str, str, bool]:
+    """(vtype, the value's JSON members, whether display metadata applies) of the state."""
+    value, meta = ch.value, ch.meta
+    if isinstance(value, np.ndarray):
+        arr = value.reshape(-1)  # images travel flattened, as pvws sends any array
+        field, packed = _ARRAY_FIELDS.get(f"{arr.dtype.kind}{arr.dtype.itemsize}", _INT_ARRAY)
+        if arr.dtype.kind == "b":
+            arr = arr.astype("u1")
+            field, packed = "b64byt", "u1"
+        data = np.ascontiguousarray(arr, dtype=packed)  # no copy when already packed so
+        names = _VTYPES.get(meta.type or "") or _VTYPES.get(arr.dtype.name, ("", "VNumberArray"))
+        text = base64.b64encode(data.data).decode("ascii")
+        return names[1], f'"{field}":"{text}"', True
+    if meta.type == "enum" and isinstance(value, int):
+        choices = meta.choices or ()
+        label = choices[value] if 0 <= value < len(choices) else str(value)
+        return "VEnum", f'"value":{value},"text":{_json(label)}', False
+    if isinstance(value, bool):
+        return "VBoolean", f'"value":{int(value)}', True
+    if isinstance(value, float):
+        shown = repr(value) if math.isfinite(value) else '"NaN"'
+        return _scalar_vtype(meta, value), f'"value":{shown}', True
+    if isinstance(value, int):
+        return _scalar_vtype(meta, value), f'"value":{value}', True
+    if isinstance(value, str):
+        return "VString", f'"text":{_json(value)}', False
+    if isinstance(value, list) and all(type(x) is str for x in value):
+        # pvws sends what Java's toString() gives for types it does not map (VStringArray).
+        return "VStringArray", f'"text":{_json("[" + ", ".join(value) + "]")}', False
+    # Structures and tables: pvws passes them as text; JSON text is at least parseable.
+    return "VType", f'"text":{_json(_json_safe(value))}', False
+
+
+def _json_safe(value: object) -> str:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    except TypeError:
+        return str(value)
+
+
+class _Entry:
+    __slots__ = ("disconnected_at", "head", "refs", "texts", "version")
+
+    def __init__(self, name: str) -> None:
+        self.head = '{"type":"update","pv":' + _json(name)
+        self.refs = 0
+        self.version: tuple[object, ...] = ()
+        self.texts: dict[tuple[bool, bool, bool | None], str] = {}
+        self.disconnected_at: tuple[int, int] = (0, 0)
+
+
+class PvwsEncoder:
+    """The hub-wide cache of pvws texts: a channel's change is encoded once per variant, however
+    many clients watch it (the variant is all that differs between clients)."""
+
+    def __init__(self, wall: Callable[[], int] = time.time_ns) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._wall = wall
+        self.encoded = 0  # texts made, for tests and benchmarks: once per state and variant
+
+    def acquire(self, name: str) -> None:
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = self._entries[name] = _Entry(name)
+        entry.refs += 1
+
+    def release(self, name: str) -> None:
+        entry = self._entries.get(name)
+        if entry is not None:
+            entry.refs -= 1
+            if entry.refs <= 0:
+                del self._entries[name]
+
+    def text(
+        self, name: str, ch: ChannelState, meta: bool, severity: bool, readonly: bool | None
+    ) -> str:
+        """The update for `ch`'s current state, with metadata and/or severity and/or readonly."""
+        entry = self._entries.get(name)
+        if entry is None:  # not acquired (a caller's slip): still correct, just not shared
+            entry = _Entry(name)
+        version = (ch.updates, ch.meta, ch.state, ch.fault)
+        if entry.version != version:
+            entry.version = version
+            entry.texts = {}
+            if ch.state != ConnState.CONNECTED:
+                entry.disconnected_at = divmod(self._wall(), 1_000_000_000)
+        key = (meta, severity, readonly)
+        text = entry.texts.get(key)
+        if text is None:
+            text = entry.texts[key] = self._encode(entry, ch, meta, severity, readonly)
+            self.encoded += 1
+        return text
+
+    def _encode(
+        self, entry: _Entry, ch: ChannelState, meta: bool, severity: bool, readonly: bool | None
+    ) -> str:
+        parts = [entry.head]
+        if not connected(ch):
+            # pvws (Phoebus core-pv) shows a disconnect as a NaN double with severity UNDEFINED,
+            # stamped with the time it was noticed.
+            parts.append(f',"severity":"{UNDEFINED}","value":"NaN"')
+            seconds, nanos = entry.disconnected_at
+        else:
+            vtype, members, display = _value_parts(ch)
+            if meta:
+                parts.append(f',"vtype":"{vtype}"')
+                if vtype == "VEnum":
+                    parts.append(f',"labels":{_json(list(ch.meta.choices or ()))}')
+                elif display:
+                    parts.append("," + _display(ch.meta))
+            if meta or severity:
+                parts.append(f',"severity":"{severity_name(ch.severity)}"')
+            parts.append("," + members)
+            seconds, nanos = ch.seconds, ch.nanoseconds
+        if readonly is not None:
+            parts.append(',"readonly":true' if readonly else ',"readonly":false')
+        parts.append(f',"seconds":{seconds},"nanos":{nanos}}}')
+        return "".join(parts)
+
+
+def severity_name(severity: int) -> str:
+    return SEVERITIES[severity] if 0 <= severity < len(SEVERITIES) else UNDEFINED
+
+
+def connected(ch: ChannelState) -> bool:
+    return ch.state == ConnState.CONNECTED and not ch.fault and bool(ch.known & VALUE)
+
+
+# --- one connection ------------------------------------------------------------------------
+
+
+class _Pv:
+    """One subscribed PV of one client, and what that client has been sent of it."""
+
+    __slots__ = ("array", "att", "meta", "name", "readonly", "severity", "shown", "view", "writes")
+
+    def __init__(self, name: str, att: int, opened: Opened) -> None:
+        self.name = name
+        self.att = att
+        self.view = opened.view
+        self.writes = opened.may_write
+        self.array = False  # opened at the array rate
+        self.shown = False  # the client has a value (not a disconnect) of it
+        self.meta: Metadata | None = None  # metadata last sent; None: nothing sent yet
+        self.severity = ""
+        self.readonly: bool | None = None
+
+
+class PvwsSession:
+    endpoint = "pvws"
+
+    def __init__(
+        self,
+        number: int,
+        address: str,
+        host: PvwsHost,
+        encoder: PvwsEncoder,
+        limits: SessionLimits,
+        wake: Callable[[], None],
+        rates: tuple[float, float] = (0.0, 0.0),
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.number = number
+        self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
+        self.address = address
+        self.limits = limits
+        self.rates = rates  # (scalar, array) maxRate in Hz; 0 = every tick
+        self._host = host
+        self._encoder = encoder
+        self._wake = wake
+        self._clock = clock
+        self._wall = wall
+        self.connected_at = clock()
+        self.created_ms = round(wall() * 1000)
+        self.last_client_message_ms = self.created_ms
+        self.last_message_sent_ms = 0
+        self.pvs: dict[str, _Pv] = {}  # subscription order, as `list` answers
+        self._by_att: dict[int, _Pv] = {}
+        self.attachments: dict[int, PvSource] = {}
+        self.claims: dict[int, Claims] = {}
+        self.channel_count = 0
+        self._next_att = 1
+        self._queue: deque[str] = deque()
+        self.queued_bytes = 0
+        self._last_progress = self.connected_at
+        self.behind = False
+        self._pending: dict[int, None] = {}  # atts changed while behind
+        self._tick: list[int] = []
+        self._reopen: list[_Pv] = []
+        self.close_request: tuple[int, str] | None = None
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        self.conflated = 0
+        self.bad_messages = 0
+
+    # --- incoming -----------------------------------------------------------------------------
+
+    def receive(self, text: str) -> list[Ping | Write]:
+        """Handle one client message; returns what the endpoint must do (pings, writes)."""
+        self.last_client_message_ms = round(self._wall() * 1000)
+        if self.close_request:
+            return []
+        if self.queued_bytes > 2 * self.limits.send_budget:
+            self.request_close(SLOW, "client sends requests but does not read the answers")
+            return []
+        try:
+            return self._handle(text)
+        except _BadMessage as exc:
+            # pvws logs and answers nothing; logged once per connection, counted always, so a
+            # client repeating a bad message cannot flood the log.
+            self.bad_messages += 1
+            if self.bad_messages == 1:
+                log.warning("pvws client %s (%s): %s", self.id, self.address, exc)
+            return []
+
+    def _handle(self, text: str) -> list[Ping | Write]:
+        try:
+            msg = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise _BadMessage(f"not JSON ({exc}): {_shorten(text)}") from None
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        if kind is None:
+            raise _BadMessage(f"Missing 'type' in {_shorten(text)}")
+        if kind in ("subscribe", "monitor"):
+            for name in _pvs(msg, text):
+                if name not in self.pvs:
+                    self._subscribe(name)
+        elif kind == "clear":
+            for name in _pvs(msg, text):
+                pv = self.pvs.pop(name, None)
+                if pv is not None:
+                    self._release(pv)
+        elif kind == "list":
+            self._queue_text(_json({"type": "list", "pvs": list(self.pvs)}))
+        elif kind == "write":
+            if "pv" not in msg:
+                raise _BadMessage(f"Missing 'pv' in {_shorten(text)}")
+            if "value" not in msg:
+                raise _BadMessage(f"Missing 'value' in {_shorten(text)}")
+            name, value = _text(msg["pv"]), msg["value"]
+            if name not in self.pvs:
+                self.write_failed(f"Cannot write unknown PV {name}")
+                return []
+            is_number = isinstance(value, int | float) and not isinstance(value, bool)
+            return [Write(name, float(value) if is_number else _text(value))]
+        elif kind == "ping":
+            return [Ping()]
+        elif kind == "echo":
+            self._queue_text(text)
+        else:
+            raise _BadMessage(f"Unknown message type: {_shorten(text)}")
+        return []
+
+    def _subscribe(self, name: str) -> None:
+        att = self._next_att
+        try:
+            opened = self._host.open(name, self, att, False)
+        except PvwsRefused as exc:
+            self.write_failed(f"Cannot subscribe to {name}: {exc}")
+            return
+        self._next_att += 1
+        pv = _Pv(name, att, opened)
+        self.pvs[name] = pv
+        self._by_att[att] = pv
+        self.attachments[att] = opened.view
+        self.claims[att] = opened.claims
+        self.channel_count += 1
+        self._encoder.acquire(name)
+        # What the channel already holds goes out now: a client joining a watched channel must
+        # not wait for its next change.
+        text = self._update(pv)
+        if text is not None:
+            self._queue_text(text)
+
+    def _release(self, pv: _Pv) -> None:
+        self._by_att.pop(pv.att, None)
+        self.attachments.pop(pv.att, None)
+        self.claims.pop(pv.att, None)
+        self._pending.pop(pv.att, None)
+        self.channel_count -= 1
+        self._encoder.release(pv.name)
+        self._host.close(pv.view, self, pv.att)
+
+    def write_failed(self, message: str) -> None:
+        self._queue_text(_json({"type": "error", "message": message}))
+
+    def end_attachment(self, att: int, code: int, message: str) -> None:
+        """The server ends one PV (the rules changed): an error names why."""
+        pv = self._by_att.get(att)
+        if pv is None or self.close_request:
+            return
+        del self.pvs[pv.name]
+        self._release(pv)
+        self.write_failed(f"{pv.name}: {message}")
+
+    # --- the tick -----------------------------------------------------------------------------
+
+    def collect(self, att: int, view: object) -> bool:
+        first = not self._tick
+        self._tick.append(att)
+        return first
+
+    def flush_tick(self) -> None:
+        atts, self._tick = self._tick, []
+        if self.close_request:
+            return
+        if self.behind or self.queued_bytes >= self.limits.send_budget:
+            self.behind = True
+            pending = self._pending
+            for att in atts:
+                if att in pending:
+                    self.conflated += 1
+                pending[att] = None
+        else:
+            self._send_updates(atts)
+        if self._reopen:
+            self._reopen_arrays()
+
+    def _send_updates(self, atts: Sequence[int]) -> None:
+        by_att = self._by_att
+        for att in atts:
+            pv = by_att.get(att)
+            if pv is not None:
+                text = self._update(pv)
+                if text is not None:
+                    self._queue_text(text)
+
+    def _update(self, pv: _Pv) -> str | None:
+        """The text this client needs for `pv`'s channel now, or None; records what it sent."""
+        ch = pv.view.channels[0]
+        if not connected(ch):
+            if not pv.shown:
+                return None  # pvws sends nothing for a PV that never connected
+            pv.shown = False
+            pv.severity = UNDEFINED
+            return self._encoder.text(pv.name, ch, False, True, None)
+        meta = ch.meta
+        with_meta = pv.meta is not meta
+        severity = severity_name(ch.severity)
+        with_severity = with_meta or severity != pv.severity
+        readonly = not (pv.writes and meta.writable is not False)
+        show_readonly = readonly if readonly is not pv.readonly else None
+        arrays_differ = self.rates[1] != self.rates[0]
+        if with_meta and not pv.array and arrays_differ and isinstance(ch.value, np.ndarray):
+            self._reopen.append(pv)  # pvws re-subscribes an array at the array rate
+        pv.shown = True
+        pv.meta = meta
+        pv.severity = severity
+        pv.readonly = readonly
+        return self._encoder.text(pv.name, ch, with_meta, with_severity, show_readonly)
+
+    def _reopen_arrays(self) -> None:
+        todo, self._reopen = self._reopen, []
+        for pv in todo:
+            if self.pvs.get(pv.name) is not pv:
+                continue
+            try:
+                opened = self._host.open(pv.name, self, pv.att, True)
+            except PvwsRefused:
+                continue  # keeps the scalar rate
+            self._host.close(pv.view, self, pv.att)
+            pv.view = opened.view
+            pv.array = True
+            self.attachments[pv.att] = opened.view
+
+    # --- outgoing -----------------------------------------------------------------------------
+
+    def next_text(self) -> str | None:
+        return self._queue.popleft() if self._queue else None
+
+    def sent(self, nbytes: int) -> None:
+        self.queued_bytes -= nbytes
+        self.frames_sent += 1
+        self.bytes_sent += nbytes
+        self._last_progress = self._clock()
+        self.last_message_sent_ms = round(self._wall() * 1000)
+        if self.behind and self.queued_bytes < self.limits.send_budget // 2:
+            pending, self._pending = list(self._pending), {}
+            self.behind = False
+            self._send_updates(pending)
+
+    def housekeeping(self, now: float) -> None:
+        if self.close_request:
+            return
+        if self.queued_bytes and now - self._last_progress > self.limits.stall_timeout:
+            self.request_close(
+                SLOW,
+                f"client read nothing for {now - self._last_progress:.0f} s "
+                f"with {self.queued_bytes} bytes queued",
+            )
+
+    def request_close(self, code: int, reason: str) -> None:
+        if self.close_request is None:
+            self.close_request = (code, reason.encode()[:123].decode(errors="ignore"))
+            self._wake()
+
+    def close(self) -> None:
+        for pv in list(self.pvs.values()):
+            self._release(pv)
+        self.pvs.clear()
+        self._queue.clear()
+        self.queued_bytes = 0
+
+    def _queue_text(self, text: str) -> None:
+        if not self.queued_bytes:
+            self._last_progress = self._clock()
+        self._queue.append(text)
+        self.queued_bytes += len(text)
+        self._wake()
+
+
+class _BadMessage(Exception):
+    pass
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) < 200 else text[:200] + " ..."
+
+
+def _text(node: object) -> str:
+    """A JSON node as Jackson's `asText()` gives it."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, bool):
+        return "true" if node else "false"
+    if node is None:
+        return "null"
+    if isinstance(node, int | float):
+        return str(node)
+    return ""
+
+
+def _pvs(msg: dict[str, Any], text: str) -> list[str]:
+    pvs = msg.get("pvs")
+    if pvs is None:
+        raise _BadMessage(f"Missing 'pvs' in {_shorten(text)}")
+    if isinstance(pvs, list):
+        return [_text(x) for x in pvs]
+    if isinstance(pvs, dict):
+        return [_text(x) for x in pvs.values()]
+    return []

@@ -1,0 +1,276 @@
+"""pvws conformance: the real server, the real test IOC, a client written from pvws's source.
+
+Each test states what pvws (ornl-epics/pvws `Vtype2Json.java`, `WebSocket.java`) sends for the
+case and checks the message field by field, in pvws's order. This module runs its own server with
+local PVs writable by the `loc://w*` rule, so it may write without disturbing other modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pvwire.ioc import IocProcess
+
+from tests.pvws_client import PingRecorder, PvwsClient, array_of
+from tests.server_process import ServerProcess, server_args_for_tests
+
+DB = Path(__file__).parent / "dbs" / "test.db"
+NUMBER_META = [
+    "type", "pv", "vtype", "units", "description", "precision", "min", "max",
+    "warn_low", "warn_high", "alarm_low", "alarm_high", "severity", "value", "readonly",
+    "seconds", "nanos",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pvws_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
+    args = server_args_for_tests(["--write-rule", "loc://w*"])
+    with ServerProcess(*args) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(pvws_server: ServerProcess) -> AsyncIterator[PvwsClient]:
+    c = await PvwsClient.connect(pvws_server.url)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def http(url: str, method: str = "GET") -> Any:
+    req = urllib.request.Request(url, method=method)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+async def test_number_first_message_then_severity_only_on_change(client: PvwsClient) -> None:
+    await client.send(type="subscribe", pvs=["loc://wnum(0)", "ca://PVW:AO"])
+    first = await client.next("update", "ca://PVW:AO")
+    assert list(first) == NUMBER_META
+    assert first["vtype"] == "VDouble"
+    assert (first["units"], first["description"], first["precision"]) == ("mm", "Test output", 3)
+    assert (first["min"], first["max"]) == (-100, 100)
+    assert (first["warn_low"], first["warn_high"], first["alarm_low"], first["alarm_high"]) == (
+        -70, 70, -90, 90,
+    )  # fmt: skip
+    assert first["readonly"] is False  # the test server's rules let anyone write PVW:*
+    assert isinstance(first["seconds"], int) and 0 <= first["nanos"] < 1_000_000_000
+
+    # Writes through the pvws socket itself: HIGH (70) is MINOR, then back to NONE.
+    for value, severity in ((75.0, "MINOR"), (1.25, "NONE"), (2.5, None)):
+        await client.send(type="write", pv="ca://PVW:AO", value=value)
+        update = await client.next("update", "ca://PVW:AO")
+        while update["value"] != value:
+            update = await client.next("update", "ca://PVW:AO")
+        expected = ["type", "pv", "value", "seconds", "nanos"]
+        if severity:
+            expected.insert(2, "severity")
+            assert update["severity"] == severity
+        assert list(update) == expected
+
+
+async def test_integer_string_and_enum(client: PvwsClient) -> None:
+    await client.subscribe("ca://PVW:LONG", "ca://PVW:STR", "ca://PVW:MBBO")
+    got: dict[str, dict[str, Any]] = {}
+    async with asyncio.timeout(10):
+        while len(got) < 3:
+            m = await client.next("update")
+            got.setdefault(m["pv"], m)
+    long, text, enum = got["ca://PVW:LONG"], got["ca://PVW:STR"], got["ca://PVW:MBBO"]
+    assert long["vtype"] == "VInt" and isinstance(long["value"], int)
+    assert long["units"] == "pcs" and (long["min"], long["max"]) == (0, 1000)
+    assert list(text) == ["type", "pv", "vtype", "severity", "text", "readonly", "seconds", "nanos"]
+    assert text["vtype"] == "VString" and isinstance(text["text"], str)
+    assert list(enum) == [
+        "type", "pv", "vtype", "labels", "severity", "value", "text", "readonly", "seconds",
+        "nanos",
+    ]  # fmt: skip
+    assert enum["vtype"] == "VEnum" and enum["labels"][:3] == ["Off", "On", "Fault"]
+    assert enum["text"] == enum["labels"][enum["value"]]
+
+
+async def test_double_array_as_base64(client: PvwsClient, pvws_server: ServerProcess) -> None:
+    await client.subscribe("ca://PVW:WF")
+    first = await client.next("update", "ca://PVW:WF")
+    assert first["vtype"] == "VDoubleArray" and first["units"] == "V"
+    assert "value" not in first
+    values = array_of(first)
+    # Other modules write this shared record: compare with what GraphQL reads from the same hub.
+    data = pvws_server.graphql('{ channel(id: "ca://PVW:WF") { value } }')
+    assert values is not None
+    np.testing.assert_array_equal(values, data["data"]["channel"]["value"])
+
+
+async def test_local_pvs_initial_values_and_writes_seen_by_others(
+    client: PvwsClient, pvws_server: ServerProcess
+) -> None:
+    other = await PvwsClient.connect(pvws_server.url)
+    try:
+        await client.subscribe('loc://wtext("hello,world")', "loc://wpi(3.14)", "loc://warr(1,2)")
+        got: dict[str, dict[str, Any]] = {}
+        async with asyncio.timeout(10):
+            while len(got) < 3:
+                m = await client.next("update")
+                got[m["pv"]] = m
+        assert got['loc://wtext("hello,world")']["text"] == "hello,world"
+        assert got["loc://wpi(3.14)"]["value"] == 3.14
+        assert got["loc://wpi(3.14)"]["vtype"] == "VDouble"
+        np.testing.assert_array_equal(array_of(got["loc://warr(1,2)"]), [1.0, 2.0])
+
+        # The same local PV under another initial value is the same PV (as in Phoebus).
+        await other.subscribe("loc://wpi(7)")
+        assert (await other.next("update", "loc://wpi(7)"))["value"] == 3.14
+        await client.send(type="write", pv="loc://wpi(3.14)", value=42)
+        assert (await other.next("update", "loc://wpi(7)"))["value"] == 42.0
+        await client.send(type="write", pv='loc://wtext("hello,world")', value="bye")
+        update = await client.next("update", 'loc://wtext("hello,world")')
+        assert update["text"] == "bye"
+    finally:
+        await other.close()
+
+
+async def test_refused_and_unknown_writes_are_errors(client: PvwsClient) -> None:
+    await client.subscribe("loc://ro(1)")
+    first = await client.next("update", "loc://ro(1)")
+    assert first["readonly"] is True  # no rule lets anyone write loc://ro
+    await client.send(type="write", pv="loc://ro(1)", value=2)
+    error = await client.next("error")
+    assert list(error) == ["type", "message"] and "loc://ro" in error["message"]
+    await client.send(type="write", pv="loc://never-subscribed", value=2)
+    error = await client.next("error")
+    assert error["message"] == "Cannot write unknown PV loc://never-subscribed"
+
+
+async def test_clear_list_echo_and_bad_messages(client: PvwsClient) -> None:
+    await client.subscribe("sim://counter?rate=50", "loc://wkeep(1)")
+    await client.next("update", "sim://counter?rate=50")
+    await client.send(type="list")
+    listed = await client.next("list")
+    assert listed == {"type": "list", "pvs": ["sim://counter?rate=50", "loc://wkeep(1)"]}
+    await client.send(type="clear", pvs=["sim://counter?rate=50"])
+    await client.send(type="list")
+    while (m := await client.recv())["type"] != "list":
+        pass  # counter updates queued before the clear took effect
+    assert m["pvs"] == ["loc://wkeep(1)"]
+
+    # Malformed and unknown messages get no answer, and the connection goes on.
+    for bad in ("not json", '{"no": "type"}', '{"type": "bogus"}', '{"type": "subscribe"}'):
+        await client.ws.send(bad)
+    echo = {"type": "echo", "body": "Hello, echo", "other": [1, 2]}
+    await client.send(**echo)
+    # Nothing but the echo arrives: no counter update after the clear, no error for bad input.
+    assert await client.recv() == echo
+
+
+async def test_ping_is_answered_with_a_websocket_ping(client: PvwsClient) -> None:
+    await client.send(type="ping")
+    await client.send(type="echo", body="after ping")
+    await client.next("echo")
+    assert isinstance(client.ws, PingRecorder) and client.ws.pings >= 1
+
+
+async def test_large_subscribe_message(client: PvwsClient) -> None:
+    names = [f"loc://wbig{i:04d}({i})" for i in range(400)]
+    message = json.dumps({"type": "subscribe", "pvs": names})
+    assert len(message) > 8192  # pvws under Tomcat refuses this by default
+    await client.ws.send(message)
+    seen: set[str] = set()
+    async with asyncio.timeout(20):
+        while len(seen) < len(names):
+            seen.add((await client.next("update"))["pv"])
+    assert seen == set(names)
+
+
+async def test_flipflop_heartbeat_of_cs_web_lib(client: PvwsClient) -> None:
+    await client.subscribe("sim://flipflop(0.1)")
+    first = await client.next("update", "sim://flipflop(0.1)")
+    assert first["vtype"] == "VEnum" and first["labels"] == ["false", "true"]
+    second = await client.next("update", "sim://flipflop(0.1)")
+    assert second["text"] != first["text"] and "labels" not in second
+
+
+async def test_inspection_urls(client: PvwsClient, pvws_server: ServerProcess) -> None:
+    await client.subscribe("loc://winspect(5)", "ca://PVW:WF")
+    async with asyncio.timeout(10):
+        while len(client.merged) < 2:
+            await client.next("update")
+    base = pvws_server.url + "/pvws"
+    info = http(base + "/info")
+    assert set(info) == {"start_time", "jre"}
+    summary = http(base + "/summary")["sockets"]
+    mine = [s for s in summary if s["pvs"] == 2]
+    assert mine and set(mine[0]) == {
+        "id", "created", "last_client_message", "last_message_sent", "queued", "pvs", "arrays",
+        "max_size",
+    }  # fmt: skip
+    assert mine[0]["arrays"] == 1 and mine[0]["max_size"] == 10
+    sid = mine[0]["id"]
+    socket = http(f"{base}/socket/{sid}")["sockets"]
+    assert [p["name"] for p in socket[0]["pvs"]] == ["loc://winspect(5)", "ca://PVW:WF"]
+    pool = http(base + "/pool")
+    assert {"refs": 1, "pv": "loc://winspect(5)"} in pool
+    http(f"{base}/socket/{sid}", method="DELETE")
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                await client.recv()
+            except Exception:
+                break
+    assert client.ws.close_code == 1000
+
+
+async def test_one_upstream_monitor_for_both_endpoints(
+    client: PvwsClient, pvws_server: ServerProcess
+) -> None:
+    from pvwire_client import Client
+
+    await client.subscribe("ca://PVW:COUNTER")
+    await client.next("update", "ca://PVW:COUNTER")
+    async with Client(pvws_server.url) as py:
+        updates = py.monitor(["ca://PVW:COUNTER"])
+        async with asyncio.timeout(10):
+            async for _ in updates:
+                break
+        query = "{ server { channels { id subscribers lastUpdate } clients { endpoint } } }"
+        server = pvws_server.graphql(query)["data"]["server"]
+        rows = [c for c in server["channels"] if c["id"] == "ca://PVW:COUNTER"]
+        assert len(rows) == 1 and rows[0]["subscribers"] == 2 and rows[0]["lastUpdate"] > 0
+        assert {"pvws", "stream"} <= {c["endpoint"] for c in server["clients"]}
+
+
+async def test_disconnect_as_pvws_shows_it() -> None:
+    ioc = IocProcess([DB])
+    ioc.start()
+    server = ServerProcess(*server_args_for_tests(), env=ioc.ports.client_env())
+    server.start()
+    try:
+        c = await PvwsClient.connect(server.url)
+        await c.subscribe("ca://PVW:COUNTER")
+        await c.next("update", "ca://PVW:COUNTER")
+        ioc.stop()
+        async with asyncio.timeout(20):
+            while (m := await c.next("update", "ca://PVW:COUNTER"))["value"] != "NaN":
+                pass
+        assert list(m) == ["type", "pv", "severity", "value", "seconds", "nanos"]
+        assert m["severity"] == "UNDEFINED"
+        await c.close()
+    finally:
+        server.stop()
+        ioc.stop()
+
+
+def test_inspection_needs_an_admin(epics_env: IocProcess) -> None:
+    with ServerProcess(*server_args_for_tests(["--admin-group", "ops"])) as server:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            http(server.url + "/pvws/summary")
+        assert err.value.code == 403

@@ -1,0 +1,94 @@
+"""`wire/pvws.py` in memory: one text per channel state and variant shared by every client, and
+`/stream`'s flow control (merge while behind, then the latest state)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+from pvwire.model import VALUE, ConnState, Metadata
+from pvwire.wire.pvws import Opened, PvSource, PvwsEncoder, PvwsSession
+from pvwire.wire.session import SessionLimits
+from pvwire.wire.tokens import Claims
+
+
+@dataclass
+class FakeChannel:
+    value: object = 1.5
+    seconds: int = 100
+    nanoseconds: int = 5
+    severity: int = 0
+    meta: Metadata = field(default_factory=lambda: Metadata("float64", 1, "d", "mm", 2))
+    state: ConnState = ConnState.CONNECTED
+    updates: int = 1
+    known: int = VALUE
+    fault: str = ""
+
+    def set(self, value: object, severity: int = 0) -> None:
+        self.value, self.severity, self.updates = value, severity, self.updates + 1
+
+
+@dataclass
+class FakeView:
+    channels: list[FakeChannel]
+
+
+class FakeHost:
+    def __init__(self, ch: FakeChannel) -> None:
+        self.view = FakeView([ch])
+
+    def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened:
+        view: PvSource = self.view
+        return Opened(view, Claims((name,), "LATEST", 0.0, 0, 0), may_write=False)
+
+    def close(self, view: PvSource, session: PvwsSession, att: int) -> None:
+        pass
+
+
+def drain(s: PvwsSession) -> list[str]:
+    out = []
+    while (t := s.next_text()) is not None:
+        out.append(t)
+        s.sent(len(t))
+    return out
+
+
+def session(ch: FakeChannel, encoder: PvwsEncoder, budget: int = 1 << 20) -> PvwsSession:
+    return PvwsSession(
+        1, "", FakeHost(ch), encoder, SessionLimits(send_budget=budget), lambda: None
+    )
+
+
+def test_clients_share_one_text_per_state_and_variant() -> None:
+    ch, encoder = FakeChannel(), PvwsEncoder()
+    a, b = session(ch, encoder), session(ch, encoder)
+    for s in (a, b):
+        s.receive('{"type":"subscribe","pvs":["x"]}')
+    first_a, first_b = drain(a), drain(b)
+    assert first_a == first_b and json.loads(first_a[0])["units"] == "mm"
+    ch.set(2.0, severity=1)
+    texts = []
+    for s in (a, b):
+        s.collect(1, object())
+        s.flush_tick()
+        texts.append(s.next_text())
+    assert texts[0] is texts[1]  # the same string object: encoded once
+    assert json.loads(texts[0] or "")["severity"] == "MINOR"
+    assert encoder.encoded == 2  # one first message, one update
+
+
+def test_behind_merges_then_sends_the_latest_state() -> None:
+    ch, encoder = FakeChannel(value=np.arange(4, dtype=np.float64)), PvwsEncoder()
+    s = session(ch, encoder, budget=10)
+    s.receive('{"type":"subscribe","pvs":["w"]}')  # first message fills the tiny budget
+    for v in range(3):
+        ch.set(np.full(4, float(v)))
+        s.collect(1, object())
+        s.flush_tick()
+    assert s.behind and s.conflated == 2
+    texts = drain(s)
+    assert len(texts) == 2  # the first message, then one with the latest state
+    last = json.loads(texts[-1])
+    assert np.frombuffer(base64.b64decode(last["b64dbl"]), "<f8").tolist() == [2.0] * 4
