@@ -6,10 +6,11 @@
 ...         print(u.channel.format())
 """
 
-from .client import DEFAULT_URL, Client, Update
+from .client import DEFAULT_URL, Client, TokenSource, Update
 from .closecodes import is_reconnect
 from .errors import (
     BadChannelId,
+    Forbidden,
     NotFound,
     ProtocolError,
     PutFailed,
@@ -17,9 +18,11 @@ from .errors import (
     ReadOnly,
     ServerUnavailable,
     StreamClosed,
+    StreamRefused,
     Timeout,
     TooManyChannels,
     TypeMismatch,
+    Unauthenticated,
     WriteDenied,
 )
 from .graphql import PutResult
@@ -32,6 +35,7 @@ __all__ = [
     "ChannelState",
     "Client",
     "Entry",
+    "Forbidden",
     "NotFound",
     "ProtocolError",
     "PutFailed",
@@ -40,9 +44,12 @@ __all__ = [
     "ReadOnly",
     "ServerUnavailable",
     "StreamClosed",
+    "StreamRefused",
     "Timeout",
+    "TokenSource",
     "TooManyChannels",
     "TypeMismatch",
+    "Unauthenticated",
     "Update",
     "WriteDenied",
     "decode_message",

@@ -7,6 +7,7 @@ from .wire import ProtocolError
 
 __all__ = [
     "BadChannelId",
+    "Forbidden",
     "NotFound",
     "ProtocolError",
     "PutFailed",
@@ -14,9 +15,11 @@ __all__ = [
     "ReadOnly",
     "ServerUnavailable",
     "StreamClosed",
+    "StreamRefused",
     "Timeout",
     "TooManyChannels",
     "TypeMismatch",
+    "Unauthenticated",
     "WriteDenied",
     "error_for",
 ]
@@ -57,6 +60,18 @@ class WriteDenied(PvwireError):
     code = "WRITE_DENIED"
 
 
+class Unauthenticated(PvwireError):
+    """The server did not accept the token: missing where required, invalid or expired."""
+
+    code = "UNAUTHENTICATED"
+
+
+class Forbidden(PvwireError):
+    """The identity may not read (or subscribe to) the channels the error names."""
+
+    code = "FORBIDDEN"
+
+
 class ReadOnly(PvwireError):
     code = "READ_ONLY"
 
@@ -91,6 +106,23 @@ class StreamClosed(PvwireError):
         self.reason = reason
 
 
+class StreamRefused(PvwireError):
+    """The server refused or ended one subscription on the stream (PROTOCOL.md section 7).
+
+    ``stream_code`` is 4401 (bad token) or 4402 (expired token) when even a freshly registered
+    token was refused, or 4403 when the identity may not read a channel; ``code`` is its name
+    (``BAD_TOKEN``, ``TOKEN_EXPIRED``, ``FORBIDDEN``). The client's other subscriptions go on.
+    """
+
+    code = "STREAM_REFUSED"
+
+    def __init__(self, stream_code: int, message: str = "") -> None:
+        name = close_name(stream_code)
+        text = f"subscription refused: {stream_code} {name}"
+        super().__init__(f"{text} ({message})" if message else text, code=name)
+        self.stream_code = stream_code
+
+
 _BY_CODE: dict[str, type[PvwireError]] = {
     c.code: c
     for c in (
@@ -102,6 +134,8 @@ _BY_CODE: dict[str, type[PvwireError]] = {
         TypeMismatch,
         PutFailed,
         TooManyChannels,
+        Unauthenticated,
+        Forbidden,
     )
 }
 

@@ -52,7 +52,7 @@ M_PUT_MANY = (
 M_SUBSCRIBE = (
     "mutation($ids: [String!]!, $options: SubscribeOptions) {"
     " subscribe(ids: $ids, options: $options)"
-    f" {{ token expiresAt streamPath channels {{ sid id metadata {{ {_META} }} }} }} }}"
+    f" {{ token expiresAt streamPath channels {{ sid id access metadata {{ {_META} }} }} }} }}"
 )
 
 _NUMERIC = {
@@ -74,6 +74,7 @@ class StreamChannel:
     sid: int
     id: str
     metadata: dict[str, Any]
+    access: str | None = None  # "READ" or "WRITE" for the identity that registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,10 @@ class Registration:
             d["token"],
             float(d["expiresAt"]),
             d["streamPath"],
-            tuple(StreamChannel(c["sid"], c["id"], metadata(c.get("metadata"))) for c in chans),
+            tuple(
+                StreamChannel(c["sid"], c["id"], metadata(c.get("metadata")), c.get("access"))
+                for c in chans
+            ),
         )
 
 
