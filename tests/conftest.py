@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.ioc import IocProcess
@@ -27,6 +29,26 @@ from tests.server_process import ServerProcess, server_args_for_tests
 from . import hub_doubles
 
 DBS = Path(__file__).parent / "dbs"
+
+# One hypothesis profile for every property test, loaded here so that it is the default before
+# any test module is imported (a test's own @settings inherits from it). The suite shares a 2-core
+# machine with other jobs, so nothing may depend on how fast an example runs: no deadline, and no
+# too_slow health check (it failed test_round_trip once under load). The other health checks flag
+# a strategy's shape, not the machine's speed, so they stay on. CI runs the same examples every
+# time (derandomize) and keeps no example database, so a red CI run can be reproduced anywhere.
+hypothesis_settings.register_profile(
+    "pvwire", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.register_profile(
+    "pvwire-ci",
+    hypothesis_settings.get_profile("pvwire"),
+    derandomize=True,
+    database=None,
+    print_blob=True,
+)
+hypothesis_settings.load_profile(
+    "pvwire-ci" if os.environ.get("CI", "").lower() in ("1", "true") else "pvwire"
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import pytest
-from pvwire_client.cli import parse_value
+from pvwire_client.cli import EXIT_ERROR, EXIT_NOT_FOUND, parse_value
+from pvwire_client.cliformat import channel_problem
+from pvwire_client.climonitor import Watch
+from pvwire_client.state import CONNECTED, FAILED, NOT_FOUND, ChannelState
 
 pytestmark = pytest.mark.ioc
 PVWIRE = str(Path(sys.executable).with_name("pvwire"))
@@ -84,13 +94,111 @@ def test_search(server_url: str) -> None:
     assert {"ca://PVW:AO", "ca://PVW:COUNTER"} <= set(found)
 
 
-def test_unknown_pv_is_one_line_on_stderr(server_url: str) -> None:
-    p = run(server_url, "get", "--timeout", "1", "ca://PVW:NOPE", ok=False)
-    assert p.returncode == 1 and p.stdout == ""
-    assert p.stderr.startswith("pvwire: ca://PVW:NOPE: ") and p.stderr.count("\n") == 1
+def test_unknown_pv_is_named_once_on_stderr(server_url: str) -> None:
+    for name in ("ca://PVW:NOPE", "PVW:NOPE"):  # with and without the default scheme
+        p = run(server_url, "get", "--timeout", "1", name, ok=False)
+        assert p.returncode == EXIT_NOT_FOUND and p.stdout == ""
+        assert p.stderr.startswith(f"{name}: not found (") and p.stderr.count("\n") == 1
+        assert p.stderr.count("PVW:NOPE") == 1, p.stderr
+
+
+def test_get_reads_what_it_can_and_exits_by_the_worst_problem(server_url: str) -> None:
+    p = run(server_url, "get", "--timeout", "1", "ca://PVW:AO", "ca://PVW:NOPE", ok=False)
+    assert p.returncode == EXIT_NOT_FOUND and p.stdout.startswith("ca://PVW:AO  ")
+    p = run(server_url, "get", "--timeout", "1", "ca://PVW:NOPE", "bad://x", ok=False)
+    assert p.returncode == EXIT_ERROR and len(p.stderr.splitlines()) == 2
+    assert p.stderr.splitlines()[1].count("bad://x") == 1
 
 
 def test_unreachable_server_is_one_line_on_stderr() -> None:
     p = run("http://127.0.0.1:9", "get", "ca://PVW:AO", ok=False)
     assert p.returncode == 1 and p.stderr.startswith("pvwire: cannot reach")
     assert "Traceback" not in p.stderr
+
+
+def test_put_denied_names_the_channel_once(server_url: str) -> None:
+    p = run(server_url, "put", "ca://TEST:NOT:WRITABLE", "1", ok=False)
+    assert p.returncode == EXIT_ERROR and p.stdout == ""
+    assert p.stderr.startswith("pvwire: ") and p.stderr.count("TEST:NOT:WRITABLE") == 1
+
+
+def test_importing_the_command_leaves_out_numpy_httpx_and_asyncio() -> None:
+    # `pvwire get` in a shell loop must start fast; these imports took 0.3 s of its 0.45 s.
+    code = "import sys, pvwire_client.cli; print(sorted(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(ast.literal_eval(out.stdout))
+    assert "pvwire_client.cli" in loaded
+    assert not loaded & {"numpy", "httpx", "asyncio", "websockets", "msgpack"}
+
+
+def test_monitor_reports_each_problem_once_and_remembers_who_is_missing() -> None:
+    watch = Watch()
+    nope = ChannelState("ca://NOPE")
+    assert watch.see(nope) is None  # connecting: nothing to say yet
+    nope.state, nope.reason = NOT_FOUND, "not found (no IOC answered for 5 s)"
+    assert watch.see(nope) == "ca://NOPE: not found (no IOC answered for 5 s)"
+    assert watch.see(nope) is None  # the same state again: already reported
+    bad = ChannelState("ca://BAD", state=FAILED, reason="no wire form for <U1")
+    assert watch.see(bad) == "ca://BAD: failed (no wire form for <U1)"
+    ok = ChannelState("ca://OK", value=1.0, state=CONNECTED)
+    assert watch.see(ok) is None
+    assert sorted(watch.missing) == ["ca://BAD", "ca://NOPE"]
+    # The PV appeared later: no longer missing.
+    nope.state, nope.reason = CONNECTED, ""
+    assert watch.see(nope) is None and watch.missing == ["ca://BAD"]
+
+
+def test_problem_lines_say_not_found_once_whatever_the_reason_says() -> None:
+    bare = ChannelState("ca://X", state=NOT_FOUND)
+    assert channel_problem(bare) == "ca://X: not found"
+    other = ChannelState("ca://X", state=NOT_FOUND, reason="no IOC answered for 5 s")
+    assert channel_problem(other) == "ca://X: not found (no IOC answered for 5 s)"
+    assert channel_problem(ChannelState("ca://X", state=FAILED)) == "ca://X: failed"
+
+
+def test_monitor_of_a_missing_pv_says_not_found_keeps_watching_and_exits_3(
+    server_url: str,
+) -> None:
+    # Needs the server's NOT_FOUND connection state (PROTOCOL.md section 3, state 4).
+    env = {**os.environ, "PVWIRE_URL": server_url}
+    cmd = [PVWIRE, "monitor", "ca://PVW:NOPE", "ca://PVW:COUNTER", "--duration", "60"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[tuple[str, str]] = queue.Queue()
+    for name, pipe in (("out", p.stdout), ("err", p.stderr)):
+        threading.Thread(target=_pump, args=(name, pipe, lines), daemon=True).start()
+    try:
+        seen = _until(lines, lambda k, line: k == "err", 30)
+        assert seen[-1][1].startswith("ca://PVW:NOPE: not found (no IOC answered for "), seen
+        # It keeps watching: the other channel goes on printing.
+        later = _until(
+            lines, lambda k, line: k == "out" and line.startswith("ca://PVW:COUNTER "), 10
+        )
+        p.send_signal(signal.SIGTERM)  # ends a monitor like --duration does
+        assert p.wait(30) == EXIT_NOT_FOUND
+    finally:
+        p.kill()
+        p.wait()
+    later += _until(lines, lambda k, line: k == "eof-err", 10)
+    assert not [line for k, line in later if k == "err"], "the problem is reported once"
+
+
+def _pump(name: str, pipe: IO[str], lines: queue.Queue[tuple[str, str]]) -> None:
+    for line in pipe:
+        lines.put((name, line.rstrip("\n")))
+    lines.put((f"eof-{name}", ""))
+
+
+def _until(
+    lines: queue.Queue[tuple[str, str]], done: Callable[[str, str], bool], timeout: float
+) -> list[tuple[str, str]]:
+    """Lines read until one satisfies ``done`` (included); fails after ``timeout`` seconds."""
+    seen: list[tuple[str, str]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            item = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"timed out after {timeout} s; read {seen[-10:]}") from None
+        seen.append(item)
+        if done(*item):
+            return seen

@@ -75,13 +75,22 @@ async def test_put_many(client: Client) -> None:
 
 async def test_monitor_snapshot_then_changes(client: Client) -> None:
     ups = await take(client.monitor(["ca://PVW:COUNTER", "ca://PVW:AO"]), 12)
-    first, second = ups[0], ups[1]
-    # The snapshot comes first, one update per channel, even before upstream connected.
-    assert {first.channel.id, second.channel.id} == {"ca://PVW:COUNTER", "ca://PVW:AO"}
-    assert any(u.channel.id == "ca://PVW:AO" and u.channel.connected for u in ups)
+    # Each channel's first update carries its value, whether or not the server had it warm.
+    for pv in ("ca://PVW:COUNTER", "ca://PVW:AO"):
+        first = next(u for u in ups if u.channel.id == pv)
+        assert first.channel.connected and first.channel.value is not None
+        assert {"value", "time", "alarm", "metadata", "connection"} <= first.changed
     counter = [u.channel.value for u in ups if u.channel.id == "ca://PVW:COUNTER"
                and "value" in u.changed]  # fmt: skip
     assert len(counter) >= 3 and counter == sorted(counter) and len(set(counter)) == len(counter)
+
+
+async def test_monitor_of_a_cold_channel_starts_with_its_value(client: Client) -> None:
+    # A sim channel no one watches is cold: the server's snapshot has no value yet.
+    pv = f"sim://value/cold{random.randrange(10**9)}"
+    (first,) = await take(client.monitor(pv), 1)
+    assert first.channel.id == pv and first.channel.connected
+    assert first.channel.value is not None and "value" in first.changed
 
 
 async def test_monitor_sees_puts(client: Client) -> None:

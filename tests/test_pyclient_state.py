@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pvwire_client import closecodes
-from pvwire_client.state import CONNECTED, DISCONNECTED, ChannelState
+from pvwire_client.state import CONNECTED, DISCONNECTED, NOT_FOUND, ChannelState
 from pvwire_client.wire import ALARM, CONN, META, TIME, VALUE, Entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +49,14 @@ def test_disconnect_keeps_the_last_value() -> None:
     s.apply(full(5, 3))
     assert s.apply(Entry(0, CONN, state=DISCONNECTED, reason="IOC gone")) == {"connection"}
     assert (s.value, s.connected, s.reason, s.connection) == (5, False, "IOC gone", "DISCONNECTED")
+
+
+def test_not_found_and_unknown_states() -> None:
+    s = ChannelState("ca://NOPE")
+    s.apply(Entry(0, CONN, state=4, reason="not found (no IOC answered for 5 s)"))
+    assert s.connection == "NOT_FOUND" and s.reason.startswith("not found")
+    s.apply(Entry(0, CONN, state=99, reason="from a later version"))
+    assert s.state == DISCONNECTED and s.connection == "DISCONNECTED"
 
 
 def test_conflated_counts_serial_jumps() -> None:
@@ -128,3 +136,11 @@ def test_close_code_classes() -> None:
     assert closecodes.is_reconnect(1002) and closecodes.is_reconnect(3000)
     assert not closecodes.is_reconnect(4001) and not closecodes.is_reconnect(4999)
     assert closecodes.name(4999) == "CODE_4999"
+
+
+def test_not_found_is_a_state_with_a_reason_and_news() -> None:
+    s = ChannelState("ca://NOPE")
+    assert not s.has_news  # connecting, no value: nothing to show yet
+    assert s.apply(Entry(0, CONN, state=NOT_FOUND, reason="not found (no IOC answered for 5 s)"))
+    assert (s.connection, s.connected, s.has_news) == ("NOT_FOUND", False, True)
+    assert s.apply(full(1.0)) and s.connected  # it appeared later

@@ -158,6 +158,29 @@ async def test_snapshot_then_data_then_detach(fake_factory: Any) -> None:
     assert fake.extensions == [None]  # no permessage-deflate offered
 
 
+async def test_first_update_of_a_cold_channel_carries_its_value(fake_factory: Any) -> None:
+    # A cold channel's snapshot is "connecting, no value"; the first update a reader gets must
+    # carry the value (or say why there is none), with everything known marked as changed.
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a", "sim://b"]]))
+        await ws.send(pack([2, 1, 1, [[0, 16, 0, ""], [1, 16, 0, ""]]]))
+        await ws.send(pack([3, 2, [[1, [[0, 8, {"units": "mA"}]]]]]))  # metadata first
+        await ws.send(pack([3, 3, [[1, [[0, 23, 1.5, 1, 1700000000, 0, 0, 0, "", 1, ""]]]]]))
+        reason = "not found (no IOC answered for 5 s)"
+        await ws.send(pack([3, 4, [[1, [[1, 16, 4, reason]]]]]))
+        await ws.wait_closed()
+
+    _, client = await fake_factory(script)
+    a, b = await take(client.monitor(["a", "b"]), 2)
+    assert (a.channel.id, a.channel.value, a.channel.connection) == ("sim://a", 1.5, "CONNECTED")
+    assert a.changed == {"value", "time", "alarm", "metadata", "connection"}
+    assert a.channel.format() == "1.5 mA"
+    assert (b.channel.id, b.channel.value, b.channel.connection) == ("sim://b", None, "NOT_FOUND")
+    assert b.changed == {"connection"} and b.channel.reason.startswith("not found (")
+
+
 async def test_reconnect_on_restart_shows_disconnect_and_resnapshots(fake_factory: Any) -> None:
     async def script(ws: ServerConnection, n: int) -> None:
         await ws.send(pack(HELLO))

@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pvwire_client import wire
 from pvwire_client.wire import ProtocolError, decode_message
@@ -202,7 +202,7 @@ def data_msg(*entries: Any) -> bytes:
         (data_msg([0, 4, 4, 0, ""]), "severity"),
         (data_msg([0, 4, 0, 0, None]), "alarm message"),
         (data_msg([0, 8, []]), "metadata must be a map"),
-        (data_msg([0, 16, 4, ""]), "connection state"),
+        (data_msg([0, 16, -1, ""]), "entry state"),
         (data_msg([0, 1, True, 1]), "booleans"),
         (data_msg([0, 1, [1, 2], 1]), "arrays of str"),
         (data_msg([0, 1, b"raw", 1]), "unsupported value type"),
@@ -320,7 +320,7 @@ def entries(draw: st.DrawFn) -> wire.Entry:
     if mask & wire.META:
         f["metadata"] = draw(metadata)
     if mask & wire.CONN:
-        f["state"], f["reason"] = draw(st.integers(0, 3)), draw(st.text())
+        f["state"], f["reason"] = draw(st.integers(0, 4)), draw(st.text())
     return wire.Entry(draw(st.integers(0, 2**32)), mask, **f)
 
 
@@ -349,3 +349,20 @@ def test_round_trip(es: list[wire.Entry], seq: int, att: int) -> None:
     for got, want in zip(msg.entries, es, strict=True):
         for name in want.__slots__:
             assert same(getattr(got, name), getattr(want, name)), name
+
+
+def test_property_tests_do_not_depend_on_machine_speed() -> None:
+    # conftest.py's profile: a loaded machine must not fail a property test (no deadline, no
+    # too_slow health check), and every such test, this module's included, runs under it.
+    profile = settings.default
+    assert profile is not None and profile.deadline is None
+    assert HealthCheck.too_slow in profile.suppress_health_check
+    assert profile.max_examples <= 100
+
+
+def test_not_found_is_a_connection_state() -> None:
+    # Section 3: state 4 NOT_FOUND, no IOC answered the search for the server's configured time.
+    msg = decode_message(pack([3, 1, [[0, [[0, 16, 4, "not found (no IOC answered for 5 s)"]]]]]))
+    assert isinstance(msg, wire.Data)
+    (entry,) = msg.groups[0].entries
+    assert (entry.state, entry.reason) == (4, "not found (no IOC answered for 5 s)")

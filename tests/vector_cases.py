@@ -87,6 +87,12 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      data(11, (1, [e(0, VALUE | TIME | CONN, value=21.0, serial=1, **T, state=1, reason="")]))),
     ("data_failed", "server", "DATA: a channel that cannot be served",
      data(12, (1, [e(3, CONN, state=3, reason="unknown sim kind 'sinus'")]))),
+    ("data_not_found", "server", "DATA: no IOC answered for 5 s; the server keeps searching",
+     data(13, (1, [e(2, CONN, state=4, reason="not found (no IOC answered for 5 s)")]))),
+    ("data_first_value", "server",
+     "DATA: a channel's first value carries its alarm, even NO_ALARM with an empty message",
+     data(14, (1, [e(0, VALUE | TIME | ALARM, value=1.5, serial=1, **T, severity=0, status=0,
+                     message="")]))),
     *[(f"data_ndarray_{dt}", "server", f"DATA: a 1-D {dt} array",
        data(20, (1, [e(0, VALUE | TIME, value=nd(dt, xs), serial=5, **T)])))
       for dt, xs in DTYPE_SAMPLES.items()],

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -19,6 +20,7 @@ from strawberry.fastapi import GraphQLRouter
 from . import __version__
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
+from .api.limits import ValueBudget
 from .api.metrics import render_metrics
 from .api.stream import serve_stream
 from .config import Settings
@@ -36,9 +38,17 @@ MAX_LOOP_LAG_READY = 5.0  # seconds: a loop this late cannot serve anyone (DESIG
 def make_backends(settings: Settings) -> dict[str, Backend]:
     from .upstream.ca import CaBackend
     from .upstream.pva import PvaBackend
-    from .upstream.sim import SimBackend
+    from .upstream.sim import SimBackend, SimLimits
 
-    return {"ca": CaBackend(), "pva": PvaBackend(), "sim": SimBackend()}
+    backends: dict[str, Backend] = {"ca": CaBackend(), "pva": PvaBackend()}
+    if settings.sim_enabled:
+        limits = SimLimits(
+            max_rate=settings.sim_max_rate,
+            max_length=settings.sim_max_length,
+            max_bytes_per_s=settings.sim_max_bytes_per_s,
+        )
+        backends["sim"] = SimBackend(limits)
+    return backends
 
 
 class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
@@ -47,6 +57,10 @@ class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
     @property
     def graphql_ide_html(self) -> str:
         return offline_page() or super().graphql_ide_html
+
+    def encode_json(self, data: object) -> bytes:
+        # orjson: arrays straight from numpy, ~10x the json module (api/limits.py has figures).
+        return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None) -> FastAPI:
@@ -85,10 +99,14 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
         )
 
     async def context(request: Request) -> dict[str, Any]:
-        return {"hub": hub, "request": request}
+        return {
+            "hub": hub,
+            "request": request,
+            "budget": ValueBudget(settings.max_graphql_elements),
+        }
 
     graphql: GraphQLRouter[Any, None] = OfflineGraphQLRouter(
-        make_schema(settings.max_query_depth),
+        make_schema(settings.max_query_depth, settings.max_query_cost),
         context_getter=context,
         graphql_ide="graphiql",
         multipart_uploads_enabled=False,

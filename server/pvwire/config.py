@@ -35,6 +35,14 @@ class Settings:
     allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
     cors_origins: list[str] = field(default_factory=list)
     get_timeout_s: float = 3.0
+    sim_enabled: bool = True  # sim:// channels (demo, tests, benchmarks); off at a facility
+    sim_max_rate: float = 1000.0  # Hz per sim channel
+    sim_max_length: int = 4_000_000  # elements per sim waveform
+    sim_max_bytes_per_s: float = 200e6  # per sim channel
+    max_query_cost: int = 25_000  # GraphQL: fields (aliases count each) + ids in list arguments
+    max_graphql_elements: int = (
+        100_000  # array elements in one GraphQL response; the stream has no such cap
+    )
     not_found_s: float = 5.0  # CONNECTING this long with no server answering: NOT_FOUND
     instance: str = field(default_factory=lambda: os.uname().nodename)
 

@@ -7,30 +7,39 @@
     pvwire search PATTERN
 
 ``--json`` prints machine-readable output (one JSON object per line for monitor); ``--server URL``
-or ``PVWIRE_URL`` selects the server (default http://127.0.0.1:8080). Expected errors print one
-line on stderr and exit 1.
+or ``PVWIRE_URL`` selects the server (default http://127.0.0.1:8080). Problems print one line on
+stderr: ``ID: what happened`` for a channel, ``pvwire: what happened`` for the command.
+
+``monitor`` reports a channel that no IOC answers (``ID: not found (...)``) or that failed, once,
+and keeps watching: the PV may appear later. SIGTERM ends it like ``--duration``.
+
+Exit status, as caget's is 1 when a channel could not be read:
+
+    0  every channel was read, written or watched
+    1  an error: the server could not be reached or refused the request (write denied, wrong type,
+       bad channel id, timeout, ...); it wins over 3 when both apply
+    2  the command line was wrong
+    3  a channel was not found: no IOC answered (get, put, info), or, for monitor, a channel was
+       not found or had failed when the monitor stopped
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from .cliformat import channel_error, get_line, state_json
+from .control import DEFAULT_URL, Control
+from .errors import NotFound, ProtocolError, PvwireError
 
-from .client import DEFAULT_URL, Client, Update
-from .errors import PvwireError
-from .state import ChannelState
-from .wire import ProtocolError
+__all__ = ["EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE", "main", "parse_value"]
 
-__all__ = ["main", "parse_value"]
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 
 
 def parse_value(text: str) -> Any:
@@ -48,133 +57,66 @@ def parse_value(text: str) -> Any:
     return text
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, np.generic):
-        return _jsonable(x.item())
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)  # JSON has no NaN/Infinity
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    return x
-
-
-def state_json(s: ChannelState) -> dict[str, Any]:
-    t = s.datetime
-    return {
-        "id": s.id,
-        "value": _jsonable(s.value),
-        "display": s.format(),
-        "units": s.units,
-        "time": t.isoformat() if t else None,
-        "seconds": s.seconds,
-        "nanoseconds": s.nanoseconds,
-        "severity": s.severity_name,
-        "status": s.status_name,
-        "message": s.message,
-        "connection": s.connection,
-        "reason": s.reason,
-        "serial": s.serial,
-        "conflated": s.conflated,
-        "metadata": _jsonable(s.metadata),
-    }
-
-
-def _local_time(s: ChannelState) -> str:
-    t = s.datetime
-    if t is None:
-        return "<no time>" + " " * 17
-    return t.astimezone().replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-
-
-def camonitor_line(s: ChannelState) -> str:
-    """``ID  2026-11-22 17:30:01.123456  VALUE UNITS  [SEVERITY STATUS]``"""
-    if not s.connected:
-        reason = f": {s.reason}" if s.reason else ""
-        return f"{s.id}  {_local_time(s)}  {s.format()}  <{s.connection.lower()}{reason}>"
-    line = f"{s.id}  {_local_time(s)}  {s.format()}"
-    if s.severity:
-        line += f"  {s.severity_name} {s.status_name}"
-    return line
-
-
 def _print(obj: Any) -> None:
     print(json.dumps(obj, ensure_ascii=False), flush=True)
 
 
-async def _get(c: Client, a: argparse.Namespace) -> int:
-    results = await c.get_many(a.ids, timeout=a.timeout)
-    rc = 0
-    for r in results:
+def _get(a: argparse.Namespace) -> int:
+    errors: list[PvwireError] = []
+    for r in Control(a.server, timeout=a.timeout).get_many(a.ids, timeout=a.timeout):
         if isinstance(r, PvwireError):
-            print(f"pvwire: {r}", file=sys.stderr)
-            rc = 1
+            print(channel_error(r), file=sys.stderr)
+            errors.append(r)
         elif a.json:
             _print(state_json(r))
         else:
-            sev = f"  {r.severity_name} {r.status_name}" if r.severity else ""
-            conn = "" if r.connected else f"  <{r.connection.lower()}>"
-            print(f"{r.id}  {r.format()}{sev}{conn}")
-    return rc
+            print(get_line(r))
+    if any(not isinstance(e, NotFound) for e in errors):
+        return EXIT_ERROR
+    return EXIT_NOT_FOUND if errors else EXIT_OK
 
 
-async def _put(c: Client, a: argparse.Namespace) -> int:
-    value = parse_value(a.value)
-    await c.put(a.id, value, wait=a.wait, timeout=a.timeout)
-    state = await c.get(a.id, timeout=a.timeout)
+def _put(a: argparse.Namespace) -> int:
+    c = Control(a.server, timeout=a.timeout)
+    c.put(a.id, parse_value(a.value), wait=a.wait, timeout=a.timeout)
+    state = c.get(a.id)
     if a.json:
         _print(state_json(state))
     else:
         print(f"{state.id}  {state.format()}")
-    return 0
+    return EXIT_OK
 
 
-async def _monitor(c: Client, a: argparse.Namespace) -> int:
-    n = 0
+def _monitor(a: argparse.Namespace) -> int:
+    import asyncio  # only monitor needs the event loop and the stream client
 
-    async def run() -> None:
-        nonlocal n
-        u: Update
-        async for u in c.monitor(a.ids, max_rate=a.max_rate, mode=a.mode):
-            if u.channel.value is None:
-                continue  # like camonitor: nothing to print before the first value
-            if a.json:
-                _print({**state_json(u.channel), "changed": sorted(u.changed)})
-            else:
-                print(camonitor_line(u.channel), flush=True)
-            n += 1
-            if a.count is not None and n >= a.count:
-                return
+    from .climonitor import monitor
 
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(run(), a.duration)
-    return 0
+    missing = asyncio.run(monitor(a))
+    return EXIT_NOT_FOUND if missing else EXIT_OK
 
 
-async def _info(c: Client, a: argparse.Namespace) -> int:
-    s = await c.get(a.id, timeout=a.timeout)
+def _info(a: argparse.Namespace) -> int:
+    s = Control(a.server, timeout=a.timeout).get(a.id)
     if a.json:
         _print(state_json(s))
-        return 0
+        return EXIT_OK
     print(f"{s.id}")
     print(f"  connection: {s.connection}" + (f" ({s.reason})" if s.reason else ""))
     print(f"  value: {s.format()}")
     for k, v in s.metadata.items():
         print(f"  {k}: {', '.join(map(str, v)) if isinstance(v, list) else v}")
-    return 0
+    return EXIT_OK
 
 
-async def _search(c: Client, a: argparse.Namespace) -> int:
-    ids = await c.search(a.pattern, a.limit)
+def _search(a: argparse.Namespace) -> int:
+    ids = Control(a.server, timeout=a.timeout).search(a.pattern, a.limit)
     if a.json:
         _print(ids)
     else:
         for i in ids:
             print(i)
-    return 0
+    return EXIT_OK
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,7 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     p = argparse.ArgumentParser(
-        prog="pvwire", description="Read, write and monitor EPICS PVs through a pvwire server."
+        prog="pvwire",
+        description="Read, write and monitor EPICS PVs through a pvwire server.",
+        epilog="exit status: 0 ok, 1 error, 2 bad command line, 3 a channel was not found",
     )
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("get", parents=[common], help="read channels")
@@ -200,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=_put)
     m = sub.add_parser("monitor", parents=[common], help="print updates as they come")
     m.add_argument("ids", nargs="+", metavar="ID")
-    m.add_argument("--count", type=int, help="stop after N updates")
+    m.add_argument("--count", type=int, help="stop after N values")
     m.add_argument("--duration", type=float, help="stop after S seconds")
     m.add_argument("--max-rate", type=float, default=0, help="updates per second (0: all)")
     m.add_argument("--mode", choices=["LATEST", "ALL"], default="LATEST")
@@ -215,25 +159,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _run(a: argparse.Namespace) -> int:
-    async with Client(a.server, timeout=a.timeout) as c:
-        rc: int = await a.fn(c, a)
-        return rc
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     try:
-        return asyncio.run(_run(a))
+        rc: int = a.fn(a)
+        return rc
+    except NotFound as e:
+        print(channel_error(e), file=sys.stderr)
+        return EXIT_NOT_FOUND
     except (PvwireError, ProtocolError) as e:
         print(f"pvwire: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `pvwire monitor X | head`
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-        return 0
+        return EXIT_OK
 
 
 if __name__ == "__main__":

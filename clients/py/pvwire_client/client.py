@@ -25,14 +25,8 @@ from websockets.typing import Subprotocol
 
 from . import closecodes
 from . import graphql as gql
-from .errors import (
-    PvwireError,
-    ServerUnavailable,
-    StreamClosed,
-    StreamRefused,
-    TooManyChannels,
-    error_for,
-)
+from .control import DEFAULT_URL
+from .errors import PvwireError, ServerUnavailable, StreamClosed, StreamRefused, TooManyChannels
 from .graphql import PutResult, Registration
 from .state import DISCONNECTED, ChannelState
 from .wire import (
@@ -56,7 +50,6 @@ __all__ = ["DEFAULT_URL", "Client", "TokenSource", "Update"]
 
 log = logging.getLogger("pvwire_client")
 
-DEFAULT_URL = "http://127.0.0.1:8080"
 SUBPROTOCOL = Subprotocol("pvwire.v1")
 # ERROR codes for an ATTACH whose token the server refused (section 7): re-register once.
 _RENEW_CODES = {closecodes.BAD_TOKEN, closecodes.TOKEN_EXPIRED}
@@ -179,23 +172,7 @@ class Client:
             )
         except httpx.HTTPError as e:
             raise ServerUnavailable(f"cannot reach pvwire server at {self.url}: {e}") from None
-        try:
-            body = r.json()
-        except ValueError:
-            if r.status_code == 401:  # e.g. a proxy in front refused the token, not pvwire
-                msg = f"{self.url}/graphql answered HTTP 401"
-                raise error_for("UNAUTHENTICATED", msg) from None
-            raise ServerUnavailable(
-                f"{self.url}/graphql answered HTTP {r.status_code} without JSON"
-            ) from None
-        if not isinstance(body, dict):
-            raise ServerUnavailable(f"{self.url}/graphql answered {type(body).__name__}, not JSON")
-        gql.raise_errors(body.get("errors") or [], id)
-        if body.get("data") is None:
-            raise ServerUnavailable(
-                f"{self.url}/graphql answered HTTP {r.status_code} without data"
-            )
-        return body["data"]
+        return gql.response_data(self.url, r.status_code, r.content, id)
 
     @overload
     async def get(self, id: str, /, *, timeout: float | None = None) -> ChannelState: ...
@@ -229,9 +206,9 @@ class Client:
         """Write a value (enum labels as strings); raises WriteDenied, TypeMismatch, ..."""
         v = {"id": id, "value": gql.to_json(value), "wait": wait, "timeout": timeout}
         data = await self._graphql(gql.M_PUT, v, id)
-        res = _put_result(data["put"])
+        res = gql.put_result(data["put"])
         if not res.ok:
-            raise _put_error(res)
+            raise gql.put_error(res)
         return res
 
     async def put_many(
@@ -249,7 +226,7 @@ class Client:
             "timeout": timeout,
         }
         data = await self._graphql(gql.M_PUT_MANY, v)
-        return [_put_result(r) for r in data["putMany"]]
+        return [gql.put_result(r) for r in data["putMany"]]
 
     async def search(self, pattern: str, limit: int = 100) -> list[str]:
         """Channel ids matching a glob pattern (``*``, ``?``, ``[..]``), sorted."""
@@ -280,8 +257,12 @@ class Client:
         max_rate: float = 0,
         mode: Literal["LATEST", "ALL"] = "LATEST",
     ) -> AsyncGenerator[Update, None]:
-        """Yield an Update per applied entry: first one per channel (the snapshot), then changes.
+        """Yield an Update per applied entry: a first one per channel, then its changes.
 
+        A channel's first update carries its value, or a connection state that says why there
+        is none (NOT_FOUND after the server's search time, FAILED, DISCONNECTED) with the reason;
+        its ``changed`` names everything known by then. A cold channel's snapshot (still
+        connecting, no value) is not yielded: a reader expects a value, not an empty state.
         Survives reconnects (channels show DISCONNECTED meanwhile, then a fresh snapshot) and
         re-registers once when the server refuses its token; raises StreamClosed on terminal
         close codes, StreamRefused when the server refuses or ends this subscription alone, and
@@ -296,6 +277,8 @@ class Client:
             self._stream = _Stream(self)
         stream = self._stream
         await stream.add(sub)
+        # Per channel: what changed before its first update (None once that was yielded).
+        held: list[set[str] | None] = [set() for _ in sub.states]
         try:
             while True:
                 kind, payload = await sub.queue.get()
@@ -305,6 +288,12 @@ class Client:
                     for e in payload:
                         state = sub.states[e.sid]
                         changed = state.apply(e)
+                        pending = held[e.sid]
+                        if pending is not None:
+                            pending |= changed
+                            if not state.has_news:
+                                continue
+                            changed, held[e.sid] = pending, None
                         yield Update(copy.copy(state), frozenset(changed))
                 elif kind == "lost":
                     for sid, state in enumerate(sub.states):
@@ -320,14 +309,6 @@ class Client:
                     return
         finally:
             await stream.remove(sub)
-
-
-def _put_result(r: dict[str, Any]) -> PutResult:
-    return PutResult(r["id"], bool(r["ok"]), r.get("error"), r.get("errorCode"))
-
-
-def _put_error(res: PutResult) -> PvwireError:
-    return error_for(res.error_code or "PUT_FAILED", res.error or "put failed", res.id)
 
 
 class _Stream:

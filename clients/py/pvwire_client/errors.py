@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from .closecodes import name as close_name
-from .wire import ProtocolError
-
 __all__ = [
     "BadChannelId",
     "Forbidden",
@@ -25,6 +22,10 @@ __all__ = [
 ]
 
 
+class ProtocolError(Exception):
+    """The server sent something PROTOCOL.md does not allow (the message says what)."""
+
+
 class PvwireError(Exception):
     """An error the server reported, or the client could not reach it.
 
@@ -40,8 +41,22 @@ class PvwireError(Exception):
             self.code = code
         self.id = id
 
+    @property
+    def detail(self) -> str:
+        """The message without a leading channel id when that id is this error's channel.
+
+        The server's messages name the channel by its full id (``ca://X: no server answered
+        within 3 s``); prefixing ``id`` again would name it twice.
+        """
+        if self.id:
+            head, sep, rest = self.message.partition(": ")
+            if sep and (head == self.id or head.endswith(f"://{self.id}")):
+                return rest
+        return self.message
+
     def __str__(self) -> str:
-        return f"{self.id}: {self.message}" if self.id else self.message
+        detail = self.detail
+        return detail if not self.id or self.id in detail else f"{self.id}: {detail}"
 
 
 class NotFound(PvwireError):
@@ -100,6 +115,10 @@ class StreamClosed(PvwireError):
     code = "STREAM_CLOSED"
 
     def __init__(self, close_code: int, reason: str = "") -> None:
+        # Imported here: the table is read with importlib.resources, ~20 ms that every
+        # `pvwire get` would otherwise pay for an error only a stream can raise.
+        from .closecodes import name as close_name
+
         text = f"stream closed: {close_code} {close_name(close_code)}"
         super().__init__(f"{text} ({reason})" if reason else text)
         self.close_code = close_code
@@ -117,6 +136,8 @@ class StreamRefused(PvwireError):
     code = "STREAM_REFUSED"
 
     def __init__(self, stream_code: int, message: str = "") -> None:
+        from .closecodes import name as close_name  # lazily, as in StreamClosed
+
         name = close_name(stream_code)
         text = f"subscription refused: {stream_code} {name}"
         super().__init__(f"{text} ({message})" if message else text, code=name)

@@ -7,13 +7,13 @@ status and connection as numbers, numeric arrays as numpy arrays).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .errors import PvwireError, error_for
+from .errors import PvwireError, ServerUnavailable, error_for
+from .lazynp import tolist
 from .state import CONNECTION_STATES, SEVERITIES, STATUSES, ChannelState
 
 __all__ = [
@@ -22,7 +22,10 @@ __all__ = [
     "StreamChannel",
     "channel_state",
     "metadata",
+    "put_error",
+    "put_result",
     "raise_errors",
+    "response_data",
 ]
 
 _META = (
@@ -100,6 +103,26 @@ class Registration:
         )
 
 
+def response_data(url: str, status: int, body: bytes, id: str | None = None) -> Any:
+    """The ``data`` of a GraphQL answer; raises its first error, or ServerUnavailable if the
+    answer is not a pvwire server's (a proxy's error page, an empty body, ...)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if status == 401 and not (isinstance(doc, dict) and doc.get("errors")):
+        # Refused before pvwire answered (an authenticating proxy): still "log in again".
+        raise error_for("UNAUTHENTICATED", f"{url}/graphql answered HTTP 401", id)
+    if doc is None:
+        raise ServerUnavailable(f"{url}/graphql answered HTTP {status} without JSON")
+    if not isinstance(doc, dict):
+        raise ServerUnavailable(f"{url}/graphql answered {type(doc).__name__}, not JSON")
+    raise_errors(doc.get("errors") or [], id)
+    if doc.get("data") is None:
+        raise ServerUnavailable(f"{url}/graphql answered HTTP {status} without data")
+    return doc["data"]
+
+
 def raise_errors(errors: list[dict[str, Any]], id: str | None = None) -> None:
     """Raise the first GraphQL error as the PvwireError subclass of its ``extensions.code``."""
     if not errors:
@@ -135,6 +158,8 @@ def value_from_json(value: Any, meta: dict[str, Any]) -> Any:
     """JSON arrays of numbers become numpy arrays of the channel's type (as on the stream)."""
     t = meta.get("type")
     if isinstance(value, list) and t in _NUMERIC:
+        import numpy as np  # only for arrays: numpy is slow to import (see lazynp)
+
         return np.asarray(value, dtype=np.dtype(t))
     if t in _NUMERIC and t is not None and t.startswith("float") and type(value) is int:
         return float(value)
@@ -165,12 +190,17 @@ def channel_or_error(c: dict[str, Any]) -> ChannelState | PvwireError:
     return channel_state(c)
 
 
+def put_result(r: dict[str, Any]) -> PutResult:
+    return PutResult(r["id"], bool(r["ok"]), r.get("error"), r.get("errorCode"))
+
+
+def put_error(res: PutResult) -> PvwireError:
+    return error_for(res.error_code or "PUT_FAILED", res.error or "put failed", res.id)
+
+
 def to_json(value: Any) -> Any:
     """A value to put, as JSON: numpy arrays and scalars become lists and numbers."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
+    value = tolist(value)
     if isinstance(value, list | tuple):
         return [to_json(v) for v in value]
     if isinstance(value, dict):

@@ -5,14 +5,41 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from .entry import (
+    ALARM,
+    CONN,
+    CONNECTED,
+    CONNECTING,
+    CONNECTION_STATES,
+    DISCONNECTED,
+    FAILED,
+    META,
+    NOT_FOUND,
+    TIME,
+    VALUE,
+    Entry,
+)
+from .lazynp import is_ndarray, tolist
 
-from .wire import ALARM, CONN, META, TIME, VALUE, Entry
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-__all__ = ["CONNECTION_STATES", "SEVERITIES", "STATUSES", "ChannelState", "format_value"]
+__all__ = [
+    "CONNECTED",
+    "CONNECTING",
+    "CONNECTION_STATES",
+    "DISCONNECTED",
+    "FAILED",
+    "NOT_FOUND",
+    "SEVERITIES",
+    "STATUSES",
+    "ChannelState",
+    "format_value",
+]
 
 SEVERITIES = ("NO_ALARM", "MINOR", "MAJOR", "INVALID")
 # EPICS menuAlarmStat, by number.
@@ -21,8 +48,6 @@ STATUSES = (
     "TIMEOUT", "HWLIMIT", "CALC", "SCAN", "LINK", "SOFT", "BAD_SUB", "UDF", "DISABLE", "SIMM",
     "READ_ACCESS", "WRITE_ACCESS",
 )  # fmt: skip
-CONNECTION_STATES = ("CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED")
-CONNECTING, CONNECTED, DISCONNECTED, FAILED = range(4)
 
 # Arrays longer than this are shown by their ends only.
 _ARRAY_SHOWN = 10
@@ -85,7 +110,9 @@ class ChannelState:
             changed.add("metadata")
         if m & CONN and (entry.state, entry.reason) != (self.state, self.reason):
             assert entry.state is not None and entry.reason is not None
-            self.state, self.reason = entry.state, entry.reason
+            # An unknown state number is shown as DISCONNECTED (PROTOCOL.md section 3).
+            known = entry.state < len(CONNECTION_STATES)
+            self.state, self.reason = entry.state if known else DISCONNECTED, entry.reason
             changed.add("connection")
         return changed
 
@@ -105,6 +132,14 @@ class ChannelState:
         return dt.datetime.fromtimestamp(self.seconds, dt.UTC).replace(
             microsecond=self.nanoseconds // 1000
         )
+
+    @property
+    def has_news(self) -> bool:
+        """Whether there is anything to show: a value, or a connection state that says why not.
+
+        False only for a channel still connecting that never had a value (a cold snapshot).
+        """
+        return self.value is not None or self.state != CONNECTING
 
     @property
     def connected(self) -> bool:
@@ -165,7 +200,7 @@ def _name(names: tuple[str, ...], i: int) -> str:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+    if is_ndarray(a) or is_ndarray(b):
         return a is b
     try:
         return bool(type(a) is type(b) and a == b)
@@ -180,7 +215,7 @@ def format_value(value: Any, metadata: dict[str, Any]) -> str:
     choices = metadata.get("choices")
     if type(value) is int and isinstance(choices, list) and 0 <= value < len(choices):
         return str(choices[value])
-    if isinstance(value, np.ndarray):
+    if is_ndarray(value):
         return _format_array(value, metadata)
     if isinstance(value, list):
         return " ".join(str(v) for v in value)
@@ -192,14 +227,15 @@ def format_value(value: Any, metadata: dict[str, Any]) -> str:
 def _format_scalar(v: Any, metadata: dict[str, Any]) -> str:
     form = metadata.get("form")
     prec = metadata.get("precision")
-    if isinstance(v, int | np.integer):
+    # numbers.Integral and numbers.Real include numpy's scalars without importing numpy.
+    if isinstance(v, numbers.Integral):
         i = int(v)
         if form == "Hex":
             return hex(i)
         if form == "Binary":
             return bin(i)
         return str(i)
-    if isinstance(v, float | np.floating):
+    if isinstance(v, numbers.Real):
         f = float(v)
         if not math.isfinite(f):
             return str(f)
@@ -212,7 +248,7 @@ def _format_scalar(v: Any, metadata: dict[str, Any]) -> str:
     return str(v)
 
 
-def _format_array(a: np.ndarray[Any, Any], metadata: dict[str, Any]) -> str:
+def _format_array(a: npt.NDArray[Any], metadata: dict[str, Any]) -> str:
     if a.ndim != 1:
         return f"<{a.dtype.name} array {'x'.join(str(d) for d in a.shape)}>"
     items = a.tolist()
@@ -226,8 +262,5 @@ def _format_array(a: np.ndarray[Any, Any], metadata: dict[str, Any]) -> str:
 
 
 def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    return str(x)
+    y = tolist(x)
+    return str(x) if y is x else y

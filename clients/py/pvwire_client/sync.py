@@ -1,9 +1,13 @@
 """A synchronous facade for scripts: the asyncio Client on an event loop in a background thread.
 
->>> with SyncClient("http://127.0.0.1:8080") as c:
-...     print(c.get("ca://X:TEMP").format())
-...     for u in c.monitor(["sim://sine"], count=10):
-...         print(u.channel.value)
+Example::
+
+    from pvwire_client import SyncClient
+
+    with SyncClient("http://127.0.0.1:8080") as c:
+        print(c.get("ca://X:TEMP").format())
+        for u in c.monitor(["sim://sine"], count=10):
+            print(u.channel.value)
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from .client import DEFAULT_URL, Client, TokenSource, Update
 from .graphql import PutResult
@@ -62,6 +66,12 @@ class SyncClient:
         self._thread.join()
         self._loop.close()
 
+    @overload
+    def get(self, id: str, /, *, timeout: float | None = None) -> ChannelState: ...
+    @overload
+    def get(
+        self, id: str, id2: str, /, *ids: str, timeout: float | None = None
+    ) -> list[ChannelState]: ...
     def get(self, *ids: str, timeout: float | None = None) -> ChannelState | list[ChannelState]:
         """One id gives one ChannelState, several a list; raises PvwireError subclasses."""
         states = self._call(self._client.get_many(ids, timeout=timeout))

@@ -16,6 +16,9 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from .entry import ALARM, CONN, KNOWN_MASK, META, TIME, VALUE, Entry
+from .errors import ProtocolError
+
 __all__ = [
     "ALARM",
     "CONN",
@@ -43,9 +46,7 @@ __all__ = [
     "encode_ping",
 ]
 
-# Entry mask bits (section 3), and how many elements each one adds to an entry.
-VALUE, TIME, ALARM, META, CONN = 1, 2, 4, 8, 16
-KNOWN_MASK = VALUE | TIME | ALARM | META | CONN
+# How many elements each mask bit adds to an entry (section 3).
 _ELEMENTS = ((VALUE, 2), (TIME, 2), (ALARM, 3), (META, 1), (CONN, 2))
 
 NDARRAY_EXT = 1
@@ -54,28 +55,6 @@ DTYPES: tuple[np.dtype[Any], ...] = tuple(
     np.dtype(s) for s in ("i1", "u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8")
 )
 _DTYPE_CODES = {dt: code for code, dt in enumerate(DTYPES)}
-
-
-class ProtocolError(Exception):
-    """The server sent something PROTOCOL.md does not allow (the message says what)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One channel of one attachment (section 3). Fields whose mask bit is clear are None."""
-
-    sid: int
-    mask: int
-    value: Any = None
-    serial: int | None = None
-    seconds: int | None = None
-    nanoseconds: int | None = None
-    severity: int | None = None
-    status: int | None = None
-    message: str | None = None
-    metadata: dict[str, Any] | None = None
-    state: int | None = None
-    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,10 +314,7 @@ def decode_entry(e: object, where: str = "entry") -> Entry:
         f["metadata"] = md
         i += 1
     if mask & CONN:
-        state = _uint(e[i], "entry state")
-        if state > 3:
-            raise ProtocolError(f"entry connection state {state} not in 0-3")
-        f["state"] = state
+        f["state"] = _uint(e[i], "entry state")  # unknown numbers: see state.py
         f["reason"] = _str(e[i + 1], "entry reason")
     return Entry(sid, mask, **f)
 

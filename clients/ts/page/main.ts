@@ -1,6 +1,7 @@
 // The pvwire demo page: one PvwireClient, one subscription per added channel (all on one
 // WebSocket), a live table, puts, a waveform plot and a one-minute strip chart on canvases.
 import { NdArray, PvwireClient, toDate, type ChannelState, type Subscription, type TypedArray } from "../src/index.js";
+import { niceTicks, placeTicks, timeTicks } from "./axes.js";
 
 const DEMO_PREFIX = "PVWIRE:DEMO:";
 const DEMO_PVS = ["COUNTER", "COUNTER_1HZ", "SINE", "NOISE", "MODE", "MESSAGE", "SP", "RBV", "WAVEFORM"].map((n) => DEMO_PREFIX + n);
@@ -14,7 +15,11 @@ const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as 
 const rowsEl = $("rows");
 const errorEl = $("error");
 
-interface Row { name: string; tr: HTMLTableRowElement; cells: Record<string, HTMLElement>; sub: Subscription; state?: ChannelState }
+interface Row {
+  name: string; tr: HTMLTableRowElement; cells: Record<string, HTMLElement>; sub: Subscription; state?: ChannelState;
+  /** The last put's error, shown beside this row's put box (not in the toolbar, far away). */
+  putError: HTMLElement;
+}
 const rows = new Map<string, Row>();
 let stripName = "";
 const strip: [number, number][] = []; // [ms, value]
@@ -76,21 +81,27 @@ function addChannel(name: string): void {
   cells.name!.textContent = name;
   cells.name!.addEventListener("click", () => selectStrip(name));
   cells.conn!.textContent = "CONNECTING";
+  cells.severity!.replaceChildren(unknownSeverity());
+  const putError = document.createElement("span");
+  putError.className = "put-error";
+  putError.dataset.testid = "put-error";
+  cells.put!.appendChild(putError);
   rowsEl.appendChild(tr);
   const sub = client.subscribe([name], (st) => onUpdate(name, st), { onError: (e) => { cells.conn!.textContent = `ERROR: ${e.message}`; cells.conn!.className = "conn conn-FAILED"; } });
-  rows.set(name, { name, tr, cells, sub });
+  rows.set(name, { name, tr, cells, sub, putError });
   $("channel-count").textContent = String(rows.size);
 }
 
+/** The put box, exactly when the server says it would accept a put (metadata.writable). */
 function renderPut(row: Row, st: ChannelState): void {
   const cell = row.cells.put!;
-  const writable = st.metadata.writable === true;
-  if (!writable) {
-    cell.textContent = "";
+  const form = cell.querySelector("form");
+  if (st.metadata.writable !== true) {
+    form?.remove();
     return;
   }
-  if (cell.querySelector("form")) return;
-  const form = document.createElement("form");
+  if (form) return;
+  const f = document.createElement("form");
   let input: HTMLInputElement | HTMLSelectElement;
   if (st.metadata.type === "enum" && st.metadata.choices) {
     const sel = document.createElement("select");
@@ -105,16 +116,52 @@ function renderPut(row: Row, st: ChannelState): void {
   const button = document.createElement("button");
   button.textContent = "Put";
   button.dataset.testid = "put-button";
-  form.append(input, button);
-  form.addEventListener("submit", (ev) => {
+  f.append(input, button);
+  f.addEventListener("submit", (ev) => {
     ev.preventDefault();
     const t = row.state?.metadata.type ?? "";
     const raw = input.value;
     const value = t === "string" ? raw : Number(raw);
-    if (typeof value === "number" && Number.isNaN(value)) return showError(`not a number: ${raw}`);
-    client.put(row.name, value, { wait: true }).then(() => showError(""), (e: Error) => showError(`put ${row.name}: ${e.message}`));
+    const showPutError = (msg: string) => { row.putError.textContent = msg; };
+    if (typeof value === "number" && (raw.trim() === "" || Number.isNaN(value))) return showPutError(`not a number: ${JSON.stringify(raw)}`);
+    showPutError("");
+    client.put(row.name, value, { wait: true }).then(() => showPutError(""), (e: Error) => showPutError(e.message));
   });
-  cell.appendChild(form);
+  cell.insertBefore(f, row.putError);
+}
+
+/** Severity not reported yet: a neutral dash, never a badge (a grey "UNKNOWN" reads as an alarm). */
+function unknownSeverity(): HTMLElement {
+  const span = document.createElement("span");
+  span.className = "sev-none";
+  span.dataset.key = "";
+  span.textContent = "–";
+  span.title = "no alarm state received yet";
+  return span;
+}
+
+function renderSeverity(cell: HTMLElement, st: ChannelState): void {
+  const sev = st.alarm?.severity;
+  // Rebuild only when the alarm changed: most updates carry a new value, not a new alarm.
+  const key = sev === undefined ? "" : `${sev}|${st.alarm!.message}`;
+  const shown = cell.firstElementChild as HTMLElement | null;
+  if (shown?.dataset.key === key) return;
+  if (sev === undefined) {
+    cell.replaceChildren(unknownSeverity());
+    return;
+  }
+  const span = document.createElement("span");
+  span.className = `sev sev-${sev}`;
+  span.dataset.key = key;
+  span.textContent = sev;
+  if (st.alarm?.message && st.alarm.message !== sev) span.title = st.alarm.message;
+  cell.replaceChildren(span);
+}
+
+function connectionText(st: ChannelState): string {
+  // NOT_FOUND's reason says it all ("not found (no IOC answered for 5 s)").
+  if (st.connection === "NOT_FOUND") return st.reason || "not found";
+  return st.connection + (st.reason ? ` (${st.reason})` : "");
 }
 
 function onUpdate(name: string, st: ChannelState): void {
@@ -123,12 +170,13 @@ function onUpdate(name: string, st: ChannelState): void {
   if (!row) return;
   row.state = st;
   row.cells.value!.textContent = formatValue(st);
-  const sev = st.alarm?.severity ?? "UNKNOWN";
-  row.cells.severity!.innerHTML = `<span class="sev sev-${sev}">${sev}</span>`;
+  renderSeverity(row.cells.severity!, st);
   row.cells.time!.textContent = formatTime(st);
-  row.cells.conn!.textContent = st.connection + (st.reason ? ` (${st.reason})` : "");
+  row.cells.conn!.textContent = connectionText(st);
   row.cells.conn!.className = `conn conn-${st.connection}`;
   row.tr.classList.toggle("disconnected", st.connection !== "CONNECTED");
+  row.tr.classList.toggle("not-found", st.connection === "NOT_FOUND");
+  row.tr.dataset.connection = st.connection; // set once the server's state arrived (tests wait on it)
   renderPut(row, st);
   const v = st.value;
   if (ArrayBuffer.isView(v) && !waveformName) {
@@ -148,21 +196,50 @@ function selectStrip(name: string): void {
   if (typeof v === "number") strip.push([Date.now(), v]);
 }
 
-// ---- plots
-function axes(ctx: CanvasRenderingContext2D, w: number, h: number, lo: number, hi: number): void {
+// ---- plots: the trace and grid on the canvas, tick labels and units as text beside it
+const PAD_X = 6;
+const PAD_Y = 10;
+
+interface Plot { canvas: HTMLCanvasElement; ctx: CanvasRenderingContext2D; xTicks: HTMLElement; yTicks: HTMLElement; yTitle: HTMLElement }
+
+function plot(id: string): Plot {
+  const canvas = $<HTMLCanvasElement>(id);
+  return { canvas, ctx: canvas.getContext("2d")!, xTicks: $(`${id}-x-ticks`), yTicks: $(`${id}-y-ticks`), yTitle: $(`${id}-y-title`) };
+}
+const waveformPlot = plot("waveform");
+const stripPlot = plot("strip");
+
+/** Canvas x of fraction f (0..1) of the x range, and y of a value in [lo, hi]. */
+const xAt = (p: Plot, f: number) => PAD_X + (p.canvas.width - 2 * PAD_X) * f;
+const yAt = (p: Plot, v: number, lo: number, hi: number) => PAD_Y + (p.canvas.height - 2 * PAD_Y) * (1 - (v - lo) / (hi - lo));
+
+/** Clear, draw the grid at the ticks, and label the axes. xTicks: fractions of the x range. */
+function axes(p: Plot, lo: number, hi: number, xTicks: readonly { f: number; label: string }[], units: string): void {
+  const { ctx, canvas } = p;
+  const w = canvas.width;
+  const h = canvas.height;
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, w, h);
   ctx.strokeStyle = "#e2e4e9";
-  ctx.fillStyle = "#666";
-  ctx.font = "11px sans-serif";
-  for (let i = 0; i <= 4; i++) {
-    const y = 10 + ((h - 20) * i) / 4;
-    ctx.beginPath();
-    ctx.moveTo(50, y);
-    ctx.lineTo(w, y);
-    ctx.stroke();
-    ctx.fillText((hi - ((hi - lo) * i) / 4).toPrecision(4), 2, y + 4);
+  ctx.lineWidth = 1;
+  const yTicks = niceTicks(lo, hi, 4);
+  ctx.beginPath();
+  for (const t of yTicks) {
+    const y = Math.round(yAt(p, t.value, lo, hi)) + 0.5;
+    ctx.moveTo(PAD_X, y);
+    ctx.lineTo(w - PAD_X, y);
   }
+  for (const t of xTicks) {
+    const x = Math.round(xAt(p, t.f)) + 0.5;
+    ctx.moveTo(x, PAD_Y);
+    ctx.lineTo(x, h - PAD_Y);
+  }
+  ctx.stroke();
+  ctx.strokeStyle = "#9aa0ab";
+  ctx.strokeRect(PAD_X + 0.5, PAD_Y + 0.5, w - 2 * PAD_X - 1, h - 2 * PAD_Y - 1);
+  placeTicks(p.yTicks, yTicks.map((t) => ({ at: yAt(p, t.value, lo, hi) / h, label: t.label })), "y");
+  placeTicks(p.xTicks, xTicks.map((t) => ({ at: xAt(p, t.f) / w, label: t.label })), "x");
+  if (p.yTitle.textContent !== units) p.yTitle.textContent = units;
 }
 
 function range(values: ArrayLike<number>): [number, number] {
@@ -179,45 +256,47 @@ function range(values: ArrayLike<number>): [number, number] {
 }
 
 function drawWaveform(): void {
-  const canvas = $<HTMLCanvasElement>("waveform");
-  const ctx = canvas.getContext("2d")!;
-  const v = rows.get(waveformName)?.state?.value;
+  const p = waveformPlot;
+  const st = rows.get(waveformName)?.state;
+  const v = st?.value;
   const data = v instanceof NdArray ? v.data : ArrayBuffer.isView(v) ? (v as TypedArray) : undefined;
-  const w = canvas.width;
-  const h = canvas.height;
+  const units = st?.metadata.units ?? "";
   if (!data || data instanceof BigInt64Array || data instanceof BigUint64Array) {
-    axes(ctx, w, h, 0, 1);
+    axes(p, 0, 1, [], units);
     return;
   }
+  const n = data.length;
+  const last = Math.max(1, n - 1);
   const [lo, hi] = range(data);
-  axes(ctx, w, h, lo, hi);
+  axes(p, lo, hi, niceTicks(0, last, 5).map((t) => ({ f: t.value / last, label: t.label })), units);
+  const { ctx } = p;
   ctx.strokeStyle = "#1565c0";
   ctx.lineWidth = 1.5;
   ctx.beginPath();
-  const n = data.length;
   for (let i = 0; i < n; i++) {
-    const x = 50 + ((w - 55) * i) / Math.max(1, n - 1);
-    const y = 10 + (h - 20) * (1 - (data[i]! - lo) / (hi - lo));
+    const x = xAt(p, i / last);
+    const y = yAt(p, data[i]!, lo, hi);
     if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
   }
   ctx.stroke();
 }
 
 function drawStrip(): void {
-  const canvas = $<HTMLCanvasElement>("strip");
-  const ctx = canvas.getContext("2d")!;
+  const p = stripPlot;
   const now = Date.now();
-  while (strip.length > 0 && strip[0]![0] < now - STRIP_SECONDS * 1000) strip.shift();
-  const w = canvas.width;
-  const h = canvas.height;
-  const [lo, hi] = range(strip.map((p) => p[1]));
-  axes(ctx, w, h, lo, hi);
+  const from = now - STRIP_SECONDS * 1000;
+  while (strip.length > 0 && strip[0]![0] < from) strip.shift();
+  const [lo, hi] = range(strip.map((q) => q[1]));
+  const f = (t: number) => (t - from) / (STRIP_SECONDS * 1000);
+  const units = rows.get(stripName)?.state?.metadata.units ?? "";
+  axes(p, lo, hi, timeTicks(from, now, 15).map((t) => ({ f: f(t.value), label: t.label })), units);
+  const { ctx } = p;
   ctx.strokeStyle = "#c62828";
   ctx.lineWidth = 1.5;
   ctx.beginPath();
   strip.forEach(([t, v], i) => {
-    const x = 50 + (w - 55) * (1 - (now - t) / (STRIP_SECONDS * 1000));
-    const y = 10 + (h - 20) * (1 - (v - lo) / (hi - lo));
+    const x = xAt(p, f(t));
+    const y = yAt(p, v, lo, hi);
     if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
   });
   ctx.stroke();

@@ -3,7 +3,11 @@ import { Mask, type Entry, type Metadata, type Value } from "./protocol.js";
 
 export const SEVERITIES = ["NO_ALARM", "MINOR", "MAJOR", "INVALID"] as const;
 export type Severity = (typeof SEVERITIES)[number];
-export const CONNECTION_STATES = ["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED"] as const;
+/**
+ * Wire `state` numbers by index (PROTOCOL.md section 3). NOT_FOUND: no server answered for the
+ * server's configured time; the server keeps searching and moves to CONNECTED if one appears.
+ */
+export const CONNECTION_STATES = ["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED", "NOT_FOUND"] as const;
 export type ChannelConnection = (typeof CONNECTION_STATES)[number];
 export type ChangedField = "value" | "time" | "alarm" | "metadata" | "connection";
 /** What the server grants this client's identity on a channel (from `subscribe`). */
@@ -36,6 +40,10 @@ export interface ChannelState {
   /** Sum of `conflated` since the subscription started (reset when the upstream monitor reopens). */
   readonly conflatedTotal: number;
   readonly time: Timestamp | undefined;
+  /**
+   * undefined: the server has not reported an alarm state for this channel yet. It is not an
+   * alarm: show it as "not known", never as a severity.
+   */
   readonly alarm: AlarmState | undefined;
   readonly metadata: Metadata;
   readonly connection: ChannelConnection;
@@ -69,25 +77,26 @@ export function withAccess(s: ChannelState, access: Access | undefined): Channel
 }
 
 /**
- * Apply one entry. `full` (snapshot entries) replaces the state: fields absent from a full
- * entry become unknown. Returns the new state and the fields the entry carried.
+ * Apply one entry. Snapshot and delta entries merge the same way: every field the entry
+ * carries is set, every field it lacks keeps what the client had. A snapshot therefore cannot
+ * make a known alarm (or time, metadata...) unknown again, e.g. on a re-attach after a reconnect;
+ * the Python client applies entries the same way. Returns the new state and the fields carried.
  */
-export function applyEntry(prev: ChannelState, e: Entry, full: boolean): [ChannelState, ChangedField[]] {
-  const base = full ? { ...initialState(prev.id, prev.sid, prev.access), conflatedTotal: prev.conflatedTotal } : prev;
-  const next: { -readonly [K in keyof ChannelState]: ChannelState[K] } = { ...base };
+export function applyEntry(prev: ChannelState, e: Entry): [ChannelState, ChangedField[]] {
+  const next: { -readonly [K in keyof ChannelState]: ChannelState[K] } = { ...prev };
   const changed: ChangedField[] = [];
   if (e.mask & Mask.VALUE) {
     const serial = e.serial!;
     const last = prev.serial;
-    // serial lower than before: the upstream monitor reopened (or the server restarted): reset.
+    // Serial lower than before: the upstream monitor reopened (or the server restarted): reset.
+    // The same serial again is a re-attach's snapshot repeating the last update: no gap, no reset.
+    const reopened = last !== undefined && serial < last;
     const gap = last !== undefined && serial > last ? serial - last - 1 : 0;
     next.value = e.value;
     next.serial = serial;
     next.conflated = gap;
-    next.conflatedTotal = last !== undefined && serial <= last ? 0 : base.conflatedTotal + gap;
+    next.conflatedTotal = reopened ? 0 : prev.conflatedTotal + gap;
     changed.push("value");
-  } else if (full) {
-    next.serial = prev.serial;
   }
   if (e.mask & Mask.TIME) {
     next.time = { seconds: e.seconds!, nanoseconds: e.nanoseconds! };
@@ -103,7 +112,8 @@ export function applyEntry(prev: ChannelState, e: Entry, full: boolean): [Channe
     changed.push("metadata");
   }
   if (e.mask & Mask.CONN) {
-    next.connection = CONNECTION_STATES[e.state!]!;
+    // An unknown state number shows as DISCONNECTED (PROTOCOL.md section 3).
+    next.connection = CONNECTION_STATES[e.state!] ?? "DISCONNECTED";
     next.reason = e.reason!;
     changed.push("connection");
   }

@@ -11,14 +11,21 @@ import {
 } from "./graphql.js";
 import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
 
+/**
+ * An event handler property. Declared through a method so that its parameter is checked
+ * bivariantly: the browser's and `ws`'s handlers take richer event types than the fields the
+ * client reads, and both must be accepted without a cast (`new PvwireClient(url, { WebSocket })`).
+ */
+type Handler<E> = { handle(ev: E): void }["handle"];
+
 /** The part of the WebSocket API the client uses (browser WebSocket and the `ws` package fit). */
 export interface WebSocketLike {
   binaryType: string;
   readonly readyState: number;
-  onopen: ((ev: unknown) => void) | null;
-  onmessage: ((ev: { data: unknown }) => void) | null;
-  onclose: ((ev: { code: number; reason: string }) => void) | null;
-  onerror: ((ev: unknown) => void) | null;
+  onopen: Handler<unknown> | null;
+  onmessage: Handler<{ data: unknown }> | null;
+  onclose: Handler<{ code: number; reason: string }> | null;
+  onerror: Handler<unknown> | null;
   send(data: Uint8Array): void;
   close(code?: number, reason?: string): void;
 }
@@ -438,11 +445,11 @@ export class PvwireClient {
     this.lastSeq = seq;
   }
 
-  private deliver(sub: Sub, entries: readonly Entry[], full: boolean): void {
+  private deliver(sub: Sub, entries: readonly Entry[]): void {
     for (const e of entries) {
       const prev = sub.states[e.sid];
       if (prev === undefined) throw new ProtocolError(`entry for sid ${e.sid}, attachment has ${sub.states.length} channels`);
-      const [next, changed] = applyEntry(prev, e, full);
+      const [next, changed] = applyEntry(prev, e);
       sub.states[e.sid] = next;
       this.stats.entries++;
       if (sub.closed) return;
@@ -492,7 +499,7 @@ export class PvwireClient {
         this.checkSeq(msg.seq);
         const sub = this.byAtt.get(msg.att);
         if (sub === undefined) return;
-        this.deliver(sub, msg.entries, true);
+        this.deliver(sub, msg.entries);
         if (!sub.isReady) {
           sub.isReady = true;
           sub.resolveReady();
@@ -503,7 +510,7 @@ export class PvwireClient {
         this.checkSeq(msg.seq);
         for (const g of msg.groups) {
           const sub = this.byAtt.get(g.att);
-          if (sub !== undefined) this.deliver(sub, g.entries, false);
+          if (sub !== undefined) this.deliver(sub, g.entries);
         }
         return;
       case "DETACHED": {

@@ -61,7 +61,7 @@ export interface Channel {
   display: string | null;
   time: { seconds: number; nanoseconds: number; iso: string } | null;
   alarm: { severity: "NO_ALARM" | "MINOR" | "MAJOR" | "INVALID"; status: string; message: string } | null;
-  connection: "CONNECTING" | "CONNECTED" | "DISCONNECTED" | "FAILED";
+  connection: "CONNECTING" | "CONNECTED" | "DISCONNECTED" | "FAILED" | "NOT_FOUND";
   metadata: GqlMetadata;
   error: string | null;
   errorCode: string | null;

@@ -169,7 +169,6 @@ export function decodeEntry(raw: unknown, what: string): Entry {
   if (mask & Mask.META) e.metadata = metadata(a[i++], `${what} metadata`);
   if (mask & Mask.CONN) {
     e.state = uint(a[i++], `${what} state`);
-    if (e.state > 3) fail(`${what} state must be 0..3`, e.state);
     e.reason = str(a[i++], `${what} reason`);
   }
   return e;

@@ -1,6 +1,8 @@
 // The demo page in headless Chromium (Debian's /usr/bin/chromium through playwright-core) against
 // the real server and demo IOC: loads, values change, a put from the page reaches the IOC, the
-// waveform canvas draws, a dead IOC shows as DISCONNECTED. Saves test-artifacts/demo-page.png.
+// waveform canvas draws, charts have labelled axes, an unknown alarm is not shown as an alarm, a
+// refused put shows its error in its row, error rows do not reflow the table, an unknown PV says
+// "not found", a dead IOC shows as DISCONNECTED. Saves screenshots in test-artifacts/.
 import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -94,7 +96,7 @@ describe("demo page in Chromium", () => {
     await page.screenshot({ path: join(ARTIFACTS, "demo-page.png"), fullPage: true });
   });
 
-  it("serves GraphiQL that works with no network but the server's", async () => {
+  it("serves GraphiQL that works with no network but the server's, opening on a pvwire query", async () => {
     const gq = await browser.newPage();
     const external: string[] = [];
     // Control rooms are often offline: refuse every request that does not go to the server.
@@ -108,7 +110,21 @@ describe("demo page in Chromium", () => {
     const editor = gq.locator(".graphiql-query-editor");
     await editor.waitFor({ timeout: 15_000 });
     expect(external).toEqual([]);
-    // Run a query: the result pane shows the server's answer.
+    const cm = () => gq.evaluate(() => (document.querySelector(".graphiql-query-editor .CodeMirror") as unknown as { CodeMirror: { getValue(): string } }).CodeMirror.getValue());
+    // The editor opens on a query of this server's own channels, in ASCII (offline fonts may lack
+    // anything else), not on the stock welcome text.
+    const initial = await cm();
+    expect(initial).toContain('channel(id: "PVWIRE:DEMO:SINE")');
+    expect(initial).toContain("search(");
+    expect(initial).not.toMatch(/welcome/i);
+    expect(initial).toMatch(/^[\x00-\x7f]*$/);
+    // Run it as it is: the result pane shows the server's answer to both parts.
+    await gq.locator(".graphiql-execute-button").click();
+    await gq.locator(".graphiql-response", { hasText: '"units": "V"' }).waitFor({ timeout: 10_000 });
+    await gq.locator(".graphiql-response", { hasText: "ca://PVWIRE:DEMO:COUNTER" }).waitFor({ timeout: 10_000 });
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await gq.screenshot({ path: join(ARTIFACTS, "graphiql-example.png") });
+    // Another query typed in runs too.
     await gq.evaluate(() => {
       const cm = (document.querySelector(".graphiql-query-editor .CodeMirror") as unknown as { CodeMirror: { setValue(v: string): void } }).CodeMirror;
       cm.setValue('{ channel(id: "PVWIRE:DEMO:SP") { metadata { units } } }');
@@ -119,6 +135,97 @@ describe("demo page in Chromium", () => {
     await gq.screenshot({ path: join(ARTIFACTS, "graphiql-offline.png") });
     await gq.close();
   }, 30_000);
+
+  it("labels the chart axes: index and units for the waveform, clock time and units for the strip chart", async () => {
+    const ticks = (id: string) => page.locator(`[data-testid="${id}"] span`).allTextContents();
+    // The waveform has 1000 points (index 0..999) and degC units; the strip chart shows SINE (V).
+    await page.waitForFunction(() => document.querySelector('[data-testid="waveform-y-title"]')?.textContent === "degC", null, { timeout: 10_000 });
+    await page.waitForFunction(() => [...document.querySelectorAll('[data-testid="waveform-x-ticks"] span')].map((e) => e.textContent).includes("800"), null, { timeout: 10_000 });
+    expect((await ticks("waveform-x-ticks"))[0]).toBe("0");
+    expect((await ticks("waveform-y-ticks")).length).toBeGreaterThanOrEqual(2);
+    for (const t of await ticks("waveform-y-ticks")) expect(t).toMatch(/^-?\d+(\.\d+)?$/);
+    await page.waitForFunction(() => document.querySelector('[data-testid="strip-y-title"]')?.textContent === "V", null, { timeout: 10_000 });
+    const times = await ticks("strip-x-ticks");
+    expect(times.length).toBeGreaterThanOrEqual(3); // every 15 s over the last minute
+    for (const t of times) expect(t).toMatch(/^\d\d:\d\d:\d\d$/);
+    expect((await ticks("strip-y-ticks")).length).toBeGreaterThanOrEqual(2);
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await page.locator(".plots").screenshot({ path: join(ARTIFACTS, "demo-charts.png") });
+  });
+
+  it("shows a refused put next to its row's put box, not in the toolbar", async () => {
+    const message = row(`${P}MESSAGE`);
+    // A stringout holds at most 39 bytes: the server refuses the put (TYPE_MISMATCH).
+    await message.locator('[data-testid="put-input"]').fill("x".repeat(60));
+    await message.locator('[data-testid="put-button"]').click();
+    await message.locator('[data-testid="put-error"]', { hasText: "39 bytes" }).waitFor({ timeout: 10_000 });
+    expect(await page.locator('[data-testid="error"]').textContent()).toBe("");
+    // A value that is not a number never leaves the page, and says so in its row too.
+    await row(`${P}SP`).locator('[data-testid="put-input"]').fill("abc");
+    await row(`${P}SP`).locator('[data-testid="put-button"]').click();
+    await row(`${P}SP`).locator('[data-testid="put-error"]', { hasText: "not a number" }).waitFor({ timeout: 5000 });
+    // A good put clears the row's error.
+    await message.locator('[data-testid="put-input"]').fill("all good");
+    await message.locator('[data-testid="put-button"]').click();
+    await page.waitForFunction(() => document.querySelector('tr[data-pv$="DEMO:MESSAGE"] [data-testid="put-error"]')?.textContent === "", null, { timeout: 10_000 });
+    await row(`${P}MESSAGE`).locator('[data-testid="value"]', { hasText: "all good" }).waitFor({ timeout: 10_000 });
+  });
+
+  it("keeps every column where it was when a row with a long error appears", async () => {
+    const columns = () => page.locator('[data-testid="pv-table"] th').evaluateAll((ths) => ths.map((th) => {
+      const r = th.getBoundingClientRect();
+      return [Math.round(r.left), Math.round(r.width)];
+    }));
+    const before = await columns();
+    // An unknown scheme: the subscription fails with the server's (long) message in the row.
+    await page.locator('[data-testid="pv-input"]').fill("bogus-scheme://A:VERY:LONG:CHANNEL:NAME:THAT:DOES:NOT:EXIST:ANYWHERE:AT:ALL");
+    await page.locator('[data-testid="pv-add"]').click();
+    const bad = page.locator('tr[data-pv^="bogus-scheme://"]');
+    await bad.locator('[data-testid="conn"]', { hasText: "ERROR" }).waitFor({ timeout: 10_000 });
+    expect(await columns()).toEqual(before);
+    // The message is all there, wrapped inside its cell.
+    expect((await bad.locator('[data-testid="conn"]').textContent())!.length).toBeGreaterThan(20);
+  });
+
+  it("shows a channel whose alarm is not known yet as a neutral dash, never as a severity", async () => {
+    // No IOC serves this name: its row never gets an alarm state.
+    await page.locator('[data-testid="pv-input"]').fill(`${P}NOPE`);
+    await page.locator('[data-testid="pv-add"]').click();
+    const nope = page.locator(`tr[data-pv="${P}NOPE"]`);
+    await nope.waitFor({ timeout: 10_000 });
+    // Wait for the server's first state of this channel (CONNECTING, or NOT_FOUND), then look.
+    await page.locator(`tr[data-pv="${P}NOPE"][data-connection]`).waitFor({ timeout: 10_000 });
+    const severity = nope.locator('[data-testid="severity"]');
+    expect(await severity.textContent()).toBe("–");
+    expect(await severity.locator(".sev").count()).toBe(0);
+    expect(await page.locator('[data-testid="severity"]', { hasText: /^\s*UNKNOWN\s*$/ }).count()).toBe(0);
+  });
+
+  // Needs the server to send wire state 4 NOT_FOUND after its search timeout (issue 8.3).
+  it("says 'not found' for a PV no IOC serves, and keeps the row", async () => {
+    const nope = page.locator(`tr[data-pv="${P}NOPE"]`);
+    await nope.locator('[data-testid="conn"]', { hasText: /not found/i }).waitFor({ timeout: 30_000 });
+    expect(await nope.locator('[data-testid="conn"]').getAttribute("class")).toContain("conn-NOT_FOUND");
+    expect(await nope.count()).toBe(1);
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await page.locator('[data-testid="pv-table"]').screenshot({ path: join(ARTIFACTS, "demo-not-found.png") });
+  }, 40_000);
+
+  // Needs the server to send ALARM in the first entry of every channel (issue 8.1) and PVA
+  // metadata.writable from the write rules (issue 8.2).
+  it("shows a healthy PVA setpoint as NO_ALARM with its put box", async () => {
+    await page.locator('[data-testid="pv-input"]').fill(`pva://${P}SP`);
+    await page.locator('[data-testid="pv-add"]').click();
+    const sp = page.locator(`tr[data-pv="pva://${P}SP"]`);
+    await sp.locator('[data-testid="conn"]', { hasText: "CONNECTED" }).waitFor({ timeout: 15_000 });
+    await sp.locator('[data-testid="severity"] .sev-NO_ALARM').waitFor({ timeout: 10_000 });
+    await sp.locator('[data-testid="put-input"]').waitFor({ timeout: 10_000 });
+    const target = (Math.round(Math.random() * 40_000) / 1000 + 5).toFixed(3);
+    await sp.locator('[data-testid="put-input"]').fill(target);
+    await sp.locator('[data-testid="put-button"]').click();
+    await sp.locator('[data-testid="value"]', { hasText: `${target} mm` }).waitFor({ timeout: 10_000 });
+    expect(await sp.locator('[data-testid="put-error"]').textContent()).toBe("");
+  }, 40_000);
 
   it("shows a dead IOC as DISCONNECTED", async () => {
     await stack.command("kill-ioc");

@@ -89,6 +89,40 @@ describe("against the real server and demo IOC", () => {
     sub.unsubscribe();
   });
 
+  // Needs the server to send ALARM in the first entry of every channel, even NO_ALARM (issue 8.1).
+  it("knows a healthy PVA channel's alarm as soon as it has a value, in a cold and a warm subscription", async () => {
+    for (const name of ["RBV", "RBV"]) { // the second subscription finds the channel already open
+      const seen: ChannelState[] = [];
+      const sub = client.subscribe([`pva://${stack.prefix}${name}`], (st) => seen.push(st));
+      await sub.ready;
+      await until(() => seen.some((st) => st.value !== undefined && st.value !== null), 10_000, `pva ${name} value`);
+      const first = seen.find((st) => st.value !== undefined && st.value !== null)!;
+      expect(first.alarm).toEqual({ severity: "NO_ALARM", status: 0, message: expect.any(String) as string });
+      sub.unsubscribe();
+    }
+  });
+
+  // Needs the server's metadata.writable for PVA from the write rules (issue 8.2).
+  it("says a PVA setpoint the rules allow is writable, and the put succeeds", async () => {
+    const sub = client.subscribe([`pva://${stack.prefix}SP`], () => undefined);
+    await sub.ready;
+    await until(() => sub.channels[0]?.metadata.units !== undefined, 10_000, "pva SP metadata");
+    expect(sub.channels[0]!.metadata.writable).toBe(true);
+    await client.put(`pva://${stack.prefix}SP`, 7.25, { wait: true });
+    await until(() => sub.channels[0]!.value === 7.25, 10_000, "pva SP to follow the put");
+    sub.unsubscribe();
+  });
+
+  // Needs the server's wire state 4 NOT_FOUND after its search time (issue 8.3).
+  it("reports a PV no IOC serves as NOT_FOUND with a reason, and keeps the subscription", async () => {
+    const sub = client.subscribe([pv("NOPE")], () => undefined);
+    await sub.ready;
+    await until(() => sub.channels[0]?.connection === "NOT_FOUND", 30_000, "NOT_FOUND");
+    expect(sub.channels[0]!.reason).toMatch(/not found/);
+    expect(sub.closed).toBe(false);
+    sub.unsubscribe();
+  }, 40_000);
+
   it("refuses a bad token with a terminal close code and no reconnect loop", async () => {
     const c = new PvwireClient(stack.url, { WebSocket: WebSocket as unknown as WebSocketConstructor, backoff: { baseMs: 10, maxMs: 50 } });
     const errors: Error[] = [];

@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
-  applyEntry, backoffDelay, CLOSE_CODES, closeClass, decode, decodeNdArray, decodeServerMessage, encode, encodeNdArray, Ext,
+  applyEntry, backoffDelay, CLOSE_CODES, CONNECTION_STATES, closeClass, decode, decodeNdArray, decodeServerMessage, encode, encodeNdArray, Ext,
   initialState, NdArray, ProtocolError, transition, TRANSITIONS, type Encodable,
 } from "../src/index.js";
 
@@ -127,15 +127,72 @@ describe("message validation", () => {
 describe("channel state merge", () => {
   it("merges deltas, counts conflation and resets on a lower serial", () => {
     let s = initialState("ca://X", 0);
-    [s] = applyEntry(s, { sid: 0, mask: 31, value: 1, serial: 5, seconds: 10, nanoseconds: 0, severity: 0, status: 0, message: "", metadata: { units: "mm" }, state: 1, reason: "" }, true);
+    [s] = applyEntry(s, { sid: 0, mask: 31, value: 1, serial: 5, seconds: 10, nanoseconds: 0, severity: 0, status: 0, message: "", metadata: { units: "mm" }, state: 1, reason: "" });
     expect(s).toMatchObject({ value: 1, serial: 5, connection: "CONNECTED", metadata: { units: "mm" }, alarm: { severity: "NO_ALARM" } });
     let changed;
-    [s, changed] = applyEntry(s, { sid: 0, mask: 3, value: 2, serial: 8, seconds: 11, nanoseconds: 5 }, false);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 3, value: 2, serial: 8, seconds: 11, nanoseconds: 5 });
     expect(changed).toEqual(["value", "time"]);
     expect(s).toMatchObject({ value: 2, conflated: 2, conflatedTotal: 2, metadata: { units: "mm" }, connection: "CONNECTED" });
-    [s] = applyEntry(s, { sid: 0, mask: 16, state: 2, reason: "IOC gone" }, false);
+    [s] = applyEntry(s, { sid: 0, mask: 16, state: 2, reason: "IOC gone" });
     expect(s).toMatchObject({ value: 2, connection: "DISCONNECTED", reason: "IOC gone" });
-    [s] = applyEntry(s, { sid: 0, mask: 19, value: 3, serial: 1, seconds: 12, nanoseconds: 0, state: 1, reason: "" }, false);
+    [s] = applyEntry(s, { sid: 0, mask: 19, value: 3, serial: 1, seconds: 12, nanoseconds: 0, state: 1, reason: "" });
     expect(s).toMatchObject({ value: 3, serial: 1, conflated: 0, conflatedTotal: 0, connection: "CONNECTED" });
+  });
+  it("merges a snapshot entry: fields it lacks keep what the client had", () => {
+    let s = initialState("pva://X", 0);
+    [s] = applyEntry(s, { sid: 0, mask: 31, value: 1, serial: 5, seconds: 10, nanoseconds: 0, severity: 1, status: 3, message: "HIGH", metadata: { units: "mm" }, state: 1, reason: "" });
+    // A re-attach's snapshot without ALARM, TIME and META (the server had nothing new to say).
+    let changed;
+    [s, changed] = applyEntry(s, { sid: 0, mask: 17, value: 1, serial: 5, state: 1, reason: "" });
+    expect(changed).toEqual(["value", "connection"]);
+    expect(s.alarm).toEqual({ severity: "MINOR", status: 3, message: "HIGH" });
+    expect(s.time).toEqual({ seconds: 10, nanoseconds: 0 });
+    expect(s.metadata).toEqual({ units: "mm" });
+    // The same serial again is no gap and no reopen.
+    expect(s).toMatchObject({ serial: 5, conflated: 0, conflatedTotal: 0 });
+  });
+  it("keeps the alarm through value deltas once known, and leaves it undefined until the server says", () => {
+    let s = initialState("pva://X", 0);
+    [s] = applyEntry(s, { sid: 0, mask: 27, value: 1, serial: 1, seconds: 1, nanoseconds: 0, metadata: {}, state: 1, reason: "" });
+    expect(s.alarm).toBeUndefined(); // not known: the client never invents NO_ALARM
+    [s] = applyEntry(s, { sid: 0, mask: 4, severity: 0, status: 0, message: "" });
+    for (let i = 2; i < 5; i++) [s] = applyEntry(s, { sid: 0, mask: 3, value: i, serial: i, seconds: i, nanoseconds: 0 });
+    expect(s).toMatchObject({ value: 4, alarm: { severity: "NO_ALARM", status: 0, message: "" } });
+  });
+  it("decodes the NOT_FOUND connection state (wire 4) with its reason", () => {
+    const m = decodeServerMessage(frame([3, 1, [[1, [[0, 16, 4, "not found (no IOC answered for 5 s)"]]]]]));
+    expect(m?.kind).toBe("DATA");
+    const e = m?.kind === "DATA" ? m.groups[0]!.entries[0]! : undefined;
+    const [s] = applyEntry(initialState("ca://NOPE", 0), e!);
+    expect(s).toMatchObject({ connection: "NOT_FOUND", reason: "not found (no IOC answered for 5 s)" });
+    expect(CONNECTION_STATES).toEqual(["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED", "NOT_FOUND"]);
+  });
+});
+
+describe("demo page chart ticks", () => {
+  it("picks 1-2-5 steps inside the range, labelled with just enough decimals", async () => {
+    const { niceTicks } = await import("../page/axes.js");
+    expect(niceTicks(0, 999, 5).map((t) => t.label)).toEqual(["0", "200", "400", "600", "800"]);
+    expect(niceTicks(-5, 5, 4).map((t) => t.label)).toEqual(["-5", "0", "5"]);
+    expect(niceTicks(-5, 5, 10).map((t) => t.label)).toEqual(["-5", "-4", "-3", "-2", "-1", "0", "1", "2", "3", "4", "5"]);
+    expect(niceTicks(0.1, 0.35, 5).map((t) => t.label)).toEqual(["0.10", "0.15", "0.20", "0.25", "0.30", "0.35"]);
+    expect(niceTicks(1, 1)).toEqual([]);
+    expect(niceTicks(0, Number.NaN)).toEqual([]);
+  });
+  it("puts time ticks on whole multiples of the step, as local HH:MM:SS", async () => {
+    const { timeTicks } = await import("../page/axes.js");
+    const t0 = new Date(2026, 0, 2, 10, 0, 7).getTime();
+    const ticks = timeTicks(t0, t0 + 60_000, 15);
+    expect(ticks.map((t) => t.label)).toEqual(["10:00:15", "10:00:30", "10:00:45", "10:01:00"]);
+  });
+});
+
+describe("connection states", () => {
+  it("shows NOT_FOUND, and an unknown state number as DISCONNECTED", () => {
+    const base = initialState("ca://NOPE", 0);
+    const [found] = applyEntry(base, { sid: 0, mask: 16, state: 4, reason: "not found (no IOC answered for 5 s)" });
+    expect(found.connection).toBe("NOT_FOUND");
+    const [later] = applyEntry(found, { sid: 0, mask: 16, state: 99, reason: "" });
+    expect(later.connection).toBe("DISCONNECTED");
   });
 });

@@ -105,7 +105,9 @@ class View:
         self.tick_masks = self.pending
         self.pending = {}
         if self.period:
-            self.next_due = max(self.next_due + self.period, now)
+            # Never sooner than one period after this emission, including after an idle spell:
+            # `max(next_due + period, now)` let a second group out one tick after the first.
+            self.next_due = now + self.period
 
     @property
     def ids(self) -> tuple[str, ...]:

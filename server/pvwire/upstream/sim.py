@@ -26,7 +26,7 @@ from ..model import ConnState, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 
-__all__ = ["KINDS", "SimBackend", "SimSpec", "parse_sim"]
+__all__ = ["KINDS", "SimBackend", "SimLimits", "SimSpec", "parse_sim"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,19 @@ KINDS: dict[str, dict[str, Any]] = {
     "string": {"initial": ""},
 }
 _TEXT_PARAMS = {"shape", "choices", "initial"}
-MAX_RATE = 1000.0  # Hz; a timer chain faster than this would only measure the event loop
-MAX_LENGTH = 10_000_000  # waveform elements (80 MB of float64)
+
+
+@dataclass(frozen=True, slots=True)
+class SimLimits:
+    """What one sim channel may cost; from the server's settings (`sim_*`).
+
+    Without them `sim://waveform?length=10000000&rate=1000` asked for 80 GB/s from one request.
+    """
+
+    max_rate: float = 1000.0  # Hz; a timer chain faster than this would only measure the loop
+    max_length: int = 4_000_000  # waveform elements: a 2048 x 2048 image's worth
+    max_bytes_per_s: float = 200e6  # per channel: a 1,000,000-point float64 waveform at 10 Hz is 80
+    max_stores: int = 10_000  # writable `value/NAME` and `string/NAME` instances kept at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +76,7 @@ class SimSpec:
         return f"{self.kind}/{self.label}"
 
 
-def parse_sim(name: str) -> SimSpec:
+def parse_sim(name: str, limits: SimLimits = SimLimits()) -> SimSpec:
     """Parse the part after `sim://`; raise BadChannelId with the reason when it cannot work."""
     path, _, query = name.partition("?")
     kind, _, label = path.partition("/")
@@ -87,16 +98,16 @@ def parse_sim(name: str) -> SimSpec:
         if not math.isfinite(number):
             raise BadChannelId(f"sim://{name}: {key}={text!r} is not finite")
         params[key] = number
-    _check(name, kind, params)
+    _check(name, kind, params, limits)
     return SimSpec(kind, label, params)
 
 
-def _check(name: str, kind: str, p: dict[str, Any]) -> None:
+def _check(name: str, kind: str, p: dict[str, Any], limits: SimLimits) -> None:
     def bad(why: str) -> BadChannelId:
         return BadChannelId(f"sim://{name}: {why}")
 
-    if "rate" in p and not 0 < p["rate"] <= MAX_RATE:
-        raise bad(f"rate must be in (0, {MAX_RATE:g}] Hz, got {p['rate']:g}")
+    if "rate" in p and not 0 < p["rate"] <= limits.max_rate:
+        raise bad(f"rate must be in (0, {limits.max_rate:g}] Hz on this server, got {p['rate']:g}")
     if "period" in p and p["period"] <= 0:
         raise bad(f"period must be > 0 s, got {p['period']:g}")
     if kind == "ramp" and (p["max"] <= p["min"] or p["step"] <= 0):
@@ -104,8 +115,13 @@ def _check(name: str, kind: str, p: dict[str, Any]) -> None:
     if kind == "noise" and p["sigma"] < 0:
         raise bad("sigma must be >= 0")
     if kind == "waveform":
-        if not 1 <= p["length"] <= MAX_LENGTH or not float(p["length"]).is_integer():
-            raise bad(f"length must be an integer in [1, {MAX_LENGTH}]")
+        if not 1 <= p["length"] <= limits.max_length or not float(p["length"]).is_integer():
+            raise bad(f"length must be an integer in [1, {limits.max_length}] on this server")
+        if p["length"] * 8 * p["rate"] > limits.max_bytes_per_s:
+            raise bad(
+                f"length x rate is {p['length'] * 8 * p['rate'] / 1e6:g} MB/s of float64; "
+                f"this server allows {limits.max_bytes_per_s / 1e6:g} MB/s per sim channel"
+            )
         if p["shape"] not in ("sine", "noise"):
             raise bad(f"shape must be 'sine' or 'noise', got {p['shape']!r}")
     if kind == "enum":
@@ -206,15 +222,35 @@ def _ramp(p: dict[str, Any], k: int) -> float:
 
 
 def _waveform(p: dict[str, Any], t: float) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """One period of the shape, rotated to the phase at `t`: a copy of a cached table.
+
+    Computing `sin` over 1,000,000 points took 187 ms on the event loop here, so five GraphQL
+    aliases of a big sim waveform held every stream for a second; a rotation is a memory copy.
+    """
     n = int(p["length"])
-    if p["shape"] == "noise":
-        noise: np.ndarray[Any, np.dtype[np.float64]] = _RNG.standard_normal(n)
-        return noise
-    phase = 2 * math.pi * t / p["period"]
-    wave: np.ndarray[Any, np.dtype[np.float64]] = np.sin(
-        np.linspace(0.0, 2 * math.pi, n, endpoint=False) + phase
-    )
-    return wave
+    table = _table(n, p["shape"])
+    noise = p["shape"] == "noise"
+    shift = int(_RNG.integers(n)) if noise else round((t / p["period"]) % 1.0 * n) % n
+    return np.concatenate((table[shift:], table[:shift]))
+
+
+_TABLE_BYTES = 128 << 20  # bound on cached tables: 16 million float64
+_tables: dict[tuple[int, str], np.ndarray[Any, np.dtype[np.float64]]] = {}
+
+
+def _table(n: int, shape: str) -> np.ndarray[Any, np.dtype[np.float64]]:
+    key = (n, shape)
+    table = _tables.pop(key, None)
+    if table is None:
+        if shape == "noise":
+            table = _RNG.standard_normal(n)
+        else:
+            table = np.sin(np.linspace(0.0, 2 * math.pi, n, endpoint=False))
+        table.flags.writeable = False
+        while _tables and sum(t.nbytes for t in _tables.values()) + table.nbytes > _TABLE_BYTES:
+            del _tables[next(iter(_tables))]  # least recently used first
+    _tables[key] = table  # most recently used last
+    return table
 
 
 def _fresh_value(spec: SimSpec, k: int) -> Value:
@@ -310,15 +346,16 @@ class _SimMonitor:
         self._store: _Store | None = None
         loop = asyncio.get_running_loop()
         try:
-            spec = parse_sim(name)
+            spec = parse_sim(name, backend.limits)
+            if spec.kind in ("value", "string"):
+                self._store = backend.store(spec)
         except BadChannelId as e:
             # Reported from the loop, not from inside monitor(): the caller is still setting up.
             self._handle: asyncio.Handle | None = loop.call_soon(
                 sink.on_connection, ConnState.FAILED, str(e)
             )
             return
-        if spec.kind in ("value", "string"):
-            self._store = backend.store(spec)
+        if self._store is not None:
             self._handle = loop.call_soon(self._start_store)
         else:
             self._sim = _Sim(spec, sink)
@@ -366,7 +403,8 @@ class SimBackend(Backend):
 
     scheme = "sim"
 
-    def __init__(self) -> None:
+    def __init__(self, limits: SimLimits = SimLimits()) -> None:
+        self.limits = limits
         self.groups: dict[float, _Group] = {}
         self.stores: dict[str, _Store] = {}
         # The latest periodic channel opened per name, so a get reads what monitors see.
@@ -386,14 +424,27 @@ class SimBackend(Backend):
     def store(self, spec: SimSpec) -> _Store:
         store = self.stores.get(spec.key)
         if store is None:
+            if len(self.stores) >= self.limits.max_stores:
+                self._evict_unwatched()
+            if len(self.stores) >= self.limits.max_stores:
+                raise BadChannelId(
+                    f"sim://{spec.key}: this server keeps at most {self.limits.max_stores} "
+                    "writable sim channels and all of them are watched"
+                )
             store = self.stores[spec.key] = _Store(spec)
         return store
+
+    def _evict_unwatched(self) -> None:
+        """Forget the oldest half of the stores nobody watches (their values are lost)."""
+        unwatched = [key for key, store in self.stores.items() if not store.sinks]
+        for key in unwatched[: max(1, len(self.stores) // 2)]:
+            del self.stores[key]
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
         return _SimMonitor(self, name, sink)
 
     async def get(self, name: str, timeout: float) -> Reading:
-        spec = parse_sim(name)
+        spec = parse_sim(name, self.limits)
         if spec.kind in ("value", "string"):
             store = self.store(spec)
             return Reading(store.value, store.s, store.ns, meta=store.meta)
@@ -403,7 +454,7 @@ class SimBackend(Backend):
         return Reading(value, s, ns, meta=_metadata(spec))
 
     async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
-        spec = parse_sim(name)
+        spec = parse_sim(name, self.limits)
         if spec.kind not in ("value", "string"):
             raise ReadOnlyChannel(f"sim://{name}: sim {spec.kind} channels are read-only")
         store = self.store(spec)
