@@ -8,10 +8,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from pvwire.access.identity import ANONYMOUS
+from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.model import ConnState, Metadata
+from pvwire.wire.tokens import TokenSigner
 
-from .hub_doubles import Client, FakeBackend, attach
+from .hub_doubles import KEYS, Client, FakeBackend, attach
 
 
 async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -135,14 +138,12 @@ async def test_a_channel_no_server_answers_turns_not_found(hub: Hub, backend: Fa
     assert entry[1] == 1 | 2 | 4 | 8 | 16 and entry[2] == 3.0
 
 
-async def test_writable_unknown_upstream_follows_the_write_rules(
-    hub: Hub, backend: FakeBackend
-) -> None:
+async def test_writable_unknown_upstream_follows_the_write_rules(backend: FakeBackend) -> None:
     backend.meta = Metadata(type="float64", writable=None)  # PVA cannot tell
-    hub.settings.write_rules = ["fake://a"]
+    settings = Settings(default_scheme="fake", write_rules=["fake://a"])
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
     c = Client(hub)
     attach(c, hub, ["fake://a", "fake://b"])
-    assert hub.registry.channels["fake://a"].meta.writable is True
-    assert hub.registry.channels["fake://b"].meta.writable is False
-    _, reading = await hub.get("fake://b", 1.0)
-    assert reading.meta.writable is False
+    assert hub.registry.channels["fake://a"].meta.writable is None  # the stream says: unknown
+    assert (await hub.get("fake://a", 1.0, ANONYMOUS))[1].meta.writable is True
+    assert (await hub.get("fake://b", 1.0, ANONYMOUS))[1].meta.writable is False

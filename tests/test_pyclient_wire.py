@@ -169,6 +169,14 @@ def data_msg(*entries: Any) -> bytes:
     return pack([3, 1, [[1, list(entries)]]])
 
 
+def nested(depth: int) -> Any:
+    """A value nested `depth` levels deep: [[...[1]...]]."""
+    v: Any = 1
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
@@ -204,7 +212,9 @@ def data_msg(*entries: Any) -> bytes:
         (data_msg([0, 8, []]), "metadata must be a map"),
         (data_msg([0, 16, -1, ""]), "entry state"),
         (data_msg([0, 1, True, 1]), "booleans"),
-        (data_msg([0, 1, [1, 2], 1]), "arrays of str"),
+        (data_msg([0, 1, ["a", True], 1]), "booleans"),
+        (data_msg([0, 1, [{"x": [b"raw"]}], 1]), r"value\[0\]\.x\[0\]: unsupported value type"),
+        (data_msg([0, 1, nested(65), 1]), "nested deeper than 64"),
         (data_msg([0, 1, b"raw", 1]), "unsupported value type"),
         (data_msg([0, 1, msgpack.ExtType(2, b""), 1]), "unknown MessagePack ext type 2"),
         (data_msg([0, 1, msgpack.Timestamp(1, 0), 1]), "unsupported value type"),
@@ -212,8 +222,15 @@ def data_msg(*entries: Any) -> bytes:
     ],
 )
 def test_malformed(data: bytes, match: str) -> None:
+    """Each malformed message is rejected with a sentence naming what was wrong."""
     with pytest.raises(ProtocolError, match=match):
         decode_message(data)
+
+
+def test_arrays_of_values_and_nesting_up_to_the_bound_are_accepted() -> None:
+    msg = decode_message(data_msg([0, 1, [1, "x", {"a": [2.5]}, nested(63)], 1]))
+    assert isinstance(msg, wire.Data)
+    assert msg.groups[0].entries[0].value[:3] == [1, "x", {"a": [2.5]}]
 
 
 def ext(payload: bytes) -> msgpack.ExtType:

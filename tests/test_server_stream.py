@@ -114,21 +114,23 @@ async def test_slow_client_is_closed_with_4008_and_does_not_delay_others(
     await fast.close()
 
 
-async def test_bad_token_gets_terminal_close(server: ServerProcess) -> None:
+async def test_bad_token_fails_only_its_attachment(server: ServerProcess) -> None:
     s = await RawStream.connect(server.ws_url)
     await s.send(16, 1, "pvw1.cli.e30.not-a-signature")
-    with pytest.raises(websockets.ConnectionClosed) as closed:
-        await s.recv()
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+    err = await s.recv()
+    assert isinstance(err, wire.Error) and (err.req, err.code) == (1, 4401)
+    attached, _ = await s.attach(token(server, ["ca://PVW:AO"]))  # the connection goes on
+    assert attached.ids == ("ca://PVW:AO",)
+    await s.close()
 
 
 async def test_expired_token_gets_4402(server: ServerProcess) -> None:
     signer = TokenSigner({"cli": TEST_TOKEN_KEY.encode()}, "cli", ttl=1, clock=lambda: 1000.0)
     s = await RawStream.connect(server.ws_url)
     await s.send(16, 1, signer.sign(["ca://PVW:AO"]))
-    with pytest.raises(websockets.ConnectionClosed) as closed:
-        await s.recv()
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4402
+    err = await s.recv()
+    assert isinstance(err, wire.Error) and (err.req, err.code) == (1, 4402)
+    await s.close()
 
 
 async def test_malformed_frames_get_errors_and_the_connection_survives(

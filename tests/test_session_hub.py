@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pvwire.access.identity import ANONYMOUS
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.model import ConnState, Metadata
@@ -85,12 +86,16 @@ async def test_metadata_travels_once_and_again_only_when_changed(
     assert frames[1][2][0][1][0][1] == 8 and frames[1][2][0][1][0][2]["units"] == "um"
 
 
-async def test_write_rules_decide_writable_in_metadata(backend: FakeBackend) -> None:
+async def test_write_rules_decide_writable_for_the_caller_not_on_the_stream(
+    backend: FakeBackend,
+) -> None:
     settings = Settings(default_scheme="fake", write_rules=["fake://a"])
     hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
     a, b = hub.registry.acquire("fake://a"), hub.registry.acquire("fake://b")
-    assert a.meta.writable is True
-    assert b.meta.writable is False
+    # The stream carries the upstream's answer; who may write is per identity (subscribe, get).
+    assert a.meta.writable is True and b.meta.writable is True
+    assert (await hub.get("fake://a", 1.0, ANONYMOUS))[1].meta.writable is True
+    assert (await hub.get("fake://b", 1.0, ANONYMOUS))[1].meta.writable is False
 
 
 async def test_slow_client_conflates_and_catches_up_without_delaying_others(
@@ -150,24 +155,30 @@ async def test_idle_client_gets_heartbeats(hub: Hub) -> None:
     ("token", "code"),
     [("garbage", 4401), ("pvw1.k1.e30.AAAA", 4401), ("pvw1.nokey.e30.AAAA", 4401)],
 )
-async def test_bad_tokens_close_with_terminal_codes(hub: Hub, token: str, code: int) -> None:
+async def test_bad_tokens_fail_only_their_attachment(hub: Hub, token: str, code: int) -> None:
     c = Client(hub)
-    c.send(16, 1, token)
-    assert c.session.close_request is not None and c.session.close_request[0] == code
+    c.drain()
+    c.send(16, 7, token)
+    (err,) = c.drain()
+    assert err[:3] == [5, 7, code] and c.session.close_request is None
+    assert attach(c, hub, ["fake://a"])  # the connection goes on
 
 
-async def test_expired_token_closes_with_4402(hub: Hub) -> None:
+async def test_expired_token_gets_4402_for_that_attach(hub: Hub) -> None:
     old = TokenSigner(KEYS, "k1", ttl=10, clock=lambda: 0.0).sign(["fake://a"])
     c = Client(hub)
-    c.send(16, 1, old)
-    assert c.session.close_request is not None and c.session.close_request[0] == 4402
+    c.drain()
+    c.send(16, 3, old)
+    (err,) = c.drain()
+    assert err[:3] == [5, 3, 4402] and "expired" in err[3]
 
 
 async def test_token_from_another_key_is_refused(hub: Hub) -> None:
     forged = TokenSigner({"k1": b"other"}, "k1").sign(["fake://a"])
     c = Client(hub)
+    c.drain()
     c.send(16, 1, forged)
-    assert c.session.close_request == (4401, "token signature does not match")
+    assert c.drain() == [[5, 1, 4401, "token signature does not match"]]
 
 
 async def test_malformed_messages_get_errors_and_the_session_goes_on(
@@ -298,10 +309,10 @@ async def test_get_of_a_monitored_channel_comes_from_the_cache(
     c = Client(hub)
     attach(c, hub, ["fake://a"])
     backend.update("a", 4.5)
-    cid, reading = await hub.get("a", 1.0)
+    cid, reading = await hub.get("a", 1.0, ANONYMOUS)
     assert (cid, reading.value) == ("fake://a", 4.5)
     assert hub.control.stats.cache_gets == 1 and hub.control.stats.upstream_gets == 0
-    await hub.get("b", 1.0)
+    await hub.get("b", 1.0, ANONYMOUS)
     assert hub.control.stats.upstream_gets == 1
 
 
@@ -318,9 +329,9 @@ async def test_arrays_travel_as_typed_bytes(hub: Hub, backend: FakeBackend) -> N
 async def test_search_globs_over_active_and_backend_names(hub: Hub) -> None:
     c = Client(hub)
     attach(c, hub, ["fake://zz"])
-    assert hub.search("fake://*", 10) == ["fake://a", "fake://b", "fake://zz"]
-    assert hub.search("z*", 10) == ["fake://zz"]
-    assert hub.search("*", 2) == ["fake://a", "fake://b"]
+    assert hub.search("fake://*", 10, ANONYMOUS) == ["fake://a", "fake://b", "fake://zz"]
+    assert hub.search("z*", 10, ANONYMOUS) == ["fake://zz"]
+    assert hub.search("*", 2, ANONYMOUS) == ["fake://a", "fake://b"]
 
 
 async def test_updates_merged_upstream_count_in_the_serial(hub: Hub, backend: FakeBackend) -> None:

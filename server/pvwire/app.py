@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import json
 import os
+import signal
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +21,8 @@ from fastapi.staticfiles import StaticFiles
 from strawberry.fastapi import GraphQLRouter
 
 from . import __version__
+from .access.identity import Authenticator, AuthError, JwtSettings
+from .access.ratelimit import RateLimiter
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.limits import ValueBudget
@@ -71,6 +76,9 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hub.start()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            # SIGHUP reloads the access rules (they are also reloaded when the file changes).
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hub.reload_rules, True)
         # Everything allocated so far (FastAPI, strawberry, numpy, EPICS libraries) lives as
         # long as the process: move it out of the collector's reach, so that full collections,
         # which otherwise walked all of it, no longer pause the event loop.
@@ -98,11 +106,18 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
             allow_headers=["*"],
         )
 
+    authenticator = make_authenticator(settings)
+    cost_limiter = RateLimiter(settings.max_cost_per_s, 2 * settings.max_cost_per_s)
+
     async def context(request: Request) -> dict[str, Any]:
+        check_origin(settings, request.headers.get("origin"))
+        peer = request.client.host if request.client else ""
         return {
             "hub": hub,
             "request": request,
+            "identity": authenticator.identify(request.headers, peer),
             "budget": ValueBudget(settings.max_graphql_elements),
+            "cost_limiter": cost_limiter,
         }
 
     graphql: GraphQLRouter[Any, None] = OfflineGraphQLRouter(
@@ -112,12 +127,21 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
         multipart_uploads_enabled=False,
     )
     app.include_router(graphql, prefix="/graphql")
+
+    @app.exception_handler(AuthError)
+    async def unauthenticated(request: Request, exc: AuthError) -> JSONResponse:
+        # GraphQL-shaped, so clients read it like any other error of the control plane.
+        body = {"errors": [{"message": str(exc), "extensions": {"code": exc.code}}]}
+        status = 403 if isinstance(exc, OriginRefused) else 401
+        headers = {} if status == 403 else {"WWW-Authenticate": 'Bearer realm="pvwire"'}
+        return JSONResponse(body, status_code=status, headers=headers)
+
     if ASSETS.is_dir():
         app.mount(ASSETS_PATH, StaticFiles(directory=ASSETS), name="graphiql-assets")
 
     @app.websocket("/stream")
     async def stream(websocket: WebSocket) -> None:
-        await serve_stream(websocket, hub)
+        await serve_stream(websocket, hub, authenticator)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -149,6 +173,34 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
             )
 
     return app
+
+
+class OriginRefused(AuthError):
+    code = "ORIGIN_NOT_ALLOWED"
+
+
+def check_origin(settings: Settings, origin: str | None) -> None:
+    """Browsers always send Origin: a present one must be allowed. None is a non-browser client
+    (the Python client, the CLI, Node), which an Origin list must not lock out."""
+    if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
+        raise OriginRefused(f"origin {origin!r} is not allowed")
+
+
+def make_authenticator(settings: Settings) -> Authenticator:
+    return Authenticator(
+        JwtSettings(
+            secret_file=settings.jwt_secret_file,
+            jwks_file=settings.jwks_file,
+            issuer=settings.jwt_issuer,
+            audience=settings.jwt_audience,
+            groups_claim=settings.jwt_groups_claim,
+            user_claim=settings.jwt_user_claim,
+            leeway_s=settings.jwt_leeway_s,
+        ),
+        trusted_proxies=settings.trusted_proxies,
+        user_header=settings.user_header,
+        groups_header=settings.groups_header,
+    )
 
 
 def app_from_env() -> FastAPI:

@@ -58,12 +58,29 @@ def _settings(args: argparse.Namespace) -> Any:
         "send_budget": args.send_budget,
         "heartbeat_s": args.heartbeat,
         "linger_s": args.linger,
+        "not_found_s": args.not_found_s,
+        "access_rules": args.access_rules,
+        "audit_log": args.audit_log,
+        "jwt_secret_file": args.jwt_secret_file,
+        "jwks_file": args.jwks_file,
+        "jwt_issuer": args.jwt_issuer,
+        "jwt_audience": args.jwt_audience,
+        "jwt_groups_claim": args.jwt_groups_claim,
+        "jwt_user_claim": args.jwt_user_claim,
+        "user_header": args.user_header,
+        "groups_header": args.groups_header,
     }
     settings.update({k: v for k, v in overrides.items() if v is not None})
     if args.write_rule:
         settings.write_rules = [*settings.write_rules, *args.write_rule]
     if args.catalogue:
         settings.catalogue = [*settings.catalogue, *args.catalogue]
+    if args.admin_group:
+        settings.admin_groups = [*settings.admin_groups, *args.admin_group]
+    if args.trusted_proxy:
+        settings.trusted_proxies = [*settings.trusted_proxies, *args.trusted_proxy]
+    if args.no_sim:
+        settings.sim_enabled = False
     if args.token_key:
         settings.token_keys = {**settings.token_keys, "cli": args.token_key}
         settings.token_kid = "cli"
@@ -135,6 +152,21 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--send-budget", type=int, help="bytes queued per client")
         p.add_argument("--heartbeat", type=float, help="seconds of silence before HEARTBEAT")
         p.add_argument("--linger", type=float, help="seconds an unwatched monitor stays open")
+        p.add_argument("--not-found-s", type=float, help="seconds before NOT_FOUND (default 5)")
+        p.add_argument("--no-sim", action="store_true", help="switch sim:// channels off")
+        p.add_argument("--access-rules", help="TOML access rules (reloaded on change, SIGHUP)")
+        p.add_argument("--audit-log", help="JSON-lines file: one line per put, allowed or not")
+        p.add_argument("--admin-group", action="append", help="group that may see clients")
+        p.add_argument("--jwt-secret-file", help="HS256 secret for bearer JWTs")
+        p.add_argument("--jwks-file", help="JWKS (RS256/ES256 public keys) for bearer JWTs")
+        p.add_argument("--jwt-issuer", help="required `iss` of bearer JWTs")
+        p.add_argument("--jwt-audience", help="required `aud` of bearer JWTs")
+        p.add_argument("--jwt-groups-claim", help="claim holding the groups (default groups)")
+        p.add_argument("--jwt-user-claim", help="claim naming the user (preferred_username)")
+        p.add_argument("--trusted-proxy", action="append", help="CIDR of a proxy whose "
+                       "--user-header is believed")  # fmt: skip
+        p.add_argument("--user-header", help="header a trusted proxy puts the user name in")
+        p.add_argument("--groups-header", help="header with comma-separated groups (proxy)")
         p.add_argument("--workers", type=int, default=1, help="worker processes (same port)")
         p.add_argument("--log-level", default="info")
         p.add_argument(

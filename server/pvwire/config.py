@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import secrets
 import tomllib
@@ -30,7 +29,24 @@ class Settings:
     token_ttl_s: float = 24 * 3600.0
     token_keys: dict[str, str] = field(default_factory=dict)  # kid -> secret
     token_kid: str = ""
-    write_rules: list[str] = field(default_factory=list)  # glob patterns of writable channel ids
+    write_rules: list[str] = field(default_factory=list)  # WRITE for everyone: rule shorthand
+    access_rules: str = ""  # TOML rules file (access/rules.py); reloaded on change and SIGHUP
+    admin_groups: list[str] = field(default_factory=list)  # see clients in `server`; else loopback
+    audit_log: str = ""  # JSON lines, one per put (also logged to pvwire.audit)
+    jwt_secret_file: str = ""  # HS256 shared secret
+    jwks_file: str = ""  # RS256/ES256 public keys of the site's OIDC provider
+    jwt_issuer: str = ""
+    jwt_audience: str = ""
+    jwt_groups_claim: str = "groups"
+    jwt_user_claim: str = "preferred_username"  # falls back to `sub`
+    jwt_leeway_s: float = 60.0  # clock skew allowed for exp and nbf
+    trusted_proxies: list[str] = field(default_factory=list)  # CIDRs whose user header counts
+    user_header: str = ""  # e.g. X-Remote-User, from trusted proxies only
+    groups_header: str = ""  # comma-separated groups, from trusted proxies only
+    max_puts_per_s: float = 20.0  # per identity, bursts of twice that
+    max_cost_per_s: float = 100_000.0  # GraphQL query cost per identity per second
+    max_connections_per_address: int = 100  # stream connections from one client address
+    max_attachments_per_connection: int = 1_000
     catalogue: list[str] = field(default_factory=list)  # ids offered by search
     allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
     cors_origins: list[str] = field(default_factory=list)
@@ -71,9 +87,6 @@ class Settings:
             if isinstance(value, str) and not isinstance(current, str):
                 value = _parse(value, current)
             setattr(self, key, value)
-
-    def writes_allowed(self, canonical_id: str) -> bool:
-        return any(fnmatch.fnmatchcase(canonical_id, rule) for rule in self.write_rules)
 
     def signing_keys(self) -> tuple[dict[str, bytes], str]:
         """Keys for tokens; a random key for this process when none is configured.

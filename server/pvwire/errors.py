@@ -60,3 +60,15 @@ class PutRejected(PvwireError):
     """The upstream server answered the put with an error."""
 
     code = "PUT_FAILED"
+
+
+class Forbidden(PvwireError):
+    """The identity may not read this channel (access rules)."""
+
+    code = "FORBIDDEN"
+
+
+class RateLimited(PvwireError):
+    """The identity asked for more than its share (puts per second, query cost per second)."""
+
+    code = "RATE_LIMITED"

@@ -36,7 +36,8 @@ META = 8
 CONN = 16
 FULL = VALUE | TIME | ALARM | META | CONN
 
-Value: TypeAlias = "int | float | str | npt.NDArray[Any] | list[str] | dict[str, Any] | None"
+# PROTOCOL.md section 4: a list is an array of str or an array of values (structure arrays).
+Value: TypeAlias = "int | float | str | npt.NDArray[Any] | list[Any] | dict[str, Any] | None"
 Limits: TypeAlias = tuple[float, float]
 
 

@@ -319,22 +319,29 @@ def decode_entry(e: object, where: str = "entry") -> Entry:
     return Entry(sid, mask, **f)
 
 
-def _value(v: object, what: str) -> Any:
-    """Check a value follows section 4: scalars, str, nil, ndarray, str arrays, structures."""
+# Deepest nesting of structures and arrays a value may have (the TypeScript client's bound too).
+MAX_VALUE_DEPTH = 64
+
+
+def _value(v: object, what: str, depth: int = 0) -> Any:
+    """Check a value follows section 4: scalars, str, nil, ndarray, arrays, structures."""
     if v is None or isinstance(v, str | float | np.ndarray):
         return v
     if type(v) is int:
         return v
     if isinstance(v, bool):
         raise ProtocolError(f"{what}: booleans travel as integers 0/1, got {v!r}")
+    if depth >= MAX_VALUE_DEPTH:
+        raise ProtocolError(f"{what}: nested deeper than {MAX_VALUE_DEPTH}")
     if isinstance(v, list):
-        for x in v:
-            if not isinstance(x, str):
-                raise ProtocolError(f"{what}: arrays must be ndarray ext or arrays of str")
+        # An array of str (string arrays), or of values (structure and union arrays).
+        if not all(type(x) is str for x in v):
+            for i, x in enumerate(v):
+                _value(x, f"{what}[{i}]", depth + 1)
         return v
     if isinstance(v, dict):
         for k, x in v.items():
-            _value(x, f"{what}.{k}")
+            _value(x, f"{what}.{k}", depth + 1)
         return v
     raise ProtocolError(f"{what}: unsupported value type {type(v).__name__}")
 

@@ -128,6 +128,7 @@ function metadata(v: unknown, what: string): Metadata {
 function value(v: unknown, what: string): Value {
   if (v === null || typeof v === "number" || typeof v === "string" || typeof v === "bigint") return v;
   if (ArrayBuffer.isView(v)) return v as ArrayValue; // from the ndarray ext (bin is refused by the decoder)
+  // An array of str (string arrays, PROTOCOL.md 4.2) or of values (structure and union arrays, 4.3).
   if (Array.isArray(v)) return v.map((x, i) => value(x, `${what}[${i}]`));
   if (typeof v === "boolean") return fail(`${what}: booleans travel as 0/1`, v);
   if (isMap(v)) {

@@ -5,6 +5,7 @@ from stdin, one per line, and answers each with one JSON line:
   kill-ioc | start-ioc | restart-server | stop-server | start-server
 At EOF on stdin (the test process ended, even by a crash) everything is torn down.
 PVWIRE_SERVER_CMD (default `-m pvwire.cli`) replaces the server's module/script, for debugging.
+PVWIRE_STACK_DB, when set, names a .db file the IOC serves instead of the demo (prefix "").
 """
 
 from __future__ import annotations
@@ -107,10 +108,17 @@ def main() -> None:
     ioc: IocProcess | None = None
     server: Server | None = None
     try:
-        ioc = start_demo_ioc(PREFIX)
-        server = Server(ioc, [*demo_server_args(), *sys.argv[1:]])
+        db = os.environ.get("PVWIRE_STACK_DB")
+        if db:
+            ioc = IocProcess([Path(db)])
+            ioc.start()
+            server = Server(ioc, sys.argv[1:])
+        else:
+            ioc = start_demo_ioc(PREFIX)
+            server = Server(ioc, [*demo_server_args(), *sys.argv[1:]])
         server.start()
-        reply({"url": server.url, "prefix": PREFIX, "port": server.port, "log": str(server.log)})
+        prefix = "" if db else PREFIX
+        reply({"url": server.url, "prefix": prefix, "port": server.port, "log": str(server.log)})
         for line in sys.stdin:
             cmd = line.strip()
             if not cmd:

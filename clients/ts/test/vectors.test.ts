@@ -27,7 +27,7 @@ function expectedValue(v: unknown): unknown {
     }
     return Object.fromEntries(Object.entries(o).map(([k, x]) => [k, expectedValue(x)]));
   }
-  return typeof v === "bigint" && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+  return typeof v === "bigint" && v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(v) : v;
 }
 
 const DTYPE_OF: Record<string, string> = {

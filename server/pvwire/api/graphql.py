@@ -22,7 +22,10 @@ from strawberry.scalars import JSON
 from strawberry.types import Info
 
 from .. import __version__
+from ..access.identity import Identity
+from ..access.rules import Access
 from ..core.hub import Hub
+from ..core.stats import HubSnapshot
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
 from ..model import ConnState as ModelConnState
@@ -49,6 +52,12 @@ class Severity(Enum):
     MINOR = "MINOR"
     MAJOR = "MAJOR"
     INVALID = "INVALID"
+
+
+@strawberry.enum
+class AccessLevel(Enum):
+    READ = "READ"
+    WRITE = "WRITE"
 
 
 @strawberry.enum
@@ -131,6 +140,10 @@ class StreamChannel:
         description="index of the channel in the token; entries on the stream are keyed by it"
     )
     id: str
+    access: AccessLevel = strawberry.field(
+        description="what the caller may do with the channel: WRITE means puts are allowed "
+        "by the access rules (the upstream may still refuse; see metadata.writable)"
+    )
     metadata: Metadata | None
 
 
@@ -173,8 +186,54 @@ class ServerInfo:
     tick_ms: float
     writes_enabled: bool
     loop_lag_ms: float
-    clients: list[ClientInfo]
-    channels: list[UpstreamInfo]
+
+    @strawberry.field(description="connected stream clients; needs an admin identity")
+    def clients(self, info: Info) -> list[ClientInfo]:
+        snap = _admin_snapshot(info)
+        return [
+            ClientInfo(
+                id=c.number,
+                address=c.address,
+                attachments=c.attachments,
+                channels=c.channels,
+                queued_bytes=c.queued_bytes,
+                conflated=float(c.conflated),
+                frames_sent=float(c.frames_sent),
+                bytes_sent=float(c.bytes_sent),
+                connected_seconds=c.connected_seconds,
+            )
+            for c in snap.clients
+        ]
+
+    @strawberry.field(description="open upstream channels; needs an admin identity")
+    def channels(self, info: Info) -> list[UpstreamInfo]:
+        snap = _admin_snapshot(info)
+        return [
+            UpstreamInfo(
+                id=ch.id,
+                subscribers=ch.subscribers,
+                updates=float(ch.updates),
+                update_rate=ch.update_rate,
+                connection=ConnectionState[ModelConnState(ch.state).name],
+            )
+            for ch in snap.channels
+        ]
+
+
+def _admin_snapshot(info: Info) -> HubSnapshot:
+    """Who is connected from where is for administrators only (an admin group, or without one
+    configured, a request from this machine)."""
+    hub = _hub(info)
+    identity = _identity(info)
+    if not hub.is_admin(identity):
+        raise GraphQLError(
+            f"{identity.describe()} is not an administrator of this server",
+            extensions={"code": "FORBIDDEN"},
+        )
+    snap: HubSnapshot | None = info.context.get("snapshot")
+    if snap is None:
+        snap = info.context["snapshot"] = hub.snapshot()
+    return snap
 
 
 @strawberry.input
@@ -201,10 +260,9 @@ def _hub(info: Info) -> Hub:
     return hub
 
 
-def _who(info: Info) -> str:
-    request = info.context.get("request")
-    client = getattr(request, "client", None)
-    return f"{client.host}:{client.port}" if client else "unknown"
+def _identity(info: Info) -> Identity:
+    identity: Identity = info.context["identity"]
+    return identity
 
 
 def _error(exc: PvwireError) -> GraphQLError:
@@ -313,7 +371,7 @@ class Query:
     )
     async def channel(self, info: Info, id: str, timeout: float = 3.0) -> Channel:
         try:
-            cid, reading = await _hub(info).get(id, _clamp_timeout(timeout))
+            cid, reading = await _hub(info).get(id, _clamp_timeout(timeout), _identity(info))
             return _channel(cid, reading, info.context["budget"])
         except PvwireError as exc:
             raise _error(exc) from None
@@ -325,7 +383,7 @@ class Query:
 
         async def one(i: str) -> Channel:
             try:
-                cid, reading = await hub.get(i, _clamp_timeout(timeout))
+                cid, reading = await hub.get(i, _clamp_timeout(timeout), _identity(info))
                 return _channel(cid, reading, info.context["budget"])
             except PvwireError as exc:
                 return _failed(i, exc)
@@ -337,42 +395,18 @@ class Query:
         "ids returned in sorted order"
     )
     def search(self, info: Info, pattern: str, limit: int = 100) -> list[str]:
-        return _hub(info).search(pattern, min(limit, 10_000))
+        return _hub(info).search(pattern, min(limit, 10_000), _identity(info))
 
     @strawberry.field
     def server(self, info: Info) -> ServerInfo:
         hub = _hub(info)
-        snap = hub.snapshot()
+        snap = hub.snapshot(detail=False)
         return ServerInfo(
             version=__version__,
             uptime=snap.uptime,
             tick_ms=hub.settings.tick_ms,
-            writes_enabled=bool(hub.settings.write_rules),
+            writes_enabled=hub.rules.rules.may_write_somewhere(),
             loop_lag_ms=snap.loop_lag * 1000.0,
-            clients=[
-                ClientInfo(
-                    id=c.number,
-                    address=c.address,
-                    attachments=c.attachments,
-                    channels=c.channels,
-                    queued_bytes=c.queued_bytes,
-                    conflated=float(c.conflated),
-                    frames_sent=float(c.frames_sent),
-                    bytes_sent=float(c.bytes_sent),
-                    connected_seconds=c.connected_seconds,
-                )
-                for c in snap.clients
-            ],
-            channels=[
-                UpstreamInfo(
-                    id=ch.id,
-                    subscribers=ch.subscribers,
-                    updates=float(ch.updates),
-                    update_rate=ch.update_rate,
-                    connection=ConnectionState[ModelConnState(ch.state).name],
-                )
-                for ch in snap.channels
-            ],
         )
 
 
@@ -419,7 +453,7 @@ class Mutation:
         self, info: Info, id: str, value: JSON, wait: bool = False, timeout: float = 5.0
     ) -> PutResult:
         try:
-            cid = await _hub(info).put(id, value, wait, _clamp_timeout(timeout), _who(info))
+            cid = await _hub(info).put(id, value, wait, _clamp_timeout(timeout), _identity(info))
         except PvwireError as exc:
             raise _error(exc) from None
         return PutResult(id=cid, ok=True, error=None, error_code=None)
@@ -436,7 +470,7 @@ class Mutation:
 
         async def one(p: PutInput) -> PutResult:
             try:
-                cid = await hub.put(p.id, p.value, wait, limit, _who(info))
+                cid = await hub.put(p.id, p.value, wait, limit, _identity(info))
             except PvwireError as exc:
                 return PutResult(id=p.id, ok=False, error=str(exc), error_code=exc.code)
             return PutResult(id=cid, ok=True, error=None, error_code=None)
@@ -465,13 +499,33 @@ class Mutation:
                 canonical.append(hub.resolve(i)[0])
             except PvwireError as exc:
                 raise _error(exc) from None
-        token = hub.signer.sign(canonical, options.mode.value, options.max_rate)
+        identity = _identity(info)
+        try:
+            hub.control.require_read(identity, canonical)
+        except PvwireError as exc:
+            raise _error(exc) from None
+        token = hub.signer.sign(
+            canonical,
+            options.mode.value,
+            options.max_rate,
+            user=identity.user,
+            groups=sorted(identity.groups),
+            auth=identity.source,
+            address=identity.address,
+            not_after=identity.expires_at,
+        )
         claims = hub.signer.verify(token)
         channels = []
         for sid, cid in enumerate(canonical):
             ch = hub.registry.channels.get(cid)
-            meta = _metadata(ch.meta) if ch is not None and ch.meta != ModelMetadata() else None
-            channels.append(StreamChannel(sid=sid, id=cid, metadata=meta))
+            writes = hub.control.access(identity, cid) == Access.WRITE
+            meta = (
+                _metadata(ch.meta.for_client(writes))
+                if ch is not None and ch.meta != ModelMetadata()
+                else None
+            )
+            level = AccessLevel.WRITE if writes else AccessLevel.READ
+            channels.append(StreamChannel(sid=sid, id=cid, access=level, metadata=meta))
         return StreamRegistration(
             token=token,
             expires_at=float(claims.expires_at),

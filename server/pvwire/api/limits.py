@@ -29,6 +29,8 @@ from graphql import (
 )
 from strawberry.extensions import SchemaExtension
 
+from ..access.identity import Identity
+from ..access.ratelimit import RateLimiter
 from ..errors import PvwireError
 
 __all__ = ["LIST_ARGUMENTS", "QueryCost", "ValueBudget", "ValueTooLarge", "elements"]
@@ -100,7 +102,33 @@ class QueryCost(SchemaExtension):
                         extensions={"code": "QUERY_TOO_COSTLY"},
                     )
                 ]
+            elif not self._within_rate(cost):
+                ctx.pre_execution_errors = [
+                    GraphQLError(
+                        f"more than {self._rate():g} query cost per second from this identity; "
+                        "slow down",
+                        extensions={"code": "RATE_LIMITED"},
+                    )
+                ]
         yield
+
+    def _limiter(self) -> RateLimiter | None:
+        context = self.execution_context.context
+        limiter = context.get("cost_limiter") if isinstance(context, dict) else None
+        return limiter if isinstance(limiter, RateLimiter) else None
+
+    def _rate(self) -> float:
+        limiter = self._limiter()
+        return limiter.rate if limiter is not None else 0.0
+
+    def _within_rate(self, cost: int) -> bool:
+        """Each identity (user, else client address) spends from its own budget per second."""
+        limiter = self._limiter()
+        context = self.execution_context.context
+        identity = context.get("identity") if isinstance(context, dict) else None
+        if limiter is None or not isinstance(identity, Identity):
+            return True
+        return limiter.take(identity.user or identity.address, cost)
 
 
 def _cost(

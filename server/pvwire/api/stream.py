@@ -16,6 +16,7 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .. import __version__
+from ..access.identity import Authenticator
 from ..core.hub import Hub
 from ..wire import codec as wire
 from ..wire.session import Session, SessionLimits
@@ -26,6 +27,7 @@ log = logging.getLogger("pvwire.stream")
 
 SUBPROTOCOL = "pvwire.v1"
 POLICY = 1008
+TRY_AGAIN = 1013
 INTERNAL = 1011
 GOING_AWAY = 1001
 CLOSE_TIMEOUT = 5.0  # seconds to deliver a close frame before dropping the connection
@@ -40,24 +42,32 @@ def _limits(hub: Hub) -> SessionLimits:
         stall_timeout=s.stall_timeout_s,
         heartbeat=s.heartbeat_s,
         max_channels=s.max_channels_per_connection,
+        max_attachments=s.max_attachments_per_connection,
     )
 
 
-async def serve_stream(websocket: WebSocket, hub: Hub) -> None:
+async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authenticator) -> None:
     settings = hub.settings
     origin = websocket.headers.get("origin")
-    if settings.allowed_origins and origin not in settings.allowed_origins:
+    peer = websocket.client.host if websocket.client else ""
+    address = authenticator.client_address(websocket.headers, peer)
+    refusal = ""
+    if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
+        # Browsers always send Origin; a client without one is not a browser (Python, Node).
+        code, refusal = POLICY, f"origin {origin!r} is not allowed"
+    elif hub.connections_from(address) >= settings.max_connections_per_address:
+        code = TRY_AGAIN
+        refusal = f"{settings.max_connections_per_address} connections from {address} already"
+    if refusal:
         await websocket.accept()
-        await websocket.close(POLICY, f"origin {origin!r} is not allowed")
-        hub.count_close(POLICY)
+        await websocket.close(code, refusal)
+        hub.count_close(code)
         return
     offered = websocket.scope.get("subprotocols") or []
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
 
     wake = asyncio.Event()
     closing = asyncio.Event()
-    client = websocket.client
-    address = f"{client.host}:{client.port}" if client else "unknown"
     hello = wire.encode_hello(
         f"pvwire/{__version__} {settings.instance}",
         round(settings.tick_ms),

@@ -75,7 +75,6 @@ class Channel:
         "updates",
         "value",
         "views",
-        "write_allowed",
     )
 
     def __init__(
@@ -84,10 +83,8 @@ class Channel:
         backend: Backend,
         name: str,
         listener: DirtyListener,
-        write_allowed: bool = False,
     ) -> None:
         self.id = channel_id
-        self.write_allowed = write_allowed  # pvwire's write rules; `writable` needs both
         self.backend = backend
         self.name = name
         self.listener = listener
@@ -150,7 +147,8 @@ class Channel:
             self.history.append(self.body(mask, cache=False))
 
     def on_meta(self, meta: Metadata) -> None:
-        meta = meta.for_client(self.write_allowed)
+        # `writable` stays the upstream's answer (absent when it cannot tell): who may write is
+        # per identity, told by `subscribe` (PROTOCOL.md section 5), so it cannot be encoded once.
         if meta == self.meta and self.known & META:
             return
         self.meta = meta

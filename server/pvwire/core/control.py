@@ -1,4 +1,5 @@
-"""The control plane's operations on channels: get, put (audited), search.
+"""The control plane's operations on channels: get, put (audited), search; each for an identity,
+under the access rules (access/rules.py).
 
 Gets on a monitored channel are answered from the cache, without an upstream round trip (the
 Reflective Servers result: a cached get costs nothing upstream).
@@ -8,17 +9,21 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PvwireError, WriteDenied
+from ..access.audit import AuditLog
+from ..access.identity import Identity
+from ..access.ratelimit import RateLimiter
+from ..access.rules import Access, RulesFile, split_field
+from ..errors import Forbidden, PvwireError, RateLimited, WriteDenied
 from ..model import ConnState, Reading
 from .registry import Registry
 
 __all__ = ["Control", "ControlStats"]
 
 log = logging.getLogger("pvwire.control")
-audit = logging.getLogger("pvwire.audit")
 
 
 @dataclass
@@ -30,13 +35,33 @@ class ControlStats:
 
 
 class Control:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(
+        self, registry: Registry, rules: RulesFile, audit: AuditLog, puts: RateLimiter
+    ) -> None:
         self._registry = registry
+        self.rules = rules
+        self._audit = audit
+        self._puts = puts
         self.stats = ControlStats()
 
-    async def get(self, channel_id: str, timeout: float) -> tuple[str, Reading]:
+    def access(self, identity: Identity, canonical_id: str) -> Access:
+        return self.rules.rules.access(identity, canonical_id)
+
+    def require_read(self, identity: Identity, ids: list[str]) -> None:
+        """Raise Forbidden naming the channels `identity` may not read (canonical ids)."""
+        denied = [i for i in ids if self.access(identity, i) == Access.NONE]
+        if denied:
+            shown = ", ".join(denied[:5]) + (
+                f" and {len(denied) - 5} more" if len(denied) > 5 else ""
+            )
+            raise Forbidden(f"{identity.describe()} may not read {shown}")
+
+    async def get(self, channel_id: str, timeout: float, identity: Identity) -> tuple[str, Reading]:
         registry = self._registry
         canonical, backend, name = registry.resolve(channel_id)
+        access = self.access(identity, canonical)
+        if access == Access.NONE:
+            raise Forbidden(f"{identity.describe()} may not read {canonical}")
         ch = registry.channels.get(canonical)
         reading = ch.reading() if ch is not None else None
         if reading is not None:
@@ -44,42 +69,54 @@ class Control:
         else:
             self.stats.upstream_gets += 1
             reading = await backend.get(name, timeout)
-            reading.meta = reading.meta.for_client(registry.writes_allowed(canonical))
+        reading.meta = reading.meta.for_client(access == Access.WRITE)
         return canonical, reading
 
-    async def put(self, channel_id: str, value: Any, wait: bool, timeout: float, who: str) -> str:
+    async def put(
+        self, channel_id: str, value: Any, wait: bool, timeout: float, identity: Identity
+    ) -> str:
         registry = self._registry
         canonical, backend, name = registry.resolve(channel_id)
         ch = registry.channels.get(canonical)
-        old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else "<not cached>"
+        old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
         self.stats.puts += 1
-        result = "ok"
+        started = time.perf_counter()
+        result, code = "ok", ""
         try:
-            if not registry.writes_allowed(canonical):
-                raise WriteDenied(
-                    f"writes to {canonical} are not allowed by this server's write rules"
-                    + ("" if registry.settings.write_rules else " (writes are disabled)")
+            if not self._puts.take(identity.user or identity.address):
+                raise RateLimited(
+                    f"{identity.describe()} sent more than {self._puts.rate:g} puts per second"
                 )
+            self._check_write(identity, canonical)
             await backend.put(name, value, wait, timeout)
         except PvwireError as exc:
             self.stats.put_errors += 1
-            result = f"{exc.code}: {exc}"
+            result, code = str(exc), exc.code
             raise
         finally:
-            audit.info(
-                "put who=%s channel=%s old=%s new=%s wait=%s result=%s",
-                who,
-                canonical,
-                _short(old),
-                _short(value),
-                wait,
-                result,
+            self._audit.put(
+                identity, canonical, old, value, result, code, time.perf_counter() - started, wait
             )
         return canonical
 
-    def search(self, pattern: str, limit: int) -> list[str]:
-        """Glob over the catalogue, active channels and sim kinds; a pattern without a scheme
-        also matches names under any scheme."""
+    def _check_write(self, identity: Identity, canonical: str) -> None:
+        access = self.access(identity, canonical)
+        if access == Access.WRITE:
+            return
+        who = identity.describe()
+        if not self.rules.rules.may_write_somewhere():
+            raise WriteDenied(f"writes to {canonical} are not allowed (writes are disabled)")
+        _, field = split_field(canonical)
+        if field and self.access(identity, split_field(canonical)[0]) == Access.WRITE:
+            raise WriteDenied(
+                f"{who} may write {split_field(canonical)[0]} but not its field .{field}: "
+                "field writes need a rule that names the field"
+            )
+        raise WriteDenied(f"{who} may not write {canonical} (access rules grant {access.name})")
+
+    def search(self, pattern: str, limit: int, identity: Identity) -> list[str]:
+        """Glob over the catalogue, active channels and sim kinds, minus what `identity` may not
+        read; a pattern without a scheme also matches names under any scheme."""
         registry = self._registry
         candidates: set[str] = set(registry.channels)
         for cid in registry.settings.catalogue:
@@ -93,12 +130,10 @@ class Control:
         found = sorted(
             cid
             for cid in candidates
-            if fnmatch.fnmatchcase(cid, pattern)
-            or (not has_scheme and fnmatch.fnmatchcase(cid.partition("://")[2], pattern))
+            if (
+                fnmatch.fnmatchcase(cid, pattern)
+                or (not has_scheme and fnmatch.fnmatchcase(cid.partition("://")[2], pattern))
+            )
+            and self.access(identity, cid) != Access.NONE
         )
         return found[: max(0, limit)]
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

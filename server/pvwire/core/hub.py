@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any, cast
 
+from ..access.audit import AuditLog
+from ..access.identity import Identity
+from ..access.ratelimit import RateLimiter
+from ..access.rules import Access, RulesFile
 from ..config import Settings
 from ..model import Reading
 from ..upstream.base import Backend
-from ..wire.session import Session, Source
+from ..wire.session import FORBIDDEN, AttachRefused, Session, Source
 from ..wire.tokens import Claims, TokenSigner
 from .control import Control
 from .registry import Registry
@@ -38,7 +43,10 @@ class Hub:
         self.signer = signer
         self.ticker = Ticker(settings.tick_ms)
         self.registry = Registry(backends, settings, self.ticker)
-        self.control = Control(self.registry)
+        self.rules = RulesFile(settings.access_rules, settings.write_rules)
+        self.audit = AuditLog(settings.audit_log)
+        puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
+        self.control = Control(self.registry, self.rules, self.audit, puts)
         self.sessions: set[Session] = set()
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
@@ -62,20 +70,50 @@ class Hub:
         self.registry.close_all()
         for backend in self.registry.backends.values():
             await backend.close()
+        self.audit.close()
 
     # --- the control plane --------------------------------------------------------------------
 
     def resolve(self, channel_id: str) -> tuple[str, Backend, str]:
         return self.registry.resolve(channel_id)
 
-    async def get(self, channel_id: str, timeout: float) -> tuple[str, Reading]:
-        return await self.control.get(channel_id, timeout)
+    async def get(self, channel_id: str, timeout: float, identity: Identity) -> tuple[str, Reading]:
+        return await self.control.get(channel_id, timeout, identity)
 
-    async def put(self, channel_id: str, value: Any, wait: bool, timeout: float, who: str) -> str:
-        return await self.control.put(channel_id, value, wait, timeout, who)
+    async def put(
+        self, channel_id: str, value: Any, wait: bool, timeout: float, identity: Identity
+    ) -> str:
+        return await self.control.put(channel_id, value, wait, timeout, identity)
 
-    def search(self, pattern: str, limit: int) -> list[str]:
-        return self.control.search(pattern, limit)
+    def search(self, pattern: str, limit: int, identity: Identity) -> list[str]:
+        return self.control.search(pattern, limit, identity)
+
+    def is_admin(self, identity: Identity) -> bool:
+        admins = self.settings.admin_groups
+        if admins:
+            return bool(identity.groups & set(admins))
+        return _is_loopback(identity.address)
+
+    def reload_rules(self, force: bool = False) -> None:
+        """New rules apply to new requests at once and to open attachments here: one whose
+        identity may no longer read a channel is ended with 4403 (the rest of its connection
+        goes on)."""
+        if not self.rules.reload_if_changed(force):
+            return
+        for session in list(self.sessions):
+            for att, claims in list(session.claims.items()):
+                denied = self._denied(claims)
+                if denied:
+                    session.end_attachment(att, FORBIDDEN, denied)
+
+    def _denied(self, claims: Claims) -> str:
+        """Why the identity of `claims` may not read them now, or ""."""
+        identity = identity_of(claims)
+        rules = self.rules.rules
+        for cid in claims.ids:
+            if rules.access(identity, cid) == Access.NONE:
+                return f"{identity.describe()} may not read {cid}"
+        return ""
 
     # --- sessions (SessionHost) ---------------------------------------------------------------
 
@@ -83,6 +121,9 @@ class Hub:
         return self.signer.verify(token)
 
     def open_view(self, claims: Claims, session: Session, att: int) -> Source:
+        denied = self._denied(claims)
+        if denied:
+            raise AttachRefused(FORBIDDEN, denied)
         return self.registry.open_view(
             ViewKey(claims.ids, claims.mode, claims.max_rate), session, att
         )
@@ -91,6 +132,9 @@ class Hub:
         own = cast(View, view)  # a session only ever holds the views `open_view` gave it
         if self.registry.close_view(own, session, att):
             self.ticker.forget(own)
+
+    def connections_from(self, address: str) -> int:
+        return sum(1 for s in self.sessions if s.address == address)
 
     def add_session(self, session: Session) -> None:
         self.sessions.add(session)
@@ -136,6 +180,7 @@ class Hub:
                     self.ticker.count_failure("session")
                     session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
             self.registry.check_not_found(now)
+            self.reload_rules()
             counts = {cid: ch.updates for cid, ch in self.registry.channels.items()}
             self._rates = {cid: n - self._last_counts.get(cid, n) for cid, n in counts.items()}
             self._last_counts = counts
@@ -195,3 +240,15 @@ class Hub:
             clients=clients if detail else (),
             channels=upstream if detail else (),
         )
+
+
+def identity_of(claims: Claims) -> Identity:
+    """The identity a stream token was registered by."""
+    return Identity(claims.user, frozenset(claims.groups), claims.auth, claims.address)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False

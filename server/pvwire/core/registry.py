@@ -50,15 +50,12 @@ class Registry:
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    # --- ids, write rules ---------------------------------------------------------------------
+    # --- ids ---------------------------------------------------------------------------------
 
     def resolve(self, channel_id: str) -> tuple[str, Backend, str]:
         """(canonical id, backend, name); raises BadChannelId."""
         scheme, name = parse_id(channel_id, self.settings.default_scheme, self.backends)
         return f"{scheme}://{name}", self.backends[scheme], name
-
-    def writes_allowed(self, canonical_id: str) -> bool:
-        return self.settings.writes_allowed(canonical_id)
 
     # --- channels -----------------------------------------------------------------------------
 
@@ -66,9 +63,7 @@ class Registry:
         ch = self.channels.get(canonical_id)
         if ch is None:
             _, backend, name = self.resolve(canonical_id)
-            ch = Channel(
-                canonical_id, backend, name, self._listener, self.writes_allowed(canonical_id)
-            )
+            ch = Channel(canonical_id, backend, name, self._listener)
             self.channels[canonical_id] = ch
             self._searching[ch] = self.loop.time()
             ch.monitor = backend.monitor(name, ch)

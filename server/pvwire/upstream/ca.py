@@ -16,7 +16,6 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 from aioca import (
     DBE_PROPERTY,
     DBR_CHAR_STR,
@@ -42,6 +41,7 @@ from ..errors import (
 from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
+from .values import CallbackGuard, long_string, wire_value
 
 __all__ = ["CaBackend", "CaMonitor"]
 
@@ -83,9 +83,22 @@ def _limits(low: Any, high: Any) -> Limits:
     return (float(low), float(high))
 
 
-def _meta_from_ctrl(ctrl: Any, field_type: int, count: int, writable: bool) -> Metadata:
+def _is_long_string(name: str) -> bool:
+    """`NAME.VAL$`: a long string served as a char array; aioca reads it as str."""
+    return name.endswith("$")
+
+
+def _meta_from_ctrl(
+    ctrl: Any, field_type: int, count: int, writable: bool, name: str = ""
+) -> Metadata:
     """Metadata from a DBR_CTRL value (or DBR_TIME for strings, which have no CTRL form)."""
     type_name = _TYPE_NAMES.get(field_type, "string")
+    if field_type == DBF_CHAR and _is_long_string(name):
+        # The value is text; `count` stays the most bytes it can hold.
+        return Metadata(type="string", count=count, writable=writable)
+    if field_type == DBF_ENUM and count != 1:
+        # An ENUM array (waveform FTVL=ENUM): CA serves no labels for it, only the numbers.
+        return Metadata(type="uint16", count=count, writable=writable)
     if field_type == DBF_ENUM:
         return Metadata(
             type="enum",
@@ -112,15 +125,22 @@ def _meta_from_ctrl(ctrl: Any, field_type: int, count: int, writable: bool) -> M
 def _plain(value: Any) -> Value:
     """aioca's ca_float/ca_int/ca_str/ca_array carry per-update attributes; hand on plain types.
 
-    Arrays become a plain ndarray *view* (no copy of the data).
+    Numeric arrays become a plain ndarray *view* (no copy of the data); STRING arrays, which
+    aioca gives as numpy `<U` arrays, become lists of str (PROTOCOL.md section 4); anything the
+    wire cannot carry raises UnsupportedValue (the value contract, upstream/values.py).
     """
-    if isinstance(value, np.ndarray):
-        return value.view(np.ndarray)
     if isinstance(value, float):
         return float(value)
     if isinstance(value, int):
         return int(value)
-    return str(value)
+    if isinstance(value, str):
+        return str(value)
+    return wire_value(value)
+
+
+def _converter(name: str) -> Any:
+    """The value conversion of a channel name: text for `NAME.VAL$`, else `_plain`."""
+    return long_string if _is_long_string(name) else _plain
 
 
 class CaMonitor:
@@ -129,11 +149,13 @@ class CaMonitor:
     __slots__ = (
         "_closed",
         "_connected",
+        "_convert",
         "_ctrl_meta",
         "_desc",
         "_desc_state",
         "_desc_task",
         "_dropped_seen",
+        "_guard",
         "_meta",
         "_name",
         "_pending",
@@ -160,6 +182,8 @@ class CaMonitor:
         # A value that arrived before the metadata was complete; delivered once it is.
         self._pending: Any = None
         self._dropped_seen = 0  # aioca's merged-update count already folded into a serial
+        self._convert = _converter(name)
+        self._guard = CallbackGuard(self._uri, sink)
         self._subs = [
             camonitor(
                 name,
@@ -190,7 +214,22 @@ class CaMonitor:
 
     # -- aioca callbacks (event loop thread) ---------------------------------------------------
 
+    # aioca ends a subscription whose callback raises: each callback contains its own failures
+    # to this channel (FAILED with the reason) and a later good update recovers it.
+
     def _on_value(self, value: Any) -> None:
+        try:
+            self._value(value)
+        except Exception as exc:
+            self._guard.fail(exc)
+
+    def _on_ctrl(self, ctrl: Any) -> None:
+        try:
+            self._ctrl(ctrl)
+        except Exception as exc:
+            self._guard.fail(exc)
+
+    def _value(self, value: Any) -> None:
         if self._connected:
             # Hot path: one upstream update, one sink call.
             if isinstance(value, CANothing):
@@ -202,8 +241,11 @@ class CaMonitor:
             dropped = self._subs[0].dropped_callbacks
             skipped = dropped - self._dropped_seen
             self._dropped_seen = dropped
+            plain = self._convert(value)
+            if self._guard.failed:
+                self._guard.recover()
             self._sink.on_update(
-                _plain(value), secs, nsec, value.severity, status, _status_name(status), skipped
+                plain, secs, nsec, value.severity, status, _status_name(status), skipped
             )
             return
         if isinstance(value, CANothing):
@@ -212,7 +254,7 @@ class CaMonitor:
         self._pending = value
         self._maybe_ready()
 
-    def _on_ctrl(self, ctrl: Any) -> None:
+    def _ctrl(self, ctrl: Any) -> None:
         if isinstance(ctrl, CANothing):
             return
         chan = self._subs[1].channel
@@ -222,7 +264,7 @@ class CaMonitor:
             writable = bool(cadef.ca_write_access(chan))
         except Exception:  # channel dropped between the event and now; the next one will do
             return
-        self._ctrl_meta = _meta_from_ctrl(ctrl, field_type, count, writable)
+        self._ctrl_meta = _meta_from_ctrl(ctrl, field_type, count, writable, self._name)
         if self._desc_state == self._DESC_NONE:
             self._desc_state = self._DESC_BUSY
             self._desc_task = asyncio.ensure_future(self._read_desc())
@@ -232,6 +274,7 @@ class CaMonitor:
     def _on_disconnect(self) -> None:
         self._connected = False
         self._pending = None
+        self._guard.failed = False  # DISCONNECTED replaces FAILED; CONNECTED follows a reconnect
         # Read DESC again after the reconnect: the IOC may have been reloaded with a new one.
         if not _has_field(self._name) and self._desc_state == self._DESC_DONE:
             self._desc_state = self._DESC_NONE
@@ -251,8 +294,11 @@ class CaMonitor:
             return
         self._desc_state = self._DESC_DONE
         self._desc_task = None
-        self._publish_meta()
-        self._maybe_ready()
+        try:
+            self._publish_meta()
+            self._maybe_ready()
+        except Exception as exc:
+            self._guard.fail(exc)
 
     def _publish_meta(self) -> None:
         if self._ctrl_meta is None or self._desc_state != self._DESC_DONE:
@@ -269,13 +315,13 @@ class CaMonitor:
         if self._connected or self._pending is None or self._meta is None:
             return
         value, self._pending = self._pending, None
+        plain = self._convert(value)  # raises before CONNECTED if the value cannot be sent
         self._connected = True
+        self._guard.failed = False
         self._sink.on_connection(ConnState.CONNECTED)
         secs, nsec = value.raw_stamp
         status = value.status
-        self._sink.on_update(
-            _plain(value), secs, nsec, value.severity, status, _status_name(status)
-        )
+        self._sink.on_update(plain, secs, nsec, value.severity, status, _status_name(status))
 
 
 class CaBackend(Backend):
@@ -313,14 +359,14 @@ class CaBackend(Backend):
         except CANothing as e:
             raise ChannelTimeout(f"ca://{name}: get did not complete: {e}") from None
         value, ctrl = results[0], results[1]
-        meta = _meta_from_ctrl(ctrl, info.datatype, info.count, bool(info.write))
+        meta = _meta_from_ctrl(ctrl, info.datatype, info.count, bool(info.write), name)
         if len(results) > 2 and not isinstance(results[2], CANothing):
             meta = meta.replace(description=str(results[2]))
-        if info.datatype == DBF_ENUM:
+        if info.datatype == DBF_ENUM and info.count == 1:
             self._choices[name] = meta.choices or ()
         secs, nsec = value.raw_stamp
         return Reading(
-            value=_plain(value),
+            value=_converter(name)(value),
             seconds=secs,
             nanoseconds=nsec,
             severity=value.severity,
@@ -351,12 +397,15 @@ class CaBackend(Backend):
             raise ReadOnlyChannel(f"{uri}: the IOC denies write access")
         type_name = _TYPE_NAMES.get(info.datatype, "string")
         datatype: int | None = None
-        if info.datatype == DBF_ENUM:
+        out: Any
+        if info.datatype == DBF_ENUM and info.count != 1:
+            out = coerce_put_value(uri, value, "uint16", True, None)  # ENUM array: numbers
+        elif info.datatype == DBF_ENUM:
             left = max(deadline - time.monotonic(), 0.001)
             choices = await self._enum_choices(name, False, left)
             if isinstance(value, str) and value not in choices:
                 choices = await self._enum_choices(name, True, left)
-            out: Any = coerce_put_value(uri, value, "enum", False, choices)
+            out = coerce_put_value(uri, value, "enum", False, choices)
         elif info.datatype == DBF_CHAR and name.endswith("$") and isinstance(value, str):
             # Long string as a char array (the CA `NAME.VAL$` convention).
             out, datatype = value, DBR_CHAR_STR

@@ -78,11 +78,19 @@ def _to_array(uri: str, value: object, type_name: str) -> np.ndarray[Any, Any]:
         value = [value]  # a scalar written to an array channel: one element
     try:
         arr = np.asarray(value)
-    except ValueError as e:  # ragged lists and the like
+    except (ValueError, OverflowError) as e:  # ragged lists and the like
         raise _mismatch(uri, value, type_name, str(e)) from None
+    dtype = np.dtype(type_name)
+    ints = _exact_ints(value) if dtype.kind in "iu" and arr.dtype.kind in "fO" else None
+    if ints is not None:
+        # Python ints beyond int64 (uint64 up to 2^64-1) make numpy pick float64 or object,
+        # which would round them: check the range exactly, then build the array in its dtype.
+        low, high = _INT_RANGES[type_name]
+        if ints and (min(ints) < low or max(ints) > high):
+            raise _mismatch(uri, value, type_name, f"out of range [{low}, {high}]")
+        return np.array(ints, dtype=dtype)
     if arr.ndim > 1:
         arr = arr.reshape(-1)
-    dtype = np.dtype(type_name)
     if arr.dtype.kind in "USO":
         try:
             arr = arr.astype(np.float64)
@@ -98,6 +106,18 @@ def _to_array(uri: str, value: object, type_name: str) -> np.ndarray[Any, Any]:
             raise _mismatch(uri, value, type_name, f"out of range [{low}, {high}]")
     # One bulk conversion (no per-element Python work); no copy when the dtype already matches.
     return arr.astype(dtype, copy=False)
+
+
+def _exact_ints(value: object) -> list[int] | None:
+    """`value` as a list of Python ints if it is a sequence of integers, else None."""
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        return None
+    out: list[int] = []
+    for x in value:
+        if not isinstance(x, int | np.integer) or isinstance(x, bool):
+            return None
+        out.append(int(x))
+    return out
 
 
 def _to_enum(uri: str, value: object, choices: Sequence[str]) -> int:

@@ -33,6 +33,7 @@ from ..errors import (
 from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
+from .values import CallbackGuard, long_string, wire_value
 
 __all__ = ["PvaBackend", "PvaMonitor"]
 
@@ -61,7 +62,7 @@ _NT_TABLE = "epics:nt/NTTable:"
 _META_FIELDS = ("display", "control", "valueAlarm")
 
 # Value decoders, chosen once per connection from the structure's id and value type.
-_SCALAR, _BOOL, _ARRAY, _BOOL_ARRAY, _ENUM, _NDARRAY, _TABLE, _STRUCT = range(8)
+_SCALAR, _BOOL, _ARRAY, _BOOL_ARRAY, _ENUM, _NDARRAY, _TABLE, _STRUCT, _LONG_STRING = range(9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ class _Shape:
     has_alarm: bool
 
 
-def _shape(v: Any) -> _Shape:
+def _shape(v: Any, name: str = "") -> _Shape:
     t = v.type()
     keys = set(t.keys())
     nt_id = v.getID()
@@ -94,6 +95,9 @@ def _shape(v: Any) -> _Shape:
         nt_id.startswith((_NT_SCALAR, _NT_SCALAR_ARRAY)) or code.lstrip("a") in _CODE_NAMES
     ):
         is_array = code.startswith("a")
+        if name.endswith("$") and code in ("ab", "aB"):
+            # `NAME.VAL$`: QSRV serves a long string as a char array; clients get the text.
+            return _Shape(_LONG_STRING, "string", False, meta_fields, has_time, has_alarm)
         type_name = _CODE_NAMES.get(code.lstrip("a"), "struct")
         if type_name == "bool":
             kind = _BOOL_ARRAY if is_array else _BOOL
@@ -104,9 +108,9 @@ def _shape(v: Any) -> _Shape:
 
 
 def _decode(kind: int, v: Any) -> Value:
+    """The value of `v` in a form of PROTOCOL.md section 4 (the value contract, values.py)."""
     if kind in (_SCALAR, _ARRAY):
-        out: Value = v["value"]
-        return out
+        return wire_value(v["value"])  # p4p: int/float/str, ndarray, or list of str
     if kind == _ENUM:
         return int(v["value.index"])
     if kind == _BOOL:
@@ -121,11 +125,13 @@ def _decode(kind: int, v: Any) -> Value:
         if dims and math.prod(dims) == arr.size:
             arr = arr.reshape(dims[::-1])
         return arr
+    if kind == _LONG_STRING:
+        return long_string(v["value"])
     if kind == _TABLE:
-        table: dict[str, Any] = v["value"].todict()
-        return table
-    struct: dict[str, Any] = v.todict()
-    return struct
+        return wire_value(v["value"].todict())
+    # Any other structure: p4p's todict gives nested dicts, ndarrays, lists for structure and
+    # union arrays, and for a union the value of its selected member (None if none).
+    return wire_value(v.todict())
 
 
 def _limits(sub: dict[str, Any], low: str, high: str) -> Limits | None:
@@ -138,6 +144,8 @@ def _meta(shape: _Shape, v: Any) -> Metadata:
     if shape.kind in (_TABLE, _STRUCT):
         return Metadata(type=shape.type_name)
     type_name = shape.type_name
+    if shape.kind == _LONG_STRING:
+        return Metadata(type="string", count=1)
     if shape.kind == _NDARRAY:
         type_name = str(np.asarray(v["value"]).dtype)
     display: dict[str, Any] = v["display"].todict() if "display" in shape.meta_fields else {}
@@ -191,7 +199,17 @@ class _PutType:
 class PvaMonitor:
     """One p4p subscription feeding one sink."""
 
-    __slots__ = ("_backend", "_closed", "_connected", "_meta", "_name", "_shape", "_sink", "_sub")
+    __slots__ = (
+        "_backend",
+        "_closed",
+        "_connected",
+        "_guard",
+        "_meta",
+        "_name",
+        "_shape",
+        "_sink",
+        "_sub",
+    )
 
     def __init__(self, backend: PvaBackend, name: str, sink: ChannelSink) -> None:
         self._backend = backend
@@ -202,6 +220,7 @@ class PvaMonitor:
         self._shape: _Shape | None = None
         self._meta: Metadata | None = None
         self._sub: Any = None
+        self._guard = CallbackGuard(f"pva://{name}", sink)
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -219,6 +238,14 @@ class PvaMonitor:
 
     async def _on_event(self, v: Any) -> None:
         # p4p awaits this coroutine for every update: the body never awaits and stays O(1).
+        # p4p ends a subscription whose callback raises: a failure stays in this channel
+        # (FAILED with the reason) and a later good update recovers it.
+        try:
+            self._event(v)
+        except Exception as exc:
+            self._guard.fail(exc)
+
+    def _event(self, v: Any) -> None:
         if self._closed:
             return  # p4p may still deliver its initial Disconnected after close()
         shape = self._shape
@@ -226,18 +253,23 @@ class PvaMonitor:
             if shape.meta_fields and v.changed(*shape.meta_fields):
                 self._publish_meta(shape, v)
             secs, nsec, sev, stat, msg = _time_alarm(shape, v)
-            self._sink.on_update(_decode(shape.kind, v), secs, nsec, sev, stat, msg)
+            value = _decode(shape.kind, v)
+            if self._guard.failed:
+                self._guard.recover()
+            self._sink.on_update(value, secs, nsec, sev, stat, msg)
             return
         if isinstance(v, Exception):
             self._on_exception(v)
             return
         # First update after (re)connecting: the structure may differ from before (IOC reload).
-        shape = self._shape = _shape(v)
+        shape = self._shape = _shape(v, self._name)
+        value = _decode(shape.kind, v)  # raises before CONNECTED if the value cannot be sent
         self._publish_meta(shape, v)
         self._connected = True
+        self._guard.failed = False
         self._sink.on_connection(ConnState.CONNECTED)
         secs, nsec, sev, stat, msg = _time_alarm(shape, v)
-        self._sink.on_update(_decode(shape.kind, v), secs, nsec, sev, stat, msg)
+        self._sink.on_update(value, secs, nsec, sev, stat, msg)
 
     def _publish_meta(self, shape: _Shape, v: Any) -> None:
         meta = _meta(shape, v)
@@ -250,8 +282,9 @@ class PvaMonitor:
         if isinstance(e, Disconnected):
             # p4p reports every new subscription as disconnected first: only a channel that
             # was connected can become DISCONNECTED.
-            if self._connected:
+            if self._connected or self._guard.failed:
                 self._connected = False
+                self._guard.failed = False
                 self._sink.on_connection(ConnState.DISCONNECTED, "server disconnected")
         elif isinstance(e, Finished):
             # The server ended the subscription; p4p stops delivering, so subscribe again.
@@ -317,7 +350,7 @@ class PvaBackend(Backend):
 
     async def get(self, name: str, timeout: float) -> Reading:
         v = await self._get_value(name, timeout)
-        shape = _shape(v)
+        shape = _shape(v, name)
         meta = _meta(shape, v)
         self.remember(name, shape, meta)
         secs, nsec, sev, stat, msg = _time_alarm(shape, v)
@@ -351,6 +384,9 @@ class PvaBackend(Backend):
             payload = value  # p4p assigns fields of a dict; its errors become TypeMismatch
         else:
             payload = coerce_put_value(uri, value, put_type.type_name, put_type.is_array, None)
+            if name.endswith("$") and put_type.type_name == "string":
+                # `NAME.VAL$` is a char array upstream: the text's bytes and its terminating NUL.
+                payload = np.frombuffer(payload.encode() + b"\0", dtype=np.uint8)
         left = max(deadline - time.monotonic(), 0.001)
         try:
             # get=False: no extra round trip to read the current value before writing.

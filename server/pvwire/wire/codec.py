@@ -130,6 +130,14 @@ def _value_parts(value: Value, parts: list[bytes | memoryview]) -> None:
         for k, v in value.items():
             parts.append(_pack(k))
             _value_parts(v, parts)
+    elif isinstance(value, list):
+        # An array of str (one pack call), or of values (structure and union arrays).
+        if all(type(x) is str for x in value):
+            parts.append(_pack(value))
+        else:
+            parts.append(array_header(len(value)))
+            for x in value:
+                _value_parts(x, parts)
     elif isinstance(value, np.generic):
         parts.append(_pack(value.item()))
     else:

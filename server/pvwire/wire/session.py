@@ -24,12 +24,22 @@ from typing import Protocol
 from . import codec as wire
 from .tokens import Claims, TokenError
 
-__all__ = ["Session", "SessionHost", "SessionLimits"]
+__all__ = ["AttachRefused", "Session", "SessionHost", "SessionLimits"]
 
 BAD_MESSAGE = 4400
 UNKNOWN_ATTACHMENT = 4404
 TOO_MANY_CHANNELS = 4413
 SLOW = 4008
+FORBIDDEN = 4403
+
+
+class AttachRefused(Exception):
+    """The host will not attach this token (the identity may not read a channel): answered with
+    ERROR for that ATTACH only; the connection and its other attachments go on."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,7 @@ class SessionLimits:
     stall_timeout: float = 10.0  # seconds without send progress before closing with SLOW
     heartbeat: float = 15.0  # seconds of silence before a HEARTBEAT
     max_channels: int = 100_000  # channels over all attachments of one connection
+    max_attachments: int = 1_000  # attachments of one connection at once
 
 
 class Source(Protocol):
@@ -81,6 +92,7 @@ class Session:
         self._clock = clock
         self.connected_at = clock()
         self.attachments: dict[int, Source] = {}
+        self.claims: dict[int, Claims] = {}  # att -> the token it was attached with
         self.channel_count = 0
         self._next_att = 1
         self._seq = 0
@@ -136,7 +148,15 @@ class Session:
         try:
             claims = self._host.verify_token(token)
         except TokenError as exc:
-            self.request_close(exc.close_code, str(exc))
+            # Only this attachment fails (4401 or 4402): the client re-registers and retries.
+            self._error(req, exc.close_code, str(exc))
+            return
+        if len(self.attachments) >= self.limits.max_attachments:
+            self._error(
+                req,
+                TOO_MANY_CHANNELS,
+                f"this connection already has {len(self.attachments)} attachments, the limit",
+            )
             return
         if self.channel_count + len(claims.ids) > self.limits.max_channels:
             self._error(
@@ -147,12 +167,27 @@ class Session:
             )
             return
         att = self._next_att
+        try:
+            view = self._host.open_view(claims, self, att)
+        except AttachRefused as exc:
+            self._error(req, exc.code, str(exc))
+            return
         self._next_att += 1
-        view = self._host.open_view(claims, self, att)
         self.attachments[att] = view
+        self.claims[att] = claims
         self.channel_count += len(view.ids)
         self._queue_frame(wire.encode_attached(req, att, view.ids))
         self._queue_frame(wire.encode_snapshot(self._next_seq(), att, view.snapshot_entries()))
+
+    def end_attachment(self, att: int, code: int, message: str) -> None:
+        """The server ends an attachment on its own (e.g. the rules changed): ERROR naming why,
+        then DETACHED, both with req nil; nothing more is sent for `att`."""
+        view = self.attachments.pop(att, None)
+        if view is None or self.close_request:
+            return
+        self._release(att, view)
+        self._error(None, code, message)
+        self._queue_frame(wire.encode_detached(None, att))
 
     def _detach(self, req: int, att: int) -> None:
         view = self.attachments.pop(att, None)
@@ -163,6 +198,7 @@ class Session:
         self._queue_frame(wire.encode_detached(req, att))
 
     def _release(self, att: int, view: Source) -> None:
+        self.claims.pop(att, None)
         self.channel_count -= len(view.ids)
         self._pending.pop(att, None)
         self._tick_groups = [(a, v) for a, v in self._tick_groups if a != att]

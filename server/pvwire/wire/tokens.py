@@ -47,6 +47,12 @@ class Claims:
     max_rate: float
     issued_at: int
     expires_at: int
+    # Who registered the subscription: the access rules are checked again on ATTACH (and when
+    # the rules change) against this identity, so a token is no bearer ticket for anyone else.
+    user: str = ""
+    groups: tuple[str, ...] = ()
+    auth: str = "anonymous"
+    address: str = ""
 
 
 def _b64(data: bytes) -> str:
@@ -77,15 +83,33 @@ class TokenSigner:
         self.ttl = ttl
         self._clock = clock
 
-    def sign(self, ids: Sequence[str], mode: str = "LATEST", max_rate: float = 0.0) -> str:
+    def sign(
+        self,
+        ids: Sequence[str],
+        mode: str = "LATEST",
+        max_rate: float = 0.0,
+        *,
+        user: str = "",
+        groups: Sequence[str] = (),
+        auth: str = "anonymous",
+        address: str = "",
+        not_after: float | None = None,
+    ) -> str:
+        """A token for `ids`; it expires after `ttl`, or at `not_after` (the identity's own
+        expiry, e.g. its JWT's) if that comes first."""
         now = int(self._clock())
-        payload = {
+        exp = now + int(self.ttl)
+        if not_after is not None:
+            exp = min(exp, int(not_after))
+        payload: dict[str, object] = {
             "ids": list(ids),
             "mode": mode,
             "maxRate": max_rate,
             "iat": now,
-            "exp": now + int(self.ttl),
+            "exp": exp,
         }
+        if user or auth != "anonymous" or address:
+            payload.update(sub=user, grp=sorted(groups), src=auth, adr=address)
         body = _b64(zlib.compress(json.dumps(payload, separators=(",", ":")).encode()))
         signed = f"{PREFIX}.{self._kid}.{body}"
         return f"{signed}.{self._mac(self._kid, signed)}"
@@ -114,6 +138,10 @@ class TokenSigner:
                 max_rate=float(payload["maxRate"]),
                 issued_at=int(payload["iat"]),
                 expires_at=int(payload["exp"]),
+                user=str(payload.get("sub", "")),
+                groups=tuple(str(g) for g in payload.get("grp", ())),
+                auth=str(payload.get("src", "anonymous")),
+                address=str(payload.get("adr", "")),
             )
         except (ValueError, KeyError, TypeError, zlib.error) as exc:
             raise TokenError(f"token payload unreadable: {exc}") from None

@@ -1,0 +1,198 @@
+"""Who a request is: a bearer JWT, a trusted proxy's user header, or anonymous.
+
+JWTs are checked with PyJWT (a well-kept library; no home-made crypto): the signature (HS256 with
+a shared secret, or RS256/ES256 with the keys of a JWKS file, as a site's OIDC provider issues
+them), `exp` and `nbf` with a clock-skew leeway, `iss` and `aud` when configured. `alg: none` and
+any algorithm not configured are refused. A present but bad token is an error, never a silent
+fall back to anonymous: a user whose token expired must be told, not quietly demoted.
+
+A reverse proxy that authenticated the user passes the name in a header; it is believed only from
+the listed proxy networks, and there the client's real address comes from `X-Forwarded-For`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+
+__all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class AuthError(Exception):
+    """The request's credentials are present but not acceptable (HTTP 401 UNAUTHENTICATED)."""
+
+    code = "UNAUTHENTICATED"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    user: str  # "" for anonymous
+    groups: frozenset[str] = frozenset()
+    source: str = "anonymous"  # jwt | proxy | anonymous
+    address: str = ""  # the real client address (behind a trusted proxy: the forwarded one)
+    expires_at: float | None = None  # POSIX seconds; a stream token never outlives it
+
+    @property
+    def anonymous(self) -> bool:
+        return not self.user
+
+    def describe(self) -> str:
+        return self.user or "anonymous"
+
+
+ANONYMOUS = Identity("")
+
+
+@dataclass(frozen=True, slots=True)
+class JwtSettings:
+    secret_file: str = ""  # HS256 shared secret
+    jwks_file: str = ""  # RS256/ES256 public keys
+    issuer: str = ""
+    audience: str = ""
+    groups_claim: str = "groups"
+    user_claim: str = "preferred_username"  # falls back to `sub`
+    leeway_s: float = 60.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.secret_file or self.jwks_file)
+
+
+@dataclass
+class Authenticator:
+    jwt_settings: JwtSettings = field(default_factory=JwtSettings)
+    trusted_proxies: Sequence[str] = ()  # CIDRs
+    user_header: str = ""  # e.g. X-Remote-User, believed only from trusted proxies
+    groups_header: str = ""  # comma-separated groups from the proxy, optional
+
+    def __post_init__(self) -> None:
+        self._proxies: list[Network] = [
+            ipaddress.ip_network(c, strict=False) for c in self.trusted_proxies
+        ]
+        self._secret: str | None = None  # HS256
+        self._jwks: dict[str, Any] = {}  # key id ("" when the JWKS gives none) -> public key
+        self._algorithms: list[str] = []
+        s = self.jwt_settings
+        if s.secret_file:
+            secret = Path(s.secret_file).read_text().strip()
+            if len(secret) < 32:
+                # RFC 7518 section 3.2: an HS256 key must be at least 256 bits.
+                raise ValueError(f"{s.secret_file}: an HS256 secret needs at least 32 characters")
+            self._secret = secret
+            self._algorithms.append("HS256")
+        if s.jwks_file:
+            jwks = jwt.PyJWKSet.from_json(Path(s.jwks_file).read_text())
+            for key in jwks.keys:
+                if key.algorithm_name not in ("RS256", "ES256"):
+                    raise ValueError(f"{s.jwks_file}: key {key.key_id!r} is not RS256 or ES256")
+                self._jwks[key.key_id or ""] = key.key
+                if key.algorithm_name not in self._algorithms:
+                    self._algorithms.append(key.algorithm_name)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any way to tell users apart is set up."""
+        return bool(self._algorithms) or bool(self._proxies and self.user_header)
+
+    def client_address(self, headers: Mapping[str, str], peer: str) -> str:
+        """The real client's address: the TCP peer, or behind a trusted proxy the address it
+        forwards (the first of X-Forwarded-For)."""
+        if self._trusted(peer):
+            forwarded = headers.get("x-forwarded-for", "").split(",")[0].strip()
+            if forwarded:
+                return forwarded
+        return peer
+
+    def identify(self, headers: Mapping[str, str], peer: str) -> Identity:
+        """The identity of a request with these headers from the TCP peer `peer`."""
+        trusted = self._trusted(peer)
+        address = self.client_address(headers, peer)
+        auth = headers.get("authorization", "")
+        if auth:
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise AuthError("Authorization header must be 'Bearer <token>'")
+            return self._from_jwt(token.strip(), address)
+        if trusted and self.user_header:
+            user = headers.get(self.user_header.lower(), "").strip()
+            if user:
+                groups = headers.get(self.groups_header.lower(), "") if self.groups_header else ""
+                names = frozenset(g.strip() for g in groups.split(",") if g.strip())
+                return Identity(user, names, "proxy", address)
+        return Identity("", frozenset(), "anonymous", address)
+
+    def _trusted(self, peer: str) -> bool:
+        if not self._proxies:
+            return False
+        try:
+            ip = ipaddress.ip_address(peer)
+        except ValueError:
+            return False
+        return any(ip in net for net in self._proxies)
+
+    def _from_jwt(self, token: str, address: str) -> Identity:
+        if not self._algorithms:
+            raise AuthError(
+                "this server accepts no bearer tokens (no JWT secret or JWKS configured)"
+            )
+        s = self.jwt_settings
+        try:
+            header = jwt.get_unverified_header(token)
+            alg = header.get("alg")
+            if alg not in self._algorithms:
+                # Also refuses `alg: none`: PyJWT would too, this says why in plain words.
+                raise AuthError(f"token algorithm {alg!r} not accepted ({self._algorithms})")
+            if alg == "HS256":
+                key: Any = self._secret
+            elif header.get("kid"):
+                key = self._jwks.get(str(header["kid"]))
+            else:  # no key id: fine when the JWKS holds a single key
+                key = next(iter(self._jwks.values())) if len(self._jwks) == 1 else None
+            if key is None:
+                raise AuthError(f"token key id {header.get('kid')!r} is not in the JWKS file")
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=self._algorithms,
+                audience=s.audience or None,
+                issuer=s.issuer or None,
+                leeway=s.leeway_s,
+                options={
+                    "require": ["exp"],
+                    "verify_aud": bool(s.audience),
+                    "verify_iss": bool(s.issuer),
+                },
+            )
+        except jwt.ExpiredSignatureError:
+            raise AuthError("token expired") from None
+        except jwt.ImmatureSignatureError:
+            raise AuthError("token not valid yet (nbf)") from None
+        except jwt.InvalidAudienceError:
+            raise AuthError(f"token audience is not {s.audience!r}") from None
+        except jwt.InvalidIssuerError:
+            raise AuthError(f"token issuer is not {s.issuer!r}") from None
+        except jwt.InvalidAlgorithmError:
+            raise AuthError(
+                f"token algorithm not accepted (accepted: {self._algorithms})"
+            ) from None
+        except jwt.InvalidSignatureError:
+            raise AuthError("token signature does not verify") from None
+        except jwt.PyJWTError as exc:
+            raise AuthError(f"token rejected: {exc}") from None
+        user = str(claims.get(s.user_claim) or claims.get("sub") or "")
+        if not user:
+            raise AuthError(f"token names no user (claims {s.user_claim!r} and 'sub' are empty)")
+        raw_groups = claims.get(s.groups_claim, [])
+        if isinstance(raw_groups, str):
+            raw_groups = raw_groups.split()
+        groups = (
+            frozenset(str(g) for g in raw_groups) if isinstance(raw_groups, list) else frozenset()
+        )
+        return Identity(user, groups, "jwt", address, float(claims["exp"]))
