@@ -381,7 +381,8 @@ function describeToken(token: string | undefined): string {
   if (!token) return "anonymous";
   try {
     const b64 = token.split(".")[1]!.replace(/-/g, "+").replace(/_/g, "/");
-    const claims = JSON.parse(atob(b64)) as { preferred_username?: unknown; sub?: unknown; groups?: unknown };
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)); // claims are UTF-8
+    const claims = JSON.parse(new TextDecoder().decode(bytes)) as { preferred_username?: unknown; sub?: unknown; groups?: unknown };
     const user = String(claims.preferred_username ?? claims.sub ?? "?");
     return Array.isArray(claims.groups) && claims.groups.length > 0 ? `${user} (${claims.groups.join(", ")})` : user;
   } catch {
