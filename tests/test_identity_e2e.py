@@ -236,13 +236,13 @@ async def test_a_server_restarted_with_another_key_gets_fresh_tokens(
             second = ServerProcess(*args, port=first.port)
             second.start()
             try:
+                # Updates queued before the stop come first: wait for the loss, then recovery.
                 seen: list[str] = []
                 async with asyncio.timeout(60):
                     async for u in it:
                         seen.append(u.channel.connection)
-                        if u.channel.connected:
+                        if "DISCONNECTED" in seen and u.channel.connected:
                             break
-                assert seen[0] == "DISCONNECTED" and seen[-1] == "CONNECTED"
                 assert u.channel.access == "READ" and calls == 2  # WRITE is for AO only
             finally:
                 await it.aclose()
