@@ -1,11 +1,43 @@
 # The server image used by k8s/deployment.yaml: `docker build -t pvwire:0.1.0 .`
-FROM python:3.11-slim
-WORKDIR /app
-COPY requirements.lock pyproject.toml README.md ./
-RUN pip install --no-cache-dir -r requirements.lock
+#
+# page:    Node builds the demo page (clients/ts -> server/pvwire/static) and installs the exact
+#          GraphiQL files of server/graphiql/package-lock.json.
+# wheel:   vendors those GraphiQL files next to the server (their hashes come from strawberry,
+#          so this needs Python) and builds pvwire's wheel with the page and GraphiQL inside.
+# runtime: only the runtime lock (requirements-runtime.lock, no dev tools) and that wheel.
+
+FROM node:20-bookworm-slim AS page
+WORKDIR /src/clients/ts
+COPY clients/ts/package.json clients/ts/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+WORKDIR /src/server/graphiql
+COPY server/graphiql/package.json server/graphiql/package-lock.json ./
+RUN npm ci --no-audit --no-fund --ignore-scripts --legacy-peer-deps
+WORKDIR /src/clients/ts
+COPY clients/ts ./
+RUN npm run build
+
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY requirements-runtime.lock ./
+RUN pip install --no-cache-dir -r requirements-runtime.lock
+COPY pyproject.toml README.md ./
 COPY server ./server
-RUN pip install --no-cache-dir --no-deps .
+COPY --from=page /src/server/pvwire/static ./server/pvwire/static
+COPY --from=page /src/server/graphiql/node_modules ./server/graphiql/node_modules
+RUN PYTHONPATH=server python server/graphiql/vendor.py \
+    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+WORKDIR /app
+COPY requirements-runtime.lock ./
+RUN pip install --no-cache-dir -r requirements-runtime.lock
+COPY --from=wheel /wheels /wheels
+RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
 USER 10001
 EXPOSE 8080
+HEALTHCHECK --interval=30s --timeout=5s \
+    CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
 ENTRYPOINT ["pvwire-server"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -11,7 +11,7 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium graphiql clean
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium graphiql clean runtime-lock
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
@@ -42,8 +42,9 @@ chromium:
 tsbuild: node
 	cd $(TS) && npm run --silent build
 
+# `make run PORT=8092` when 8080 is taken (or set PVWIRE_PORT).
 run: venv tsbuild graphiql
-	$(PY) -m pvwire.cli run-demo
+	$(PY) -m pvwire.cli run-demo $(if $(PORT),--port $(PORT))
 
 lint: venv node
 	$(VENV)/bin/ruff check server clients/py tests bench
@@ -61,6 +62,10 @@ test: lint pytest tstest
 
 bench: venv tsbuild
 	$(PY) -m bench.run_all
+
+# The image's lock (Dockerfile): regenerate after changing pyproject's dependencies or the dev lock.
+runtime-lock: venv
+	$(PY) scripts/runtime_lock.py
 
 clean:
 	rm -rf $(VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

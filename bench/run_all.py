@@ -1,12 +1,15 @@
 """Run every load scenario and the micro-benchmarks; write bench/results/latest.{md,json,png}.
 
 `make bench` runs this (about 15-20 minutes). `--only a,b` runs a subset of the named scenarios,
-`--duration S` changes the measured window (default 15 s), `--no-micro` skips pytest-benchmark.
+`--duration S` changes the measured window (default 15 s), `--no-micro` skips pytest-benchmark,
+`--churn S` sets the connection-churn soak's length (bench/churn.py; default 1800 s, or 0 = none
+with `--only`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import os
@@ -18,6 +21,7 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
+from . import churn
 from .harness import run
 from .report import markdown_table, plots
 from .scenario import RESULTS, scenarios
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", help="comma-separated scenario names")
     p.add_argument("--duration", type=float, default=15.0)
     p.add_argument("--no-micro", action="store_true")
+    p.add_argument("--churn", type=float, help="churn soak seconds; 0 skips (default 1800)")
     a = p.parse_args(argv)
     named = scenarios()
     names = a.only.split(",") if a.only else list(named)
@@ -81,6 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     (RESULTS / "latest.md").write_text(text)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, default=str))
     made = plots(results, RESULTS)
+    churn_s = a.churn if a.churn is not None else (0.0 if a.only else 1800.0)
+    if churn_s > 0:
+        churn_res = asyncio.run(churn.soak(churn_s, workers=8, sample_every=1.0))
+        (RESULTS / "churn.json").write_text(json.dumps(churn_res, indent=1))
+        made.append(churn.plot(churn_res, RESULTS / "churn.png"))
+        text += f"\n## Connection churn\n\n{churn.summary(churn_res)}\n"
+        (RESULTS / "latest.md").write_text(text)
     print(text)
     print(f"wrote {RESULTS / 'latest.md'}, {', '.join(map(str, made))} in "
           f"{time.time() - started:.0f} s")  # fmt: skip

@@ -28,9 +28,15 @@ TEST_TOKEN_KEY = "test-key-not-secret"
 
 class ServerProcess:
     def __init__(
-        self, *args: str, port: int | None = None, env: dict[str, str] | None = None
+        self,
+        *args: str,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        token_key: str | None = TEST_TOKEN_KEY,
     ) -> None:
         self.port = port or free_port()
+        # None: the server's default, a random key per process (tokens die with the process).
+        self.token_key = token_key
         self.env = env or {}  # on top of os.environ, e.g. another IOC's client settings
         self.args = list(args)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -41,8 +47,10 @@ class ServerProcess:
     def start(self, timeout: float = 30.0) -> None:
         cmd = [
             sys.executable, "-m", "pvwire.cli", "serve", "--loopback",
-            "--port", str(self.port), "--token-key", TEST_TOKEN_KEY, *self.args,
+            "--port", str(self.port), *self.args,
         ]  # fmt: skip
+        if self.token_key is not None:
+            cmd += ["--token-key", self.token_key]
         env = apply_loopback_env({**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._proc = proc
@@ -79,6 +87,16 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        if proc.stdout:
+            proc.stdout.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no close frames, no clean-up, as a crash or an OOM kill."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.kill()
+        proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
 
@@ -119,6 +137,7 @@ def server_args_for_tests(extra: Sequence[str] = ()) -> list[str]:
     return [
         "--write-rule", "ca://PVW:*", "--write-rule", "pva://PVW:*",
         "--write-rule", "sim://value*", "--write-rule", "sim://string*",
+        "--write-rule", "ca://PVW:CHG.EGU",  # a field write: the glob names the field
         "--stall-timeout", "2", "--linger", "0.5", "--send-budget", "262144",
         "--catalogue", "ca://PVW:AO", "--catalogue", "ca://PVW:COUNTER",
         "--log-level", "warning", *extra,

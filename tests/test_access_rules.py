@@ -69,6 +69,9 @@ def test_write_rule_flags_are_a_shorthand_after_the_file() -> None:
     assert rules.access(ANON, "sim://value/x") == Access.WRITE
     assert rules.access(ANON, "sim://sine") == Access.NONE
     assert AccessRules.parse("", ["ca://X:*"]).access(ANON, "ca://X:A.PROC") == Access.READ
+    named = AccessRules.parse("", ["ca://X:*.PROC"])  # a glob that names the field grants it
+    assert named.access(ANON, "ca://X:A.PROC") == Access.WRITE
+    assert named.access(ANON, "ca://X:A") == Access.READ
 
 
 @pytest.mark.parametrize(

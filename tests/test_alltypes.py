@@ -114,8 +114,12 @@ async def test_every_type_in_one_subscription_with_counters(client: Client, sche
 
 
 def _json_expected(value: Any) -> Any:
-    """A value as GraphQL's JSON gives it: arrays as lists, NaN and infinities as null."""
+    """A value as GraphQL's JSON gives it: arrays as lists, NaN and infinities as null, float32
+    elements as the shortest decimal that reads back as the same float32 (3e+38, not
+    3.0000000054977558e+38)."""
     if isinstance(value, np.ndarray):
+        if value.dtype == np.float32:
+            return [_json_expected(float(repr(x).removeprefix("np.float32(")[:-1])) for x in value]
         return [_json_expected(x) for x in value.tolist()]
     if isinstance(value, float) and not math.isfinite(value):
         return None

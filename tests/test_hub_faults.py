@@ -147,3 +147,33 @@ async def test_writable_unknown_upstream_follows_the_write_rules(backend: FakeBa
     assert hub.registry.channels["fake://a"].meta.writable is None  # the stream says: unknown
     assert (await hub.get("fake://a", 1.0, ANONYMOUS))[1].meta.writable is True
     assert (await hub.get("fake://b", 1.0, ANONYMOUS))[1].meta.writable is False
+
+
+async def test_an_all_mode_client_does_not_change_what_a_plain_client_gets(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    plain, all_mode = Client(hub), Client(hub)
+    plain_att = attach(plain, hub, ["fake://a"])
+    attach(all_mode, hub, ["fake://a"], mode="ALL")
+    for tick in range(3):
+        for i in range(50):  # 50 updates per tick: ALL mode keeps each, LATEST only the last
+            backend.update("a", float(tick * 100 + i))
+        hub.ticker.tick()
+    frames = plain.drain()
+    assert values(frames, plain_att) == [49.0, 149.0, 249.0]  # one entry per tick, the latest
+    assert len(values(all_mode.drain(), 1)) == 150
+
+
+async def test_a_huge_subscription_does_not_change_what_a_plain_client_gets(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    plain, huge = Client(hub), Client(hub)
+    plain_att = attach(plain, hub, ["fake://a"])
+    attach(huge, hub, [f"fake://h{i}" for i in range(10_000)])
+    for i in range(3):
+        backend.update("a", float(i))
+        for k in range(0, 10_000, 7):
+            backend.update(f"h{k}", float(i))
+        hub.ticker.tick()
+    assert values(plain.drain(), plain_att) == [0.0, 1.0, 2.0]
+    assert sum(len(g[1]) for f in huge.drain() if f[0] == 3 for g in f[2]) == 3 * 1429

@@ -17,7 +17,8 @@ from tests.server_process import ServerProcess, server_args_for_tests
 
 DB = Path(__file__).parent / "dbs" / "test.db"
 IDS = ["ca://PVW:COUNTER", "pva://PVW:COUNTER"]
-# CA searches back off up to ~8 s after an IOC returns (DESIGN.md section 9); PVA up to ~10 s.
+# CA comes back within ~1 s of the IOC (bench/ca_recovery.py); PVA searches back off up to
+# ~10 s (DESIGN.md section 9). Generous: this asserts that it comes back, not how fast.
 RECONNECT_TIMEOUT = 30.0
 
 
@@ -53,10 +54,13 @@ async def test_ioc_restart_is_seen_and_recovered(
             return all(s and s[-1][0] == 1 and s[-1][1] is not None for s in states.values())
 
         await until(all_connected_with_value, 15)
-        before = {i: s[-1][1] for i, s in states.items()}
         ioc.stop()
         await until(lambda: all(s[-1][0] == 2 for s in states.values()), 15)
-        # Disconnected channels keep their last value, flagged as disconnected.
+        # Disconnected channels keep their last value, flagged as disconnected. (The last value
+        # is the one before the DISCONNECTED entry: the 10 Hz counter may still have moved
+        # between the connect check above and the kill.)
+        before = {i: s[-2][1] for i, s in states.items()}
+        assert all(s[-2][0] == 1 for s in states.values())
         assert all(states[i][-1][1] == before[i] for i in IDS)
         marks = {i: len(s) for i, s in states.items()}
         ioc.start()  # same ports: nothing on the client side changes

@@ -7,6 +7,7 @@ per-connection behaviour each test scripts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,6 +17,7 @@ import msgpack
 import pytest
 from pvwire_client import Client, StreamClosed, Update
 from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 Script = Callable[[ServerConnection, int], Awaitable[None]]
 HELLO = [0, 1, "fake", 20, 15000, 65536]
@@ -200,7 +202,8 @@ async def test_reconnect_on_restart_shows_disconnect_and_resnapshots(fake_factor
         (20, "CONNECTED"),
     ]
     assert "1012 RESTART" in ups[1].channel.reason
-    assert ups[2].channel.conflated == 9
+    # Serial 10, then 20 in the new connection's snapshot: a new baseline, not 9 conflated.
+    assert ups[2].channel.conflated == 0
     assert fake.connections == 2 and len(fake.registrations) == 1
 
 
@@ -287,14 +290,58 @@ async def test_two_monitors_share_one_websocket(fake_factory: Any) -> None:
     assert fake.connections == 1
 
 
-async def test_protocol_error_from_server_raises(fake_factory: Any) -> None:
+async def test_malformed_message_closes_with_1002_and_reconnects(fake_factory: Any) -> None:
+    closes: list[int | None] = []
+    first_closed = asyncio.Event()
+
     async def script(ws: ServerConnection, n: int) -> None:
         await ws.send(pack(HELLO))
         attach = await recv(ws)
         await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
-        await ws.send(pack([2, 1, 1, [[0, 64]]]))
+        await ws.send(pack([2, 1, 1, [full(0, n, n)]]))
+        if n == 1:
+            await ws.send(pack([3, 2, [[1, [[0, 64]]]]]))  # reserved mask bit
+        await ws.wait_closed()
+        closes.append(ws.close_code)
+        if n == 1:
+            first_closed.set()
+
+    fake, client = await fake_factory(script)
+    ups = await take(client.monitor("a"), 3)
+    assert [(u.channel.value, u.channel.connection) for u in ups] == [
+        (1, "CONNECTED"),
+        (1, "DISCONNECTED"),
+        (2, "CONNECTED"),
+    ]
+    assert "1002 PROTOCOL_ERROR" in ups[1].channel.reason
+    async with asyncio.timeout(10):
+        await first_closed.wait()
+    assert closes[0] == 1002 and fake.connections == 2
+
+
+async def test_unanswered_attach_times_out_and_reconnects(fake_factory: Any) -> None:
+    closes: list[int | None] = []
+    first_closed = asyncio.Event()
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack([0, 1, "fake", 20, 50, 65536]))
+        attach = await recv(ws)
+        if n == 1:
+            # Heartbeats keep the connection alive; the ATTACH never gets an answer.
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    await ws.send(pack([6]))
+                    await asyncio.sleep(0.02)
+            closes.append(ws.close_code)
+            first_closed.set()
+            return
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, 5.0, 1)]]))
         await ws.wait_closed()
 
-    _, client = await fake_factory(script)
-    with pytest.raises(Exception, match="unknown bits"):
-        await take(client.monitor("a"), 1)
+    fake, client = await fake_factory(script, request_timeout=0.3)
+    (up,) = await take(client.monitor("a"), 1)
+    assert up.channel.value == 5.0
+    async with asyncio.timeout(10):
+        await first_closed.wait()
+    assert closes == [4000] and fake.connections == 2

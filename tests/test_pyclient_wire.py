@@ -17,10 +17,21 @@ from pvwire_client.wire import ProtocolError, decode_message
 
 VECTORS = Path(__file__).resolve().parents[1] / "protocol" / "vectors"
 NAMES = sorted(p.stem for p in VECTORS.glob("*.json"))
-SERVER = [
-    n for n in NAMES if json.loads((VECTORS / f"{n}.json").read_text())["direction"] == "server"
-]
-CLIENT = [n for n in NAMES if n not in SERVER]
+DOCS = {n: json.loads((VECTORS / f"{n}.json").read_text()) for n in NAMES}
+
+
+def _vectors(direction: str, *expect: str) -> list[str]:
+    return [
+        n
+        for n in NAMES
+        if DOCS[n]["direction"] == direction and DOCS[n].get("expect", "decode") in expect
+    ]
+
+
+SERVER = _vectors("server", "decode", "accept")  # decoders read them as their "message"
+IGNORED = _vectors("server", "ignore")
+REJECTED = _vectors("server", "reject")
+CLIENT = _vectors("client", "decode")  # the client's encoder produces them
 KIND_NAMES = {
     wire.Hello: "HELLO",
     wire.Attached: "ATTACHED",
@@ -117,6 +128,18 @@ def message_meaning(m: wire.Message) -> dict[str, Any]:
 
 def test_vectors_exist() -> None:
     assert len(SERVER) >= 8 and set(CLIENT) >= {"attach", "detach", "ping"}
+    assert len(REJECTED) >= 10 and IGNORED
+
+
+@pytest.mark.parametrize("name", REJECTED)
+def test_rejects_vector(name: str) -> None:
+    with pytest.raises(ProtocolError):
+        decode_message((VECTORS / f"{name}.bin").read_bytes())
+
+
+@pytest.mark.parametrize("name", IGNORED)
+def test_ignores_vector(name: str) -> None:
+    assert isinstance(decode_message((VECTORS / f"{name}.bin").read_bytes()), wire.Unknown)
 
 
 @pytest.mark.parametrize("name", SERVER)

@@ -4,42 +4,61 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 from pvwire.wire import codec as wire
 
-from tests.vector_cases import CASES, VECTORS, build
+from tests.vector_cases import CASES, HAND_BUILT, VECTORS, build
 
 ON_DISK = sorted(p.stem for p in VECTORS.glob("*.json"))
+DOCS = {n: json.loads((VECTORS / f"{n}.json").read_text()) for n in ON_DISK}
+ENCODED = [n for n in ON_DISK if DOCS[n].get("expect", "decode") == "decode"]
+CLIENT_REJECT = [
+    n for n in ON_DISK if DOCS[n]["direction"] == "client" and DOCS[n].get("expect") == "reject"
+]
 
 
 def test_every_case_is_on_disk_and_nothing_else() -> None:
-    assert sorted(name for name, *_ in CASES) == ON_DISK
+    assert sorted([c[0] for c in CASES] + [h[0] for h in HAND_BUILT]) == ON_DISK
+
+
+def test_hand_built_vectors_say_what_to_expect() -> None:
+    for n in ON_DISK:
+        doc = DOCS[n]
+        expect = doc.get("expect", "decode")
+        assert expect in ("decode", "accept", "ignore", "reject"), n
+        assert ("message" in doc) == (expect in ("decode", "accept")), n
+        assert ("reason" in doc) == (expect == "reject"), n
+        assert ("error" in doc) == (expect == "reject" and doc["direction"] == "client"), n
+        assert expect != "ignore" or doc["direction"] == "server", n
 
 
 def test_every_message_kind_is_covered() -> None:
-    kinds = {json.loads((VECTORS / f"{n}.json").read_text())["message"]["kind"] for n in ON_DISK}
+    kinds = {DOCS[n]["message"]["kind"] for n in ENCODED}
     assert kinds == {"HELLO", "ATTACHED", "SNAPSHOT", "DATA", "DETACHED", "ERROR", "HEARTBEAT",
                      "PONG", "ATTACH", "DETACH", "PING"}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ON_DISK)
+@pytest.mark.parametrize("name", ENCODED)
 def test_encoder_reproduces_vector(name: str) -> None:
     doc = json.loads((VECTORS / f"{name}.json").read_text())
     assert build(doc["message"]) == (VECTORS / f"{name}.bin").read_bytes()
 
 
-@pytest.mark.parametrize("name", ON_DISK)
+@pytest.mark.parametrize("name", [n for n in ON_DISK if DOCS[n].get("expect") != "reject"])
 def test_vector_is_one_complete_msgpack_value(name: str) -> None:
     data = (VECTORS / f"{name}.bin").read_bytes()
     value = msgpack.unpackb(data, raw=False, strict_map_key=False)
     assert isinstance(value, list) and isinstance(value[0], int)
 
 
-@pytest.mark.parametrize("name", ["attach", "detach", "ping"])
+@pytest.mark.parametrize(
+    "name", [n for n in ON_DISK if DOCS[n]["direction"] == "client" and n not in CLIENT_REJECT]
+)
 def test_server_decodes_client_vectors(name: str) -> None:
-    doc = json.loads((VECTORS / f"{name}.json").read_text())["message"]
+    doc = DOCS[name]["message"]
     msg = wire.decode_client_message((VECTORS / f"{name}.bin").read_bytes())
     expected = {
         "ATTACH": lambda: wire.Attach(doc["req"], doc["token"]),
@@ -47,6 +66,15 @@ def test_server_decodes_client_vectors(name: str) -> None:
         "PING": lambda: wire.Ping(doc["nonce"]),
     }[doc["kind"]]()
     assert msg == expected
+
+
+@pytest.mark.parametrize("name", CLIENT_REJECT)
+def test_server_rejects_client_vectors_echoing_the_readable_req(name: str) -> None:
+    error = DOCS[name]["error"]
+    with pytest.raises(wire.BadMessage) as bad:
+        wire.decode_client_message((VECTORS / f"{name}.bin").read_bytes())
+    assert error["code"] == 4400
+    assert bad.value.req == error["req"]
 
 
 @pytest.mark.parametrize(
@@ -62,6 +90,9 @@ def test_server_decodes_client_vectors(name: str) -> None:
         (msgpack.packb([18]), "PING is"),
         (msgpack.packb([18, 1]) + b"\x00", "trailing bytes"),
         (msgpack.packb([16, 1]), "needs an unsigned integer req"),
+        (msgpack.packb([18, {1: 2}]), "nonce must be an integer or a string, got dict"),
+        (msgpack.packb([18, 1.5]), "nonce must be an integer or a string, got float"),
+        (msgpack.packb([16, 3, {1: 2}]), "string token"),
     ],
 )
 def test_bad_client_messages_are_named(data: bytes, complaint: str) -> None:
@@ -101,3 +132,30 @@ def test_big_endian_and_strided_arrays_are_sent_little_endian_contiguous() -> No
 
 def test_vectors_dir_exists() -> None:
     assert Path(VECTORS).is_dir() and len(ON_DISK) >= 40
+
+
+class _NoHost:
+    """A malformed message never reaches the hub."""
+
+    def verify_token(self, token: str) -> Any:
+        raise AssertionError("verify_token called for a malformed message")
+
+    def open_view(self, claims: Any, session: Any, att: int) -> Any:
+        raise AssertionError("open_view called for a malformed message")
+
+    def close_view(self, view: Any, session: Any, att: int) -> None:
+        raise AssertionError("close_view called for a malformed message")
+
+
+@pytest.mark.parametrize("name", CLIENT_REJECT)
+def test_session_answers_client_reject_vectors_with_error_and_stays_open(name: str) -> None:
+    from pvwire.wire.session import Session, SessionLimits
+
+    session = Session(1, "test", _NoHost(), wire.HEARTBEAT, SessionLimits(), lambda: None)
+    assert session.next_frame() == wire.HEARTBEAT  # the stand-in for HELLO
+    session.receive((VECTORS / f"{name}.bin").read_bytes())
+    frame = session.next_frame()
+    assert frame is not None and session.next_frame() is None
+    kind, req, code, message = msgpack.unpackb(frame)
+    assert (kind, req, code) == (5, DOCS[name]["error"]["req"], DOCS[name]["error"]["code"])
+    assert message and session.close_request is None

@@ -155,6 +155,119 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      {"kind": "ATTACH", "req": 1, "token": "pvw1.k1.e30.sig"}),
     ("detach", "client", "DETACH att 1", {"kind": "DETACH", "req": 2, "att": 1}),
     ("ping", "client", "PING with a nonce", {"kind": "PING", "nonce": 42}),
+    ("ping_string_nonce", "client", "PING with a string nonce",
+     {"kind": "PING", "nonce": "rtt-1"}),
+    ("edge_float_infinity", "server", "DATA: Infinity and -Infinity values",
+     data(29, (1, [e(0, VALUE | TIME, value={"$float": "Infinity"}, serial=13, **T),
+                   e(1, VALUE | TIME, value={"$float": "-Infinity"}, serial=2, **T)]))),
+]  # fmt: skip
+
+
+# Vectors whose bytes the server's encoder does not produce, built by hand (see
+# protocol/vectors/README.md):
+# "accept": decoders must read them as `message`; "ignore": clients skip them without error;
+# "reject": server->client, both clients refuse them (and close with 1002); client->server, the
+# server answers `error` (ERROR 4400 with the req it could read) and keeps the connection.
+HandBuilt = tuple[str, str, str, str, dict[str, Any], bytes]
+
+
+def _p(obj: Any, single_float: bool = False) -> bytes:
+    return bytes(msgpack.packb(obj, use_bin_type=True, use_single_float=single_float))
+
+
+def _nd_ext(code: int, ndim: int, dims: list[int], data: bytes) -> msgpack.ExtType:
+    head = bytes([code, ndim]) + b"".join(d.to_bytes(4, "little") for d in dims)
+    return msgpack.ExtType(1, head + data)
+
+
+def _data1(*entries: list[Any]) -> bytes:
+    return _p([3, 2, [[1, list(entries)]]])
+
+
+_T = [T["seconds"], T["nanoseconds"]]
+_F64x3 = np.array([1.0, 2.0, 3.0], dtype="<f8").tobytes()
+_ATTACH = _p([16, 6, "pvw1.k1.e30.sig"])
+
+
+def _reject(name: str, description: str, data: bytes) -> HandBuilt:
+    return (name, "server", description, "reject", {"reason": description}, data)
+
+
+def _client_reject(name: str, description: str, req: int | None, data: bytes) -> HandBuilt:
+    error = {"req": req, "code": 4400}
+    return (name, "client", description, "reject", {"reason": description, "error": error}, data)
+
+
+HAND_BUILT: list[HandBuilt] = [
+    ("accept_float32_value", "server", "DATA: a float32 scalar (readers accept float 32 and 64)",
+     "accept", {"message": data(2, (1, [e(0, VALUE | TIME, value=1.5, serial=8, **T)]))},
+     _p([3, 2, [[1, [[0, 3, 1.5, 8, *_T]]]]], single_float=True)),
+    ("accept_ndarray_ndim0", "server", "DATA: an ndarray of ndim 0 holds exactly one element",
+     "accept", {"message": data(2, (1, [e(0, VALUE | TIME, value={"$ndarray": {
+                                             "dtype": "float64", "dims": [], "data": [2.5]}},
+                                         serial=8, **T)]))},
+     _data1([0, 3, _nd_ext(9, 0, [], np.array([2.5], "<f8").tobytes()), 8, *_T])),
+    ("accept_extra_elements", "server", "HELLO with a trailing element a later version appended",
+     "accept", {"message": {"kind": "HELLO", "version": 1, "server": "pvwire/9.9 test",
+                            "tick_ms": 20, "heartbeat_ms": 15000, "max_in_bytes": 65536}},
+     _p([0, 1, "pvwire/9.9 test", 20, 15000, 65536, "a later field"])),
+    ("ignore_unknown_kind", "server", "a kind this version does not know (8): ignored",
+     "ignore", {}, _p([8, 1, "from a later minor version"])),
+    ("ignore_unknown_kind_high", "server", "a kind this version does not know (99): ignored",
+     "ignore", {}, _p([99])),
+    _reject("reject_reserved_mask_bit", "entry mask has reserved bit 5 set",
+            _data1([0, 33, 1.5, 8])),
+    _reject("reject_entry_too_short", "entry of mask 3 (VALUE|TIME) with 5 elements, not 6",
+            _data1([0, 3, 1.5, 8, T["seconds"]])),
+    _reject("reject_entry_too_long", "entry of mask 1 (VALUE) with 5 elements, not 4",
+            _data1([0, 1, 1.5, 8, 0])),
+    _reject("reject_ndarray_length", "ndarray dims [3] of float64 with 16 data bytes, not 24",
+            _data1([0, 1, _nd_ext(9, 1, [3], _F64x3[:16]), 8])),
+    _reject("reject_ndarray_dtype", "ndarray dtype code 10 (known: 0-9)",
+            _data1([0, 1, _nd_ext(10, 1, [3], _F64x3), 8])),
+    _reject("reject_ndarray_dims_truncated", "ndarray of ndim 2 with one dim in its header",
+            _data1([0, 1, msgpack.ExtType(1, bytes([9, 2]) + (3).to_bytes(4, "little")), 8])),
+    _reject("reject_unknown_ext", "MessagePack ext type 2 (only 1, ndarray, is defined)",
+            _data1([0, 1, msgpack.ExtType(2, b"\x00"), 8])),
+    _reject("reject_bool_value", "a boolean value (booleans travel as integers 0/1)",
+            _data1([0, 1, True, 8])),
+    _reject("reject_bin_value", "a MessagePack bin value (numeric arrays travel as ndarray ext)",
+            _data1([0, 1, b"\x01\x02", 8])),
+    _reject("reject_map_key_not_string", "a structure value with an integer map key",
+            _data1([0, 1, {1: 2.5}, 8])),
+    _reject("reject_invalid_utf8", "a str that is not valid UTF-8",
+            b"\x94\x05\x01\xcd\x11\x34\xa2\xc3\x28"),
+    _reject("reject_trailing_bytes", "HEARTBEAT followed by one more byte",
+            _p([6]) + b"\xc0"),
+    _reject("reject_truncated", "DATA cut short in its entry", _data1([0, 3, 1.5, 8, *_T])[:-3]),
+    _reject("reject_not_array", "a map instead of an array", _p({"kind": 6})),
+    _reject("reject_kind_not_uint", "kind -1", _p([-1])),
+    _reject("reject_missing_field", "ERROR with 3 elements, not 4", _p([5, 4, 4404])),
+    _reject("reject_nanoseconds_range", "entry nanoseconds 10^9",
+            _data1([0, 2, T["seconds"], 1_000_000_000])),
+    _reject("reject_severity_range", "entry severity 4 (0-3)", _data1([0, 4, 4, 0, ""])),
+    _reject("reject_metadata_not_map", "entry metadata an array, not a map",
+            _data1([0, 8, ["units", "mA"]])),
+    _reject("reject_group_extra_element", "DATA group [att, entries, 0] (groups are pairs)",
+            _p([3, 2, [[1, [], 0]]])),
+    _reject("reject_pong_nonce_float", "PONG nonce 1.5 (nonces are integers or strings)",
+            _p([7, 1.5])),
+    ("client_accept_extra_elements", "client", "ATTACH with a trailing element: read as ATTACH",
+     "accept", {"message": {"kind": "ATTACH", "req": 9, "token": "pvw1.k1.e30.sig"}},
+     _p([16, 9, "pvw1.k1.e30.sig", "a later field"])),
+    _client_reject("client_reject_unknown_kind", "kind 99 with req 7", 7, _p([99, 7])),
+    _client_reject("client_reject_token_not_string", "ATTACH whose token is an integer", 5,
+                   _p([16, 5, 42])),
+    _client_reject("client_reject_trailing_bytes", "ATTACH followed by one more byte", 6,
+                   _ATTACH + b"\xc0"),
+    _client_reject("client_reject_detach_short", "DETACH without its att", 8, _p([17, 8])),
+    _client_reject("client_reject_req_negative", "ATTACH with req -1 (no readable req)", None,
+                   _p([16, -1, "t"])),
+    _client_reject("client_reject_not_array", "a map instead of an array", None,
+                   _p({"kind": 16})),
+    _client_reject("client_reject_truncated", "ATTACH cut short", None, _ATTACH[:-2]),
+    _client_reject("client_reject_ping_map_nonce", "PING whose nonce is a map", None,
+                   _p([18, {1: 2}])),
 ]  # fmt: skip
 
 
@@ -217,15 +330,22 @@ def write_all() -> None:
         doc = {"name": name, "description": description, "direction": direction, "message": msg}
         (VECTORS / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
         (VECTORS / f"{name}.bin").write_bytes(build(msg))
+    for name, direction, description, expect, extra, raw in HAND_BUILT:
+        doc = {"name": name, "description": description, "direction": direction,
+               "expect": expect, **extra}  # fmt: skip
+        (VECTORS / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (VECTORS / f"{name}.bin").write_bytes(raw)
 
 
 def _check_json_safe() -> None:
     for _, _, _, msg in CASES:
         json.dumps(msg, allow_nan=False)  # NaN must be spelled {"$float": "NaN"}
+    for *_, extra, _ in HAND_BUILT:
+        json.dumps(extra, allow_nan=False)
     assert not any(math.isnan(x) for x in [0.0])
 
 
 if __name__ == "__main__":
     _check_json_safe()
     write_all()
-    print(f"wrote {len(CASES)} vectors to {VECTORS}", file=sys.stderr)
+    print(f"wrote {len(CASES) + len(HAND_BUILT)} vectors to {VECTORS}", file=sys.stderr)

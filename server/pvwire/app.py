@@ -67,6 +67,14 @@ class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
         # orjson: arrays straight from numpy, ~10x the json module (api/limits.py has figures).
         return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
 
+    def decode_json(self, data: str | bytes) -> object:
+        # strawberry answers JSONDecodeError with 400 but lets UnicodeDecodeError through as a
+        # 500: a body that is not UTF-8 is the client's error like any other unparsable body.
+        try:
+            return super().decode_json(data)
+        except UnicodeDecodeError as exc:
+            raise json.JSONDecodeError(f"body is not UTF-8 ({exc.reason})", "", exc.start) from None
+
 
 def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None) -> FastAPI:
     keys, kid = settings.signing_keys()

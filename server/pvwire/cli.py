@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import logging
+import logging.config
 import os
 import signal
 import sys
@@ -14,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from .ioc import IocPorts, IocProcess, free_port
+from .logs import TEXT_FORMAT, logging_config
 from .loopback import apply_loopback_env
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 DEMO_DB = Path(__file__).parent / "demo" / "demo.db"
 DEMO_PREFIX = "PVWIRE:DEMO:"
@@ -69,6 +72,9 @@ def _settings(args: argparse.Namespace) -> Any:
         "jwt_user_claim": args.jwt_user_claim,
         "user_header": args.user_header,
         "groups_header": args.groups_header,
+        "catalogue_file": args.catalogue_file,
+        "log_format": args.log_format,
+        "log_level": args.log_level,
     }
     settings.update({k: v for k, v in overrides.items() if v is not None})
     if args.write_rule:
@@ -87,8 +93,53 @@ def _settings(args: argparse.Namespace) -> Any:
     return settings
 
 
-def serve(settings: Any, workers: int = 1, log_level: str = "info") -> None:
+def _check_catalogue_file(settings: Any) -> None:
+    """A catalogue file named at start must be readable: a typo in its path should stop the
+    server with a clear message, not leave search quietly short of names."""
+    from .config import read_catalogue
+
+    if settings.catalogue_file:
+        try:
+            read_catalogue(Path(settings.catalogue_file))
+        except (OSError, UnicodeDecodeError) as exc:
+            sys.exit(f"pvwire-server: catalogue file {settings.catalogue_file}: {exc}")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Stop before printing or starting anything when another program holds the port."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                sys.exit(f"pvwire-server: cannot listen on {host}:{port}: {exc.strerror}")
+            other = port + 12 if port < 65_000 else 8092
+            sys.exit(
+                f"pvwire-server: port {port} on {host} is already in use by another program.\n"
+                f"Pick another port: `make run PORT={other}`, `--port {other}`, "
+                f"or PVWIRE_PORT={other}."
+            )
+
+
+def _reload_catalogue_on_sighup(app: Any) -> None:
+    """SIGHUP reads the catalogue file again at once (one process; with --workers, uvicorn's
+    supervisor answers SIGHUP by restarting the workers, which read it afresh)."""
+    catalogue = app.state.hub.control.catalogue_file
+    # Without a handler SIGHUP would end the process at once (uvicorn handles only INT and TERM);
+    # with nothing to reload it is ignored, as `systemctl reload` should be harmless.
+    signal.signal(
+        signal.SIGHUP, lambda *_: catalogue.request_reload() if catalogue is not None else None
+    )
+
+
+def serve(settings: Any, workers: int = 1) -> None:
     import uvicorn
+
+    from .logs import logging_config
 
     common: dict[str, Any] = dict(
         host=settings.host,
@@ -100,7 +151,8 @@ def serve(settings: Any, workers: int = 1, log_level: str = "info") -> None:
         ws_max_size=settings.max_in_bytes,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
-        log_level=log_level,
+        log_level=settings.log_level,
+        log_config=logging_config(settings.log_format, settings.log_level),
         access_log=False,
         timeout_graceful_shutdown=3,
     )
@@ -115,7 +167,9 @@ def serve(settings: Any, workers: int = 1, log_level: str = "info") -> None:
         return
     from .app import create_app
 
-    uvicorn.run(create_app(settings), **common)
+    app = create_app(settings)
+    _reload_catalogue_on_sighup(app)
+    uvicorn.run(app, **common)
 
 
 def _ports_or_default() -> IocPorts:
@@ -135,7 +189,7 @@ def _ports_or_default() -> IocPorts:
         return IocPorts(free_port(), free_port(), free_port(), free_port())
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pvwire-server", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -147,6 +201,12 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--default-scheme", choices=["ca", "pva", "sim"])
         p.add_argument("--write-rule", action="append", help="glob of writable channel ids")
         p.add_argument("--catalogue", action="append", help="channel id offered by search")
+        p.add_argument(
+            "--catalogue-file",
+            metavar="PATH",
+            help="file of channel ids offered by search, one per line, # comments; "
+            "read again when it changes or on SIGHUP",
+        )
         p.add_argument("--token-key", help="HMAC key for stream tokens (or PVWIRE_TOKEN_KEY)")
         p.add_argument("--stall-timeout", type=float, help="seconds before 4008 SLOW")
         p.add_argument("--send-budget", type=int, help="bytes queued per client")
@@ -168,7 +228,14 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--user-header", help="header a trusted proxy puts the user name in")
         p.add_argument("--groups-header", help="header with comma-separated groups (proxy)")
         p.add_argument("--workers", type=int, default=1, help="worker processes (same port)")
-        p.add_argument("--log-level", default="info")
+        p.add_argument(
+            "--log-level", choices=["debug", "info", "warning", "error"], help="default info"
+        )
+        p.add_argument(
+            "--log-format",
+            choices=["text", "json"],
+            help="text (default) or json: one JSON object per line",
+        )
         p.add_argument(
             "--loopback", action="store_true", help="keep EPICS traffic on 127.0.0.1 (tests, demos)"
         )
@@ -179,10 +246,14 @@ def main(argv: list[str] | None = None) -> None:
     run = sub.add_parser("run-demo", help="demo IOC + server + page (what `make run` does)")
     server_options(run)
     run.add_argument("--prefix", default=DEMO_PREFIX)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
 
     if args.command == "demo-ioc":
+        logging.basicConfig(level=logging.INFO, format=TEXT_FORMAT)
         apply_loopback_env()
         ports = _ports_or_default()
         ioc = start_demo_ioc(args.prefix, ports)
@@ -201,8 +272,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.loopback or args.command == "run-demo":
         apply_loopback_env()
     settings = _settings(args)
+    try:
+        logging.config.dictConfig(logging_config(settings.log_format, settings.log_level))
+    except ValueError as exc:
+        sys.exit(f"pvwire-server: {exc}")
+    _check_port_free(settings.host, settings.port)
+    _check_catalogue_file(settings)
     if args.command == "serve":
-        serve(settings, args.workers, args.log_level)
+        serve(settings, args.workers)
         return
 
     ports = _ports_or_default()
@@ -236,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     try:
-        serve(settings, args.workers, args.log_level)
+        serve(settings, args.workers)
     finally:
         ioc.stop()
 

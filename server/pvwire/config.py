@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import tomllib
@@ -9,7 +10,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Settings"]
+__all__ = ["CatalogueFile", "Settings", "read_catalogue"]
+
+log = logging.getLogger("pvwire.catalogue")
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Settings:
     max_connections_per_address: int = 100  # stream connections from one client address
     max_attachments_per_connection: int = 1_000
     catalogue: list[str] = field(default_factory=list)  # ids offered by search
+    catalogue_file: str = ""  # more ids, one per line; read again when it changes
     allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
     cors_origins: list[str] = field(default_factory=list)
     get_timeout_s: float = 3.0
@@ -61,6 +65,8 @@ class Settings:
     )
     not_found_s: float = 5.0  # CONNECTING this long with no server answering: NOT_FOUND
     instance: str = field(default_factory=lambda: os.uname().nodename)
+    log_format: str = "text"  # or "json": one object per line, for sites that ship logs
+    log_level: str = "info"
 
     @classmethod
     def load(cls, path: Path | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -114,3 +120,70 @@ def _parse(raw: str, like: Any) -> Any:
         pairs = (x.split("=", 1) for x in raw.split(",") if "=" in x)
         return {k.strip(): v.strip() for k, v in pairs}
     return raw
+
+
+def read_catalogue(path: Path) -> list[str]:
+    """Channel ids from a file: one per line, `#` starts a comment, blank lines are skipped.
+
+    Raises OSError or UnicodeDecodeError when the file cannot be read as text.
+    """
+    ids = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if name := line.partition("#")[0].strip():
+            ids.append(name)
+    return ids
+
+
+class CatalogueFile:
+    """A catalogue file, read again when its modification time or size changes, or on request.
+
+    A file that cannot be read keeps the ids loaded before, and says why once per change of the
+    file (not once per poll), so a missing file does not flood the log.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ids: tuple[str, ...] = ()
+        self.loaded = False  # ids came from the file at least once
+        self._signature: tuple[int, int] | None = None  # (mtime ns, size) of what was read
+        self._failed: object = None  # what the last failure saw, so it is logged once
+        self._reload_requested = False
+
+    def request_reload(self) -> None:
+        """Read the file at the next poll even if it looks unchanged (SIGHUP). Signal-safe."""
+        self._reload_requested = True
+        self._failed = None  # an operator asking again hears again why it fails
+
+    def poll(self) -> bool:
+        """Read the file if it changed; True if the ids changed."""
+        try:
+            st = self.path.stat()
+        except OSError as exc:
+            self._fail(("stat", exc.errno), exc)
+            return False
+        signature = (st.st_mtime_ns, st.st_size)
+        if signature == self._signature and not self._reload_requested:
+            return False
+        self._reload_requested = False
+        try:
+            ids = tuple(read_catalogue(self.path))
+        except (OSError, UnicodeDecodeError) as exc:
+            self._fail(signature, exc)
+            return False
+        self._signature, self._failed = signature, None
+        changed = ids != self.ids or not self.loaded
+        if changed:
+            log.info("catalogue file %s: %d channel ids", self.path, len(ids))
+        self.ids, self.loaded = ids, True
+        return changed
+
+    def _fail(self, seen: object, exc: Exception) -> None:
+        if seen == self._failed:
+            return
+        self._failed = seen
+        log.error(
+            "catalogue file %s cannot be read (%s); keeping the %d ids loaded before",
+            self.path,
+            exc,
+            len(self.ids),
+        )

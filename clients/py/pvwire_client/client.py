@@ -126,6 +126,7 @@ class Client:
         reconnect_reset: float = 30.0,
         queue_size: int = 1024,
         max_message_bytes: int = 256 * 2**20,
+        request_timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         stream_url: str | None = None,
     ) -> None:
@@ -136,6 +137,9 @@ class Client:
         self.reconnect_reset = reconnect_reset
         self.queue_size = queue_size
         self.max_message_bytes = max_message_bytes
+        # Section 2.7: a stream request (ATTACH, DETACH) unanswered this long means the
+        # connection is broken: close it with 4000 and reconnect.
+        self.request_timeout = request_timeout
         self.stream_url = stream_url
         self._token: TokenSource = os.environ.get("PVWIRE_TOKEN") if token is None else token
         self._http = httpx.AsyncClient(transport=transport, timeout=timeout + 10.0)
@@ -284,10 +288,10 @@ class Client:
                 kind, payload = await sub.queue.get()
                 if sub.queue.qsize() < sub.limit:
                     sub.space.set()
-                if kind == "entries":
+                if kind in ("entries", "snapshot"):
                     for e in payload:
                         state = sub.states[e.sid]
-                        changed = state.apply(e)
+                        changed = state.apply(e, baseline=kind == "snapshot")
                         pending = held[e.sid]
                         if pending is not None:
                             pending |= changed
@@ -324,6 +328,7 @@ class _Stream:
         self.by_req: dict[int, _Sub] = {}
         self.by_att: dict[int, _Sub] = {}
         self.detaching: set[int] = set()
+        self.sent_at: dict[int, float] = {}  # req -> loop time, for requests not answered yet
         # An ERROR answering no request, kept for the DETACHED that may follow it at once: the
         # server says why it ends an attachment (e.g. 4403 naming the channel) just before.
         self.notice: Error | None = None
@@ -437,6 +442,7 @@ class _Stream:
         self.by_req.clear()
         self.by_att.clear()
         self.detaching.clear()
+        self.sent_at.clear()
         for sub in self.subs:
             sub.att = sub.attach_req = None
         try:
@@ -445,20 +451,29 @@ class _Stream:
             if not isinstance(hello, Hello):
                 raise ProtocolError(f"first message must be HELLO, got {type(hello).__name__}")
             if hello.version != 1:
-                raise ProtocolError(f"server speaks protocol version {hello.version}, not 1")
+                why = f"server speaks protocol version {hello.version}, not 1"
+                for sub in list(self.subs):
+                    self._fail(sub, StreamClosed(closecodes.UNSUPPORTED, why))
+                await ws.close(closecodes.NORMAL, "unsupported protocol version")
+                return closecodes.UNSUPPORTED, why
             self.hello = hello
             # Section 2.1: silence longer than 2 x heartbeat + 1 s means a dead connection.
             watchdog = 2 * hello.heartbeat_ms / 1000 + 1
             self.ready = True
             for sub in list(self.subs):
                 await self._attach(sub)
+            loop = asyncio.get_running_loop()
             while True:
+                wait = watchdog
+                if self.sent_at:
+                    oldest = min(self.sent_at.values())
+                    wait = min(wait, oldest + self.client.request_timeout - loop.time())
                 try:
-                    async with asyncio.timeout(watchdog):
+                    async with asyncio.timeout(max(wait, 0.0)):
                         data = await ws.recv()
                 except TimeoutError:
                     raise _Reconnect(
-                        closecodes.HEARTBEAT_TIMEOUT, f"no message for {watchdog:.1f} s"
+                        closecodes.HEARTBEAT_TIMEOUT, self._silence(watchdog)
                     ) from None
                 await self._dispatch(decode_message(_binary(data)))
         except ConnectionClosed as e:
@@ -471,10 +486,10 @@ class _Stream:
             await ws.close(e.code, e.reason)
             return e.code, e.reason
         except ProtocolError as e:
-            # A server bug: reconnecting would only meet it again, so the monitors end with it.
+            # Section 1: after a malformed message this connection's state may be wrong; close
+            # with 1002 and reconnect (with backoff): the snapshots restore the state.
+            log.warning("pvwire stream: %s; reconnecting", e)
             await ws.close(closecodes.PROTOCOL_ERROR, str(e)[:100])
-            for sub in list(self.subs):
-                self._fail(sub, e)
             return closecodes.PROTOCOL_ERROR, str(e)
         except TimeoutError:
             await ws.close(closecodes.HEARTBEAT_TIMEOUT, "no HELLO")
@@ -497,6 +512,7 @@ class _Stream:
         req = self._req()
         sub.attach_req = req
         self.by_req[req] = sub
+        self.sent_at[req] = asyncio.get_running_loop().time()
         await ws.send(encode_attach(req, sub.reg.token))
 
     async def _reregister(self, sub: _Sub) -> bool:
@@ -530,12 +546,23 @@ class _Stream:
         if ws is None:
             return
         self.detaching.add(att)
+        req = self._req()
+        self.sent_at[req] = asyncio.get_running_loop().time()
         with contextlib.suppress(ConnectionClosed, OSError):
-            await ws.send(encode_detach(self._req(), att))
+            await ws.send(encode_detach(req, att))
 
     def _req(self) -> int:
         req, self.next_req = self.next_req, self.next_req + 1
         return req
+
+    def _silence(self, watchdog: float) -> str:
+        """Why the wait for a message ended: a request unanswered, or the watchdog."""
+        if self.sent_at:
+            req, at = min(self.sent_at.items(), key=lambda kv: kv[1])
+            waited = asyncio.get_running_loop().time() - at
+            if waited >= self.client.request_timeout:
+                return f"no answer to request {req} within {self.client.request_timeout:.0f} s"
+        return f"no message for {watchdog:.1f} s"
 
     def _check_seq(self, seq: int) -> None:
         if seq != self.seq + 1:
@@ -556,8 +583,9 @@ class _Stream:
             sub = self.by_att.get(msg.att)
             if sub is not None:
                 _check_sids(sub, msg.entries)
-                await self._deliver(sub, ("entries", msg.entries))
+                await self._deliver(sub, ("snapshot", msg.entries))
         elif isinstance(msg, Attached):
+            self.sent_at.pop(msg.req, None)
             sub = self.by_req.pop(msg.req, None)
             if sub is None:
                 raise ProtocolError(f"ATTACHED answers unknown req {msg.req}")
@@ -572,6 +600,8 @@ class _Stream:
             sub.renewed = False
             self.by_att[msg.att] = sub
         elif isinstance(msg, Detached):
+            if msg.req is not None:
+                self.sent_at.pop(msg.req, None)
             sub = self.by_att.pop(msg.att, None)
             self.detaching.discard(msg.att)
             if msg.req is None and sub is not None:
@@ -582,6 +612,8 @@ class _Stream:
                     why = "the server ended the subscription"
                     self._fail(sub, PvwireError(why, code="DETACHED"))
         elif isinstance(msg, Error):
+            if msg.req is not None:
+                self.sent_at.pop(msg.req, None)
             sub = self.by_req.pop(msg.req, None) if msg.req is not None else None
             if sub is not None:
                 self._refused(sub, msg)

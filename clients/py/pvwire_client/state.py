@@ -75,18 +75,20 @@ class ChannelState:
 
     # --- merge -------------------------------------------------------------------------------
 
-    def apply(self, entry: Entry) -> set[str]:
+    def apply(self, entry: Entry, baseline: bool = False) -> set[str]:
         """Merge one entry; return which of value/time/alarm/metadata/connection changed.
 
         ``conflated`` grows by ``serial - previous - 1`` when serials jump; a lower serial means
-        the upstream monitor was reopened, and the count restarts (section 3).
+        the upstream monitor was reopened, and the count restarts (section 3). A snapshot entry
+        (``baseline``) starts a new baseline: after a reconnect, maybe to another replica whose
+        upstream monitor counts from elsewhere, the jump is no conflation (section 2.5).
         """
         changed: set[str] = set()
         m = entry.mask
         if m & VALUE:
             serial = entry.serial
             assert serial is not None
-            if self.serial is not None:
+            if self.serial is not None and not baseline:
                 if serial > self.serial:
                     self.conflated += serial - self.serial - 1
                 elif serial < self.serial:

@@ -112,7 +112,7 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class Pong:
-    nonce: Any
+    nonce: int | str
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +246,12 @@ def _data(m: list[Any]) -> Data:
     return Data(_uint(m[1], "DATA seq"), tuple(groups))
 
 
+def _nonce(x: object) -> int | str:
+    if type(x) is int or isinstance(x, str):
+        return x
+    raise ProtocolError(f"PONG nonce must be an integer or a string, got {type(x).__name__}")
+
+
 def _detached(m: list[Any]) -> Detached:
     return Detached(_opt_uint(m[1], "DETACHED req"), _uint(m[2], "DETACHED att"))
 
@@ -264,7 +270,7 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Message]]] = {
     4: ("DETACHED", 3, _detached),
     5: ("ERROR", 4, _error),
     6: ("HEARTBEAT", 1, lambda m: Heartbeat()),
-    7: ("PONG", 2, lambda m: Pong(m[1])),
+    7: ("PONG", 2, lambda m: Pong(_nonce(m[1]))),
 }
 
 
@@ -373,8 +379,10 @@ def encode_detach(req: int, att: int) -> bytes:
     return _pack([17, req, att])
 
 
-def encode_ping(nonce: Any) -> bytes:
+def encode_ping(nonce: int | str) -> bytes:
     """``[18, nonce]``: the server answers ``PONG`` with the same nonce, in order."""
+    if type(nonce) is not int and not isinstance(nonce, str):
+        raise ValueError(f"a PING nonce is an integer or a string, got {nonce!r}")
     return _pack([18, nonce])
 
 

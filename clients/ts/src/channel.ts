@@ -81,13 +81,17 @@ export function withAccess(s: ChannelState, access: Access | undefined): Channel
  * carries is set, every field it lacks keeps what the client had. A snapshot therefore cannot
  * make a known alarm (or time, metadata...) unknown again, e.g. on a re-attach after a reconnect;
  * the Python client applies entries the same way. Returns the new state and the fields carried.
+ *
+ * A snapshot's serial (`baseline`) is a new baseline (PROTOCOL.md section 2.5): after a
+ * reconnect, maybe to another replica whose upstream monitor counts from elsewhere, a jump is no
+ * conflation.
  */
-export function applyEntry(prev: ChannelState, e: Entry): [ChannelState, ChangedField[]] {
+export function applyEntry(prev: ChannelState, e: Entry, baseline = false): [ChannelState, ChangedField[]] {
   const next: { -readonly [K in keyof ChannelState]: ChannelState[K] } = { ...prev };
   const changed: ChangedField[] = [];
   if (e.mask & Mask.VALUE) {
     const serial = e.serial!;
-    const last = prev.serial;
+    const last = baseline ? undefined : prev.serial;
     // Serial lower than before: the upstream monitor reopened (or the server restarted): reset.
     // The same serial again is a re-attach's snapshot repeating the last update: no gap, no reset.
     const reopened = last !== undefined && serial < last;

@@ -50,6 +50,11 @@ export interface ClientOptions {
    * the server refused). Return the current, refreshed token; undefined means anonymous.
    */
   getToken?: () => string | undefined | Promise<string | undefined>;
+  /**
+   * A stream request (ATTACH, DETACH, PING) without an answer this long means the connection is
+   * broken (PROTOCOL.md section 2.7): close with 4000 and reconnect. Default 30,000 ms.
+   */
+  requestTimeoutMs?: number;
 }
 
 export interface SubscribeOptions {
@@ -162,7 +167,9 @@ export class PvwireClient {
   /** Why we closed the socket ourselves (then we reconnect whatever the code). */
   private localClose: string | undefined;
   private closedByUser = false;
-  private pings = new Map<number, { sent: number; resolve: (ms: number) => void }>();
+  private pings = new Map<number, { sent: number; resolve: (ms: number) => void; reject: (e: PvwireError) => void }>();
+  /** Time-outs of requests sent on the current socket and not answered yet, by req (or nonce). */
+  private requestTimers = new Map<number, ReturnType<typeof setTimeout>>();
   private listeners: { [K in keyof ClientEvents]: Set<ClientEvents[K]> } = { state: new Set(), error: new Set(), hello: new Set() };
   private streamPath = "/stream";
   /** The last ERROR that answered no request, for a DETACHED that may follow it at once. */
@@ -277,7 +284,8 @@ export class PvwireClient {
     const nonce = this.nextReq++;
     return new Promise((resolve, reject) => {
       if (!this.send({ kind: "PING", nonce })) return reject(new PvwireError("not connected"));
-      this.pings.set(nonce, { sent: performance.now(), resolve });
+      this.pings.set(nonce, { sent: performance.now(), resolve, reject });
+      this.expectAnswer(nonce);
     });
   }
 
@@ -290,6 +298,9 @@ export class PvwireClient {
     this.pending.clear();
     clearTimeout(this.retryTimer);
     clearTimeout(this.watchdog);
+    this.clearRequestTimers();
+    for (const p of this.pings.values()) p.reject(new PvwireError("client closed before the PONG"));
+    this.pings.clear();
     const ws = this.ws;
     this.ws = undefined;
     if (ws) {
@@ -306,9 +317,34 @@ export class PvwireClient {
     this.subs.delete(sub);
     if (sub.att !== undefined) {
       this.byAtt.delete(sub.att);
-      this.send({ kind: "DETACH", req: this.nextReq++, att: sub.att });
+      this.detach(sub.att);
       sub.att = undefined;
     }
+  }
+
+  private detach(att: number): void {
+    const req = this.nextReq++;
+    if (this.send({ kind: "DETACH", req, att })) this.expectAnswer(req);
+  }
+
+  /** Start the time-out of a request just sent on the current socket. */
+  private expectAnswer(req: number): void {
+    const ws = this.ws;
+    const ms = this.opts.requestTimeoutMs ?? 30_000;
+    this.requestTimers.set(req, setTimeout(() => {
+      if (ws === this.ws) this.dropSocket(`no answer to request ${req} within ${ms} ms`, CloseCode.HEARTBEAT_TIMEOUT);
+    }, ms));
+  }
+
+  private answered(req: number | null): void {
+    if (req === null) return;
+    clearTimeout(this.requestTimers.get(req));
+    this.requestTimers.delete(req);
+  }
+
+  private clearRequestTimers(): void {
+    for (const t of this.requestTimers.values()) clearTimeout(t);
+    this.requestTimers.clear();
   }
 
   /** Get a (fresh) token through GraphQL, then attach it. */
@@ -330,7 +366,7 @@ export class PvwireClient {
       // While reconnecting, a failed registration is most likely the server being down: retry
       // with the socket's backoff. A first registration that fails is the app's error.
       if (sub.isReady && !sub.closed && e.code === "NETWORK") {
-        this.dropSocket("re-registration failed");
+        this.dropSocket("re-registration failed", CloseCode.TRY_AGAIN);
       } else {
         this.fail(sub, e);
       }
@@ -358,7 +394,10 @@ export class PvwireClient {
       return;
     }
     const req = this.nextReq++;
-    if (this.send({ kind: "ATTACH", req, token: sub.token })) this.pending.set(req, sub);
+    if (this.send({ kind: "ATTACH", req, token: sub.token })) {
+      this.pending.set(req, sub);
+      this.expectAnswer(req);
+    }
   }
 
   private send(m: ClientMessage): boolean {
@@ -402,18 +441,22 @@ export class PvwireClient {
 
   private armWatchdog(ms: number): void {
     clearTimeout(this.watchdog);
-    this.watchdog = setTimeout(() => this.dropSocket(`no message for ${ms} ms`), this.opts.heartbeatTimeoutMs ?? ms);
+    this.watchdog = setTimeout(() => this.dropSocket(`no message for ${ms} ms`, CloseCode.HEARTBEAT_TIMEOUT), this.opts.heartbeatTimeoutMs ?? ms);
   }
 
-  /** Close the socket ourselves and reconnect (dead connection, protocol violation). */
-  private dropSocket(reason: string): void {
+  /**
+   * Close the socket ourselves and reconnect: 4000 for a dead connection or an unanswered
+   * request, 1002 for a message the protocol does not allow (this connection's state may be
+   * wrong; the snapshots after the reconnect restore it).
+   */
+  private dropSocket(reason: string, code: number): void {
     const ws = this.ws;
     if (!ws) return;
     this.localClose = reason;
     // Do not wait for the close handshake of a dead connection: detach the handlers now.
     silence(ws);
-    try { ws.close(CloseCode.HEARTBEAT_TIMEOUT, reason.slice(0, 100)); } catch { /* ignore */ }
-    this.onClose(ws, CloseCode.HEARTBEAT_TIMEOUT, reason);
+    try { ws.close(code, reason.slice(0, 100)); } catch { /* ignore */ }
+    this.onClose(ws, code, reason);
   }
 
   private onMessage(data: unknown): void {
@@ -426,7 +469,7 @@ export class PvwireClient {
     } catch (err) {
       const e = err instanceof PvwireError ? err : new ProtocolError(String(err));
       this.emit("error", e);
-      this.dropSocket(e.message);
+      this.dropSocket(e.message, CloseCode.PROTOCOL_ERROR);
       return;
     }
     this.armWatchdog(2 * this.heartbeatMs + 1000);
@@ -436,7 +479,7 @@ export class PvwireClient {
     } catch (err) {
       const e = err instanceof PvwireError ? err : new PvwireError(String(err));
       this.emit("error", e);
-      this.dropSocket(e.message);
+      this.dropSocket(e.message, e instanceof ProtocolError ? CloseCode.PROTOCOL_ERROR : CloseCode.INTERNAL);
     }
   }
 
@@ -445,11 +488,11 @@ export class PvwireClient {
     this.lastSeq = seq;
   }
 
-  private deliver(sub: Sub, entries: readonly Entry[]): void {
+  private deliver(sub: Sub, entries: readonly Entry[], baseline: boolean): void {
     for (const e of entries) {
       const prev = sub.states[e.sid];
       if (prev === undefined) throw new ProtocolError(`entry for sid ${e.sid}, attachment has ${sub.states.length} channels`);
-      const [next, changed] = applyEntry(prev, e);
+      const [next, changed] = applyEntry(prev, e, baseline);
       sub.states[e.sid] = next;
       this.stats.entries++;
       if (sub.closed) return;
@@ -478,11 +521,12 @@ export class PvwireClient {
         return;
       }
       case "ATTACHED": {
+        this.answered(msg.req);
         const sub = this.pending.get(msg.req);
-        if (sub === undefined) return;
+        if (sub === undefined) throw new ProtocolError(`ATTACHED answers req ${msg.req}, which is no pending ATTACH`);
         this.pending.delete(msg.req);
         if (sub.closed) {
-          this.send({ kind: "DETACH", req: this.nextReq++, att: msg.att });
+          this.detach(msg.att);
           return;
         }
         sub.att = msg.att;
@@ -499,7 +543,7 @@ export class PvwireClient {
         this.checkSeq(msg.seq);
         const sub = this.byAtt.get(msg.att);
         if (sub === undefined) return;
-        this.deliver(sub, msg.entries);
+        this.deliver(sub, msg.entries, true);
         if (!sub.isReady) {
           sub.isReady = true;
           sub.resolveReady();
@@ -510,10 +554,11 @@ export class PvwireClient {
         this.checkSeq(msg.seq);
         for (const g of msg.groups) {
           const sub = this.byAtt.get(g.att);
-          if (sub !== undefined) this.deliver(sub, g.entries);
+          if (sub !== undefined) this.deliver(sub, g.entries, false);
         }
         return;
       case "DETACHED": {
+        this.answered(msg.req);
         const sub = this.byAtt.get(msg.att);
         this.byAtt.delete(msg.att);
         if (sub !== undefined && msg.req === null) {
@@ -527,6 +572,7 @@ export class PvwireClient {
         return;
       }
       case "ERROR": {
+        this.answered(msg.req);
         const sub = msg.req === null ? undefined : this.pending.get(msg.req);
         if (sub !== undefined && msg.req !== null) {
           this.pending.delete(msg.req);
@@ -542,6 +588,7 @@ export class PvwireClient {
       case "PONG": {
         const p = typeof msg.nonce === "number" ? this.pings.get(msg.nonce) : undefined;
         if (p && typeof msg.nonce === "number") {
+          this.answered(msg.nonce);
           this.pings.delete(msg.nonce);
           p.resolve(performance.now() - p.sent);
         }
@@ -572,6 +619,7 @@ export class PvwireClient {
     const ws = this.ws;
     this.ws = undefined;
     clearTimeout(this.watchdog);
+    this.clearRequestTimers();
     if (ws) {
       silence(ws);
       try { ws.close(CloseCode.NORMAL, err.message.slice(0, 100)); } catch { /* ignore */ }
@@ -584,7 +632,8 @@ export class PvwireClient {
     if (ws !== this.ws) return;
     this.ws = undefined;
     clearTimeout(this.watchdog);
-    for (const p of this.pings.values()) p.resolve(NaN);
+    this.clearRequestTimers();
+    for (const p of this.pings.values()) p.reject(new PvwireError(`connection closed before the PONG: ${code} ${closeName(code)}`));
     this.pings.clear();
     this.pending.clear();
     for (const sub of this.subs) sub.att = undefined;

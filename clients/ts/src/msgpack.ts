@@ -22,8 +22,17 @@ export type ExtDecoder = (type: number, data: Uint8Array) => unknown;
 /** Deepest nesting accepted (values are at most a few levels deep; this bounds the stack). */
 export const MAX_DEPTH = 64;
 
-const utf8 = new TextDecoder("utf-8");
+// fatal: invalid UTF-8 is a malformed message (PROTOCOL.md section 1), not text to repair.
+const utf8 = new TextDecoder("utf-8", { fatal: true });
 const utf8enc = new TextEncoder();
+
+function decodeUtf8(bytes: Uint8Array): string {
+  try {
+    return utf8.decode(bytes);
+  } catch {
+    throw new MsgpackError("MessagePack str is not valid UTF-8");
+  }
+}
 
 class Reader {
   pos = 0;
@@ -54,12 +63,12 @@ class Reader {
       let s = "";
       for (let i = p; i < p + n; i++) {
         const c = b[i]!;
-        if (c >= 0x80) return utf8.decode(b.subarray(p, p + n));
+        if (c >= 0x80) return decodeUtf8(b.subarray(p, p + n));
         s += String.fromCharCode(c);
       }
       return s;
     }
-    return utf8.decode(b.subarray(p, p + n));
+    return decodeUtf8(b.subarray(p, p + n));
   }
 
   array(n: number, depth: number): unknown[] {
@@ -73,8 +82,9 @@ class Reader {
     if (2 * n > this.bytes.length - this.pos) throw new MsgpackError(`map of ${n} pairs cannot fit in ${this.bytes.length - this.pos} bytes`);
     const out: Record<string, unknown> = {};
     for (let i = 0; i < n; i++) {
-      const k = this.value(depth);
-      const key = typeof k === "string" ? k : String(k);
+      const key = this.value(depth);
+      // Every map of the protocol has string keys (section 5; structures in section 4).
+      if (typeof key !== "string") throw new MsgpackError(`map key must be a string, got ${typeof key}`);
       const v = this.value(depth);
       if (key === "__proto__") Object.defineProperty(out, key, { value: v, enumerable: true, writable: true, configurable: true });
       else out[key] = v;

@@ -67,7 +67,7 @@ export type ServerMessage =
   | { kind: "DETACHED"; req: number | null; att: number }
   | { kind: "ERROR"; req: number | null; code: number; message: string }
   | { kind: "HEARTBEAT" }
-  | { kind: "PONG"; nonce: unknown };
+  | { kind: "PONG"; nonce: number | bigint | string };
 
 export type ClientMessage =
   | { kind: "ATTACH"; req: number; token: string }
@@ -206,7 +206,7 @@ export function decodeServerMessage(bytes: Uint8Array): ServerMessage | null {
       minLength(a, 3, "DATA");
       const groups = arr(a[2], "DATA groups").map((g, i): Group => {
         const pair = arr(g, `DATA groups[${i}]`);
-        minLength(pair, 2, `DATA groups[${i}]`);
+        if (pair.length !== 2) fail(`DATA groups[${i}] must be [att, entries]`, pair);
         return { att: uint(pair[0], `DATA groups[${i}] att`), entries: entries(pair[1], `DATA groups[${i}] entries`) };
       });
       return { kind: "DATA", seq: uint(a[1], "DATA seq"), groups };
@@ -221,11 +221,15 @@ export function decodeServerMessage(bytes: Uint8Array): ServerMessage | null {
       return { kind: "HEARTBEAT" };
     case Kind.PONG:
       minLength(a, 2, "PONG");
-      return { kind: "PONG", nonce: a[1] };
+      return { kind: "PONG", nonce: nonce(a[1]) };
     default:
-      if (kind >= 16) fail("kind 16-31 travel client to server only", kind);
-      return null;
+      return null; // section 1: a kind this client does not know is ignored, whatever its number
   }
+}
+
+function nonce(v: unknown): number | bigint | string {
+  if ((typeof v === "number" && Number.isInteger(v)) || typeof v === "bigint" || typeof v === "string") return v;
+  return fail("PONG nonce must be an integer or a string", v);
 }
 
 export function encodeClientMessage(m: ClientMessage): Uint8Array {

@@ -185,6 +185,53 @@ describe("PvwireClient with a fake server", () => {
     expect(sub.closed).toBe(false);
   });
 
+  it("closes with 1002 PROTOCOL_ERROR after a malformed message, then reconnects", async () => {
+    let first = true;
+    const closes: number[] = [];
+    const s = await fakeServer((ws, msg, ctx) => {
+      standardAttach(ws, msg, ctx);
+      if (first) {
+        first = false;
+        ws.on("close", (code) => closes.push(code));
+        ws.send(encode([3, 3, [[1, [[0, 33, 1.5, 9]]]]])); // reserved mask bit
+      }
+    });
+    const c = client(s);
+    const errors: Error[] = [];
+    c.on("error", (e) => errors.push(e));
+    c.subscribe(["A"], () => undefined);
+    await until(() => s.connections >= 2 && closes.length === 1);
+    expect(closes).toEqual([1002]);
+    expect(errors[0]?.message).toMatch(/unknown bits/);
+  });
+
+  it("closes with 4000 when an ATTACH gets no answer within requestTimeoutMs, then reconnects", async () => {
+    let first = true;
+    const closes: number[] = [];
+    const s = await fakeServer((ws, msg, ctx) => {
+      if (first) {
+        first = false; // swallow the first ATTACH
+        ws.on("close", (code) => closes.push(code));
+        return;
+      }
+      standardAttach(ws, msg, ctx);
+    });
+    const c = client(s, { requestTimeoutMs: 200 });
+    const sub = c.subscribe(["A"], () => undefined);
+    await sub.ready;
+    await until(() => closes.length === 1);
+    expect(closes).toEqual([4000]);
+    expect(s.connections).toBe(2);
+  });
+
+  it("rejects a ping without PONG within requestTimeoutMs", async () => {
+    const s = await fakeServer(standardAttach);
+    const c = client(s, { requestTimeoutMs: 200 });
+    const sub = c.subscribe(["A"], () => undefined);
+    await sub.ready;
+    await expect(c.ping()).rejects.toThrow(/before the PONG/); // the fake server never answers PING
+  });
+
   it("reconnects on a sequence gap", async () => {
     let first = true;
     const s = await fakeServer((ws, msg, ctx) => {

@@ -3,6 +3,7 @@
 Prints one JSON line `{"url": ..., "prefix": ..., ...}` when both are ready, then reads commands
 from stdin, one per line, and answers each with one JSON line:
   kill-ioc | start-ioc | restart-server | stop-server | start-server
+  kill-server (SIGKILL, then a new server on the same port) | freeze-ioc (SIGSTOP) | resume-ioc
 At EOF on stdin (the test process ended, even by a crash) everything is torn down.
 PVWIRE_SERVER_CMD (default `-m pvwire.cli`) replaces the server's module/script, for debugging.
 PVWIRE_STACK_DB, when set, names a .db file the IOC serves instead of the demo (prefix "").
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,12 +111,19 @@ class Server:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()  # graceful: the server closes streams with 1001 GOING_AWAY
+        proc.terminate()  # graceful: the server closes streams with 1012 RESTART
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+    def kill(self) -> None:
+        """SIGKILL: no close frames, as a crash or an OOM kill."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait(10)
 
     def tail(self) -> str:
         try:
@@ -160,6 +169,14 @@ def main() -> None:
                     server.stop()
                 elif cmd == "start-server":
                     server.start()
+                elif cmd == "kill-server":
+                    server.kill()
+                    server.start()
+                elif cmd in ("freeze-ioc", "resume-ioc"):
+                    pid = ioc.pid()
+                    if pid is None:
+                        raise RuntimeError("the IOC is not running")
+                    os.kill(pid, signal.SIGSTOP if cmd == "freeze-ioc" else signal.SIGCONT)
                 else:
                     raise ValueError(f"unknown command {cmd!r}")
                 reply({"ok": True, "cmd": cmd})
@@ -171,7 +188,7 @@ def main() -> None:
         if server:
             server.stop()
         if ioc:
-            ioc.stop()
+            ioc.stop()  # SIGKILL, which also ends a frozen IOC
 
 
 if __name__ == "__main__":

@@ -7,11 +7,15 @@ import { createInterface } from "node:readline";
 export const PYTHON = process.env.PVWIRE_PYTHON ?? join(import.meta.dirname, "../../../.venv/bin/python");
 const ROOT = join(import.meta.dirname, "../../..");
 
+export type StackCommand =
+  | "kill-ioc" | "start-ioc" | "restart-server" | "stop-server" | "start-server"
+  | "kill-server" | "freeze-ioc" | "resume-ioc";
+
 export interface Stack {
   url: string;
   prefix: string;
   log: string;
-  command(cmd: "kill-ioc" | "start-ioc" | "restart-server" | "stop-server" | "start-server"): Promise<void>;
+  command(cmd: StackCommand): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -22,9 +26,11 @@ export function stackUnavailable(): string | undefined {
   return undefined;
 }
 
-export async function startStack(extraServerArgs: string[] = []): Promise<Stack> {
+/** `env` is added to the launcher's environment, which the IOC and the server inherit. */
+export async function startStack(extraServerArgs: string[] = [], env: Record<string, string> = {}): Promise<Stack> {
   const proc: ChildProcessWithoutNullStreams = spawn(PYTHON, [join(import.meta.dirname, "launch_stack.py"), ...extraServerArgs], {
     cwd: ROOT,
+    env: { ...process.env, ...env },
     stdio: ["pipe", "pipe", "pipe"],
   });
   let stderr = "";

@@ -120,7 +120,7 @@ describe("message validation", () => {
   it("ignores unknown server kinds and extra trailing elements", () => {
     expect(decodeServerMessage(frame([9, "future"]))).toBeNull();
     expect(decodeServerMessage(frame([6, "extra"]))).toEqual({ kind: "HEARTBEAT" });
-    expect(() => decodeServerMessage(frame([16, 1, "tok"]))).toThrow(/client to server/);
+    expect(decodeServerMessage(frame([16, 1, "tok"]))).toBeNull(); // section 1: any unknown kind, even a client one
   });
 });
 
@@ -194,6 +194,16 @@ describe("connection states", () => {
     expect(found.connection).toBe("NOT_FOUND");
     const [later] = applyEntry(found, { sid: 0, mask: 16, state: 99, reason: "" });
     expect(later.connection).toBe("DISCONNECTED");
+  });
+  it("takes a snapshot's serial as a new baseline, not as conflation (reconnect, other replica)", () => {
+    let s = initialState("ca://X", 0);
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 1, serial: 5 }, true);
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 2, serial: 7 }, false);
+    expect(s).toMatchObject({ serial: 7, conflated: 1, conflatedTotal: 1 });
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 3, serial: 500 }, true);
+    expect(s).toMatchObject({ serial: 500, conflated: 0, conflatedTotal: 1 });
+    [s] = applyEntry(s, { sid: 0, mask: 1, value: 4, serial: 503 }, false);
+    expect(s).toMatchObject({ serial: 503, conflated: 2, conflatedTotal: 3 });
   });
 });
 

@@ -3,7 +3,7 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { decodeServerMessage, encodeClientMessage, NdArray, type ClientMessage, type Entry, type ServerMessage } from "../src/index.js";
+import { decodeServerMessage, encodeClientMessage, NdArray, ProtocolError, type ClientMessage, type Entry, type ServerMessage } from "../src/index.js";
 
 export const VECTORS = join(import.meta.dirname, "../../../protocol/vectors");
 
@@ -57,13 +57,30 @@ function asMeaning(m: ServerMessage): unknown {
 
 const files = readdirSync(VECTORS).filter((f) => f.endsWith(".json")).sort();
 
+interface Meaning {
+  name: string;
+  direction: "server" | "client";
+  /** Absent means "decode" (protocol/vectors/README.md). */
+  expect?: "decode" | "accept" | "ignore" | "reject";
+  message: Record<string, unknown>;
+}
+
 describe("golden vectors", () => {
   it("exist", () => expect(files.length).toBeGreaterThan(20));
 
   for (const file of files) {
-    const meaning = parseExact(readFileSync(join(VECTORS, file), "utf8")) as { name: string; direction: string; message: Record<string, unknown> };
+    const meaning = parseExact(readFileSync(join(VECTORS, file), "utf8")) as Meaning;
     const bin = new Uint8Array(readFileSync(join(VECTORS, file.replace(/\.json$/, ".bin"))));
-    if (meaning.direction === "server") {
+    const expected = meaning.expect ?? "decode";
+    if (meaning.direction === "server" && expected === "reject") {
+      it(`rejects ${meaning.name}`, () => {
+        expect(() => decodeServerMessage(bin)).toThrow(ProtocolError);
+      });
+    } else if (meaning.direction === "server" && expected === "ignore") {
+      it(`ignores ${meaning.name}`, () => {
+        expect(decodeServerMessage(bin)).toBeNull();
+      });
+    } else if (meaning.direction === "server") {
       it(`decodes ${meaning.name}`, () => {
         const m = decodeServerMessage(bin);
         expect(m).not.toBeNull();
@@ -74,10 +91,11 @@ describe("golden vectors", () => {
         shifted.set(bin, 1);
         expect(asMeaning(decodeServerMessage(shifted.subarray(1))!)).toEqual(expectedValue(meaning.message));
       });
-    } else {
+    } else if (expected === "decode") {
       it(`encodes ${meaning.name}`, () => {
         expect(Buffer.from(encodeClientMessage(meaning.message as unknown as ClientMessage)).toString("hex")).toBe(Buffer.from(bin).toString("hex"));
       });
     }
+    // Client-to-server "accept" and "reject" vectors concern the server's decoder (tests/test_vectors.py).
   }
 });

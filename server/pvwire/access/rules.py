@@ -16,10 +16,11 @@ access = "WRITE"
 
 A rule's `channels` match a channel id without its field (`ca://BL01:M1:SP.PROC` is matched as
 `ca://BL01:M1:SP`), so a rule that hides a record hides its fields too. A WRITE rule grants writes
-to the record's value only; a write to any other field (`.PROC`, `.DISA`, `.SCAN`...) needs the rule
-to list that field in `fields` (or `"*"`), else that rule grants READ. Empty `users`, `groups` and
-`hosts` match everyone. `--write-rule GLOB` flags are a shorthand for WRITE rules for everyone,
-placed after the file's rules.
+to the record's value only; a write to any other field (`.PROC`, `.DISA`, `.SCAN`...) needs a rule
+that lists the field in `fields` (or `"*"`), or a glob naming the field (`ca://BL01:*.PROC`). A
+WRITE rule that matches the record but not the field makes it readable, and a later WRITE rule
+naming the field may still grant it. Empty `users`, `groups` and `hosts` match everyone.
+`--write-rule GLOB` flags are a shorthand for WRITE rules for everyone, after the file's rules.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ log = logging.getLogger("pvwire.access")
 
 # An EPICS field name after the last dot: VAL, PROC, DISA, HIHI, VAL$ (long string form).
 _FIELD = re.compile(r"^(?P<base>.+)\.(?P<field>[A-Z][A-Z0-9]{0,3})\$?$")
+# A glob that names a field itself: `ca://BL01:*.PROC`, `ca://X.[PD]*` (not `ca://X:*`).
+_FIELD_GLOB = re.compile(r"\.[A-Z0-9*?\[\]]{1,8}$")
 
 
 class Access(enum.IntEnum):
@@ -72,14 +75,20 @@ class Rule:
     hosts: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()  # client networks
     fields: frozenset[str] = frozenset()  # field writes this rule grants; "*" = all
 
-    def matches(self, identity: Identity, base_id: str) -> bool:
+    def matches(self, identity: Identity, base_id: str, full_id: str) -> tuple[bool, bool]:
+        """(whether the rule applies, whether a glob named the field itself: a glob such as
+        `ca://BL01:*.PROC` matches the field's id and grants writes to that field)."""
         if self.users and identity.user not in self.users:
-            return False
+            return False, False
         if self.groups and not self.groups & identity.groups:
-            return False
+            return False, False
         if self.hosts and not _in_networks(identity.address, self.hosts):
-            return False
-        return any(fnmatch.fnmatchcase(base_id, glob) for glob in self.channels)
+            return False, False
+        if full_id != base_id and any(
+            _FIELD_GLOB.search(g) and fnmatch.fnmatchcase(full_id, g) for g in self.channels
+        ):
+            return True, True
+        return any(fnmatch.fnmatchcase(base_id, g) for g in self.channels), False
 
 
 class AccessRules:
@@ -90,11 +99,21 @@ class AccessRules:
     def access(self, identity: Identity, channel_id: str) -> Access:
         """What `identity` may do with `channel_id` (a canonical id, maybe with a field)."""
         base, field = split_field(channel_id)
+        capped: Access | None = None  # a WRITE rule matched the record but not this field
         for rule in self.rules:
-            if rule.matches(identity, base):
-                if rule.access == Access.WRITE and field and not _grants_field(rule, field):
-                    return Access.READ
+            applies, names_field = rule.matches(identity, base, channel_id)
+            if not applies:
+                continue
+            grants = rule.access == Access.WRITE and (names_field or _grants_field(rule, field))
+            if capped is None:
+                if rule.access == Access.WRITE and field and not grants:
+                    capped = Access.READ  # readable; a later rule may still grant the field
+                    continue
                 return rule.access
+            if grants:
+                return Access.WRITE
+        if capped is not None:
+            return capped
         if self.default == Access.WRITE and field:
             return Access.READ  # a default never grants field writes
         return self.default

@@ -28,6 +28,7 @@ from ..core.hub import Hub
 from ..core.stats import HubSnapshot
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
+from ..logs import LoggingSchema
 from ..model import ConnState as ModelConnState
 from ..model import Limits as ModelLimits
 from ..model import Metadata as ModelMetadata
@@ -536,7 +537,7 @@ class Mutation:
 
 def make_schema(max_depth: int, max_cost: int = 25_000) -> strawberry.Schema:
     cost = type("BoundedQueryCost", (QueryCost,), {"limit": max_cost})
-    return strawberry.Schema(
+    return LoggingSchema(
         query=Query,
         mutation=Mutation,
         extensions=[

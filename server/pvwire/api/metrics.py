@@ -18,6 +18,16 @@ def render_metrics(s: HubSnapshot, clients: int, channels: int) -> str:
 
     metric("clients", "gauge", "Connected stream clients.", [("", clients)])
     metric("channels", "gauge", "Open upstream channels.", [("", channels)])
+    metric(
+        "upstream_channels",
+        "gauge",
+        "Channels held open by the upstream libraries, by scheme and state.",
+        [
+            (f'{{scheme="{scheme}",state="{state}"}}', n)
+            for scheme, counts in s.upstream_channels.items()
+            for state, n in sorted(counts.items())
+        ],
+    )
     metric("views", "gauge", "Distinct subscriptions being served.", [("", s.views)])
     metric(
         "updates_received_total",

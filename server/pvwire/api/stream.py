@@ -19,6 +19,7 @@ from .. import __version__
 from ..access.identity import Authenticator
 from ..core.hub import Hub
 from ..wire import codec as wire
+from ..wire.codes import INTERNAL, NORMAL, POLICY, RESTART, TRY_AGAIN, UNSUPPORTED
 from ..wire.session import Session, SessionLimits
 
 __all__ = ["SUBPROTOCOL", "serve_stream"]
@@ -26,11 +27,13 @@ __all__ = ["SUBPROTOCOL", "serve_stream"]
 log = logging.getLogger("pvwire.stream")
 
 SUBPROTOCOL = "pvwire.v1"
-POLICY = 1008
-TRY_AGAIN = 1013
-INTERNAL = 1011
-GOING_AWAY = 1001
-CLOSE_TIMEOUT = 5.0  # seconds to deliver a close frame before dropping the connection
+# Seconds to deliver a close frame before dropping the connection. A close the session asked for
+# (4008 SLOW above all) waits behind the frames the client has not read yet: uvicorn writes it only
+# once the socket's buffer drains. Waiting this long lets a client that resumes reading see 4008
+# instead of 1006; the session is released at once, so only the socket is kept meanwhile (uvicorn's
+# keepalive, 20 s ping + 20 s timeout, ends a client that never resumes with 1011 before this).
+CLOSE_TIMEOUT = 60.0
+SHUTDOWN_CLOSE_TIMEOUT = 1.0
 
 _numbers = itertools.count(1)
 
@@ -63,8 +66,18 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         await websocket.close(code, refusal)
         hub.count_close(code)
         return
-    offered = websocket.scope.get("subprotocols") or []
-    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    offered = list(websocket.scope.get("subprotocols") or [])
+    if offered and SUBPROTOCOL not in offered:
+        # A browser fails the handshake (1006, no reason) when the server selects none of the
+        # subprotocols it offered, so select its first offer, then say why with 4406. A client
+        # offering none (older clients, curl, wscat) is served.
+        await websocket.accept(subprotocol=offered[0])
+        await websocket.close(
+            UNSUPPORTED, f"this server speaks {SUBPROTOCOL}; offered {offered}"[:123]
+        )
+        hub.count_close(UNSUPPORTED)
+        return
+    await websocket.accept(subprotocol=SUBPROTOCOL if offered else None)
 
     wake = asyncio.Event()
     closing = asyncio.Event()
@@ -88,13 +101,16 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
     reader = asyncio.create_task(_read(websocket, session))
     writer = asyncio.create_task(_write(websocket, session, wake))
     closer = asyncio.create_task(closing.wait())
-    code = 1000
+    code = NORMAL
     try:
         await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
         if session.close_request:
             code, reason = session.close_request
             writer.cancel()
             reader.cancel()
+            # Nothing more is queued after the close frame: release the attachments now rather
+            # than after the close frame got through (CLOSE_TIMEOUT).
+            hub.remove_session(session)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(websocket.close(code, reason), CLOSE_TIMEOUT)
         elif reader.done() and (exc := reader.exception()) is not None:
@@ -107,10 +123,14 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         else:
             code = 1006  # the writer lost the connection
     except asyncio.CancelledError:
-        # Server shutting down: tell the client to come back (maybe to another replica).
-        code = GOING_AWAY
+        # Server shutting down. On SIGTERM uvicorn has already closed every WebSocket with 1012
+        # (its own shutdown, before the application's tasks are cancelled); this covers other
+        # cancellations with the same code, so clients come back (maybe to another replica).
+        code = RESTART
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(websocket.close(GOING_AWAY, "server shutting down"), 1.0)
+            await asyncio.wait_for(
+                websocket.close(RESTART, "server shutting down"), SHUTDOWN_CLOSE_TIMEOUT
+            )
         raise
     finally:
         for task in (reader, writer, closer):

@@ -11,12 +11,14 @@ import fnmatch
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..access.audit import AuditLog
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
 from ..access.rules import Access, RulesFile, split_field
+from ..config import CatalogueFile
 from ..errors import Forbidden, PvwireError, RateLimited, WriteDenied
 from ..model import ConnState, Reading
 from .registry import Registry
@@ -43,6 +45,29 @@ class Control:
         self._audit = audit
         self._puts = puts
         self.stats = ControlStats()
+        path = registry.settings.catalogue_file
+        self.catalogue_file = CatalogueFile(Path(path)) if path else None
+        self._file_ids: frozenset[str] = frozenset()  # the file's ids, resolved once per load
+        self.poll_catalogue()
+
+    def poll_catalogue(self) -> None:
+        """Take in the catalogue file's new contents, if it changed (called every second)."""
+        if self.catalogue_file is None or not self.catalogue_file.poll():
+            return
+        resolved, bad = set(), []
+        for cid in self.catalogue_file.ids:
+            try:
+                resolved.add(self._registry.resolve(cid)[0])
+            except PvwireError:
+                bad.append(cid)
+        if bad:
+            log.warning(
+                "catalogue file %s: left out %d entries that are not valid channel ids: %s",
+                self.catalogue_file.path,
+                len(bad),
+                ", ".join(repr(b) for b in bad[:5]) + (" ..." if len(bad) > 5 else ""),
+            )
+        self._file_ids = frozenset(resolved)
 
     def access(self, identity: Identity, canonical_id: str) -> Access:
         return self.rules.rules.access(identity, canonical_id)
@@ -118,7 +143,7 @@ class Control:
         """Glob over the catalogue, active channels and sim kinds, minus what `identity` may not
         read; a pattern without a scheme also matches names under any scheme."""
         registry = self._registry
-        candidates: set[str] = set(registry.channels)
+        candidates: set[str] = set(registry.channels) | self._file_ids
         for cid in registry.settings.catalogue:
             try:
                 candidates.add(registry.resolve(cid)[0])

@@ -181,6 +181,7 @@ class Hub:
                     session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
             self.registry.check_not_found(now)
             self.reload_rules()
+            self.control.poll_catalogue()
             counts = {cid: ch.updates for cid, ch in self.registry.channels.items()}
             self._rates = {cid: n - self._last_counts.get(cid, n) for cid, n in counts.items()}
             self._last_counts = counts
@@ -239,6 +240,10 @@ class Hub:
             queued_bytes=sum(c.queued_bytes for c in clients),
             clients=clients if detail else (),
             channels=upstream if detail else (),
+            upstream_channels={
+                scheme: backend.channel_counts()
+                for scheme, backend in sorted(self.registry.backends.items())
+            },
         )
 
 

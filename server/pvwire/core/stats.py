@@ -52,3 +52,5 @@ class HubSnapshot:
     queued_bytes: int
     clients: tuple[ClientSnapshot, ...]
     channels: tuple[ChannelSnapshot, ...]
+    # Channels the upstream libraries hold open, by scheme then state (e.g. ca: searching).
+    upstream_channels: dict[str, dict[str, int]]

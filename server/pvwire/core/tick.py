@@ -21,16 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
+from ..wire.codes import INTERNAL as INTERNAL_ERROR
 from ..wire.session import Session
 from .channel import Channel
 from .view import View
 
-__all__ = ["TICK_BUCKETS_MS", "TickStats", "Ticker"]
+__all__ = ["INTERNAL_ERROR", "TICK_BUCKETS_MS", "TickStats", "Ticker"]
 
 log = logging.getLogger("pvwire.tick")
 
 TICK_BUCKETS_MS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 500.0)
-INTERNAL_ERROR = 1011  # RFC 6455: the server met an unexpected condition
 
 
 @dataclass

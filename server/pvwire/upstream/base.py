@@ -85,6 +85,11 @@ class Backend(ABC):
         PutRejected.
         """
 
+    def channel_counts(self) -> dict[str, int]:
+        """Upstream channels this backend holds open, by state (e.g. `searching`, `connected`),
+        for `/metrics`. Default: none to report."""
+        return {}
+
     def names(self) -> Iterable[str]:
         """Names this backend can list for search (e.g. sim kinds). Default: none."""
         return ()

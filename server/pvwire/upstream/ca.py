@@ -5,29 +5,32 @@ Each monitored channel holds two CA subscriptions on the same channel: one for v
 change of EGU, limits or enum labels reaches clients without re-sending values. DESC is not part
 of any DBR type, so it is read once per connection from `NAME.DESC`.
 
-aioca calls plain (non-async) callbacks directly on the event loop thread, batched per loop
-iteration, so the value callback does O(1) work and creates no task or future.
+Channels are pvwire's own (ca_channel.py, on aioca's libca context and DBR conversion): callbacks
+run directly on the event loop thread, batched per loop iteration, so the value callback does O(1)
+work and creates no task or future. A monitor clears and re-creates its channel shortly after a
+disconnect, so it comes back on libca's fast search timer instead of its 10 s disconnect
+governor; gets and puts of unmonitored names borrow a channel from a small pool that clears it
+after use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
+from collections import OrderedDict
 from typing import Any
 
 from aioca import (
+    DBE_ALARM,
     DBE_PROPERTY,
+    DBE_VALUE,
     DBR_CHAR_STR,
     FORMAT_CTRL,
+    FORMAT_RAW,
     FORMAT_TIME,
     CANothing,
-    caget,
-    cainfo,
-    camonitor,
-    caput,
-    connect,
-    purge_channel_caches,
 )
 from epicscorelibs.ca import cadef
 
@@ -40,6 +43,7 @@ from ..errors import (
 )
 from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
+from .ca_channel import CaChannel, CaSubscription, GetChannelPool, channel_counts
 from .convert import coerce_put_value
 from .values import CallbackGuard, long_string, wire_value
 
@@ -65,6 +69,22 @@ ECA_NOWTACCESS = 376
 # How long a monitor waits for NAME.DESC before it publishes metadata without a description:
 # DESC lives on the same IOC, so it normally answers within milliseconds.
 DESC_TIMEOUT = 2.0
+
+# Re-creating a monitor's channel after a disconnect. A new channel searches at once and then
+# backs off (gaps doubling from ~30 ms), so one re-creation finds an IOC that is back within
+# ~1 s but not one that takes longer: measured, a channel created 3 / 10 / 25 s before the IOC
+# was ready connected 5.6 / 8.5 / 4.0 s after it. So while the channel stays disconnected it is
+# renewed every RENEW_PERIOD (the longest search gap stays ~1 s) for RENEW_FAST_FOR seconds,
+# then every RENEW_SLOW_PERIOD, which bounds the search traffic of an IOC that is gone for good.
+RECREATE_AFTER = 0.1
+RENEW_PERIOD = 2.0
+RENEW_FAST_FOR = 300.0
+RENEW_SLOW_PERIOD = 30.0
+# A channel that connects and drops again within this time waits RENEW_PERIOD, not
+# RECREATE_AFTER, before it is re-created: a flapping server cannot make it spin.
+FLAP_WINDOW = 10.0
+# Enum labels kept for puts by label, per name (least recently used dropped beyond this).
+MAX_ENUM_CHOICES = 4096
 
 _STATUS_NAMES = ALARM_STATUS_NAMES
 _N_STATUS = len(_STATUS_NAMES)
@@ -147,6 +167,7 @@ class CaMonitor:
     """One monitored CA channel: value + property subscriptions, DESC read once per connect."""
 
     __slots__ = (
+        "_chan",
         "_closed",
         "_connected",
         "_convert",
@@ -154,11 +175,14 @@ class CaMonitor:
         "_desc",
         "_desc_state",
         "_desc_task",
+        "_down_at",
         "_dropped_seen",
         "_guard",
         "_meta",
         "_name",
         "_pending",
+        "_pool",
+        "_renew",
         "_sink",
         "_subs",
         "_uri",
@@ -167,8 +191,9 @@ class CaMonitor:
     # _desc_state values: DESC not asked yet, being read, known (or given up on).
     _DESC_NONE, _DESC_BUSY, _DESC_DONE = 0, 1, 2
 
-    def __init__(self, name: str, sink: ChannelSink) -> None:
+    def __init__(self, name: str, sink: ChannelSink, pool: GetChannelPool) -> None:
         self._name = name
+        self._pool = pool
         self._uri = f"ca://{name}"
         self._sink = sink
         self._closed = False
@@ -181,36 +206,77 @@ class CaMonitor:
         self._desc_task: asyncio.Task[None] | None = None
         # A value that arrived before the metadata was complete; delivered once it is.
         self._pending: Any = None
-        self._dropped_seen = 0  # aioca's merged-update count already folded into a serial
+        self._dropped_seen = 0  # merged-update count already folded into a serial
         self._convert = _converter(name)
         self._guard = CallbackGuard(self._uri, sink)
-        self._subs = [
-            camonitor(
-                name,
-                self._on_value,
-                format=FORMAT_TIME,
-                notify_disconnect=True,
-            ),
-            # count=1: property events must not drag a whole waveform along with them.
-            camonitor(
-                name,
-                self._on_ctrl,
-                events=DBE_PROPERTY,
-                format=FORMAT_CTRL,
-                count=1,
-            ),
-        ]
+        self._subs: list[CaSubscription] = []
+        self._renew: asyncio.TimerHandle | None = None
+        self._down_at = -FLAP_WINDOW  # loop time of the last disconnect
+        self._chan = CaChannel(name, self._on_channel)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for sub in self._subs:
-            sub.close()
+        self._drop_subscriptions()
+        if self._renew is not None:
+            self._renew.cancel()
+            self._renew = None
+        self._chan.close()
         if self._desc_task is not None:
             self._desc_task.cancel()
             self._desc_task = None
         self._pending = None
+
+    # -- channel lifecycle (event loop thread) ---------------------------------------------------
+
+    def _on_channel(self, up: bool) -> None:
+        if self._closed:
+            return
+        if up:
+            if self._renew is not None:
+                self._renew.cancel()
+                self._renew = None
+            self._drop_subscriptions()
+            self._dropped_seen = 0
+            chan = self._chan
+            self._subs = [
+                chan.subscribe(self._on_value, DBE_VALUE | DBE_ALARM, FORMAT_TIME, 0),
+                # count=1: property events must not drag a whole waveform along with them.
+                chan.subscribe(self._on_ctrl, DBE_PROPERTY, FORMAT_CTRL, 1),
+            ]
+            return
+        self._drop_subscriptions()
+        self._on_value(CANothing(self._name, cadef.ECA_DISCONN))
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        flapping = now - self._down_at < FLAP_WINDOW
+        self._down_at = now
+        # Clear now: the old channel would otherwise reconnect by itself, up to 10 s late.
+        self._chan.close()
+        self._chan = CaChannel(self._name, self._on_channel)
+        self._schedule_renew(RENEW_PERIOD if flapping else RECREATE_AFTER)
+
+    def _schedule_renew(self, delay: float) -> None:
+        if self._renew is not None:
+            self._renew.cancel()
+        # Jitter: the channels of one IOC that went away must not renew in lockstep.
+        delay *= random.uniform(0.8, 1.2)
+        self._renew = asyncio.get_running_loop().call_later(delay, self._renew_channel)
+
+    def _renew_channel(self) -> None:
+        self._renew = None
+        if self._closed or self._chan.connected:
+            return
+        self._chan.close()
+        self._chan = CaChannel(self._name, self._on_channel)
+        down_for = asyncio.get_running_loop().time() - self._down_at
+        self._schedule_renew(RENEW_PERIOD if down_for < RENEW_FAST_FOR else RENEW_SLOW_PERIOD)
+
+    def _drop_subscriptions(self) -> None:
+        for sub in self._subs:
+            sub.close()
+        self._subs = []
 
     # -- aioca callbacks (event loop thread) ---------------------------------------------------
 
@@ -284,7 +350,7 @@ class CaMonitor:
 
     async def _read_desc(self) -> None:
         try:
-            desc = await caget(self._name + ".DESC", timeout=DESC_TIMEOUT)
+            desc = await self._pool.read(self._name + ".DESC", FORMAT_RAW, DESC_TIMEOUT)
             self._desc = str(desc)
         except asyncio.CancelledError:
             raise
@@ -325,45 +391,62 @@ class CaMonitor:
 
 
 class CaBackend(Backend):
-    """`ca://` channels through aioca. One process-wide libca context (aioca's)."""
+    """`ca://` channels on pvwire's own libca channels (aioca's context and DBR conversion)."""
 
     scheme = "ca"
 
     def __init__(self) -> None:
         # Enum labels per channel name, for puts by label; refreshed when a label is not found.
-        self._choices: dict[str, tuple[str, ...]] = {}
+        # Bounded: puts to ever new names must not grow it without end.
+        self._choices: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._pool = GetChannelPool()
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
-        return CaMonitor(name, sink)
+        return CaMonitor(name, sink, self._pool)
 
-    async def _connect(self, name: str, timeout: float) -> float:
+    def channel_counts(self) -> dict[str, int]:
+        return channel_counts()
+
+    def _remember_choices(self, name: str, choices: tuple[str, ...]) -> None:
+        self._choices[name] = choices
+        self._choices.move_to_end(name)
+        while len(self._choices) > MAX_ENUM_CHOICES:
+            self._choices.popitem(last=False)
+
+    @staticmethod
+    async def _connect(chan: CaChannel, timeout: float) -> float:
         """Wait for the channel; return the time left of `timeout`."""
         deadline = time.monotonic() + timeout
-        try:
-            await connect(name, timeout=timeout)
-        except CANothing:
-            raise ChannelNotFound(f"ca://{name}: no server answered within {timeout:g} s") from None
+        if not await chan.wait_connected(timeout):
+            raise ChannelNotFound(f"ca://{chan.name}: no server answered within {timeout:g} s")
         return max(deadline - time.monotonic(), 0.001)
 
     async def get(self, name: str, timeout: float) -> Reading:
-        left = await self._connect(name, timeout)
-        info = await cainfo(name, timeout=left)
-        aws: list[Any] = [
-            caget(name, format=FORMAT_TIME, timeout=left),
-            caget(name, format=FORMAT_CTRL, count=1, timeout=left),
-        ]
-        if not _has_field(name):
-            aws.append(caget(name + ".DESC", timeout=left, throw=False))
-        try:
-            results = await asyncio.gather(*aws)
-        except CANothing as e:
-            raise ChannelTimeout(f"ca://{name}: get did not complete: {e}") from None
-        value, ctrl = results[0], results[1]
-        meta = _meta_from_ctrl(ctrl, info.datatype, info.count, bool(info.write), name)
-        if len(results) > 2 and not isinstance(results[2], CANothing):
+        async with self._pool.borrow(name) as chan:
+            left = await self._connect(chan, timeout)
+            try:
+                field_type, count, writable = chan.field_type, chan.element_count, chan.writable
+            except cadef.Disconnected:
+                raise ChannelTimeout(f"ca://{name}: disconnected during the get") from None
+            aws: list[Any] = [
+                chan.get(None, FORMAT_TIME, 0, left),
+                chan.get(None, FORMAT_CTRL, 1, left),
+            ]
+            if not _has_field(name):
+                aws.append(self._pool.read(name + ".DESC", FORMAT_RAW, left))
+            results = await asyncio.gather(*aws, return_exceptions=True)
+        for r in results[:2]:
+            if isinstance(r, CANothing | cadef.Disconnected):
+                raise ChannelTimeout(f"ca://{name}: get did not complete: {r}") from None
+            if isinstance(r, BaseException):
+                raise r
+        value: Any = results[0]
+        ctrl: Any = results[1]
+        meta = _meta_from_ctrl(ctrl, field_type, count, writable, name)
+        if len(results) > 2 and not isinstance(results[2], BaseException):
             meta = meta.replace(description=str(results[2]))
-        if info.datatype == DBF_ENUM and info.count == 1:
-            self._choices[name] = meta.choices or ()
+        if field_type == DBF_ENUM and count == 1:
+            self._remember_choices(name, meta.choices or ())
         secs, nsec = value.raw_stamp
         return Reading(
             value=_converter(name)(value),
@@ -375,59 +458,66 @@ class CaBackend(Backend):
             meta=meta,
         )
 
-    async def _enum_choices(self, name: str, refresh: bool, timeout: float) -> tuple[str, ...]:
+    async def _enum_choices(
+        self, chan: CaChannel, refresh: bool, timeout: float
+    ) -> tuple[str, ...]:
+        name = chan.name
         choices = self._choices.get(name)
         if choices is None or refresh:
             try:
-                ctrl = await caget(name, format=FORMAT_CTRL, timeout=timeout)
+                ctrl = await chan.get(None, FORMAT_CTRL, 0, timeout)
             except CANothing as e:
                 raise ChannelTimeout(f"ca://{name}: reading enum labels failed: {e}") from None
             choices = tuple(getattr(ctrl, "enums", ()))
-            self._choices[name] = choices
+            self._remember_choices(name, choices)
         return choices
 
     async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         uri = f"ca://{name}"
-        await self._connect(name, timeout)
-        # cainfo on a connected channel is local (no network): always the current type and
-        # access rights, so an IOC reloaded with another record type is handled too.
-        info = await cainfo(name, timeout=max(deadline - time.monotonic(), 0.001))
-        if not info.write:
-            raise ReadOnlyChannel(f"{uri}: the IOC denies write access")
-        type_name = _TYPE_NAMES.get(info.datatype, "string")
-        datatype: int | None = None
-        out: Any
-        if info.datatype == DBF_ENUM and info.count != 1:
-            out = coerce_put_value(uri, value, "uint16", True, None)  # ENUM array: numbers
-        elif info.datatype == DBF_ENUM:
+        async with self._pool.borrow(name) as chan:
+            await self._connect(chan, timeout)
+            # Type and access rights of a connected channel are local (no network): always the
+            # current ones, so an IOC reloaded with another record type is handled too.
+            try:
+                field_type, count, writable = chan.field_type, chan.element_count, chan.writable
+            except cadef.Disconnected:
+                raise ChannelTimeout(f"{uri}: disconnected before the put") from None
+            if not writable:
+                raise ReadOnlyChannel(f"{uri}: the IOC denies write access")
+            type_name = _TYPE_NAMES.get(field_type, "string")
+            datatype: int | None = None
+            out: Any
+            if field_type == DBF_ENUM and count != 1:
+                out = coerce_put_value(uri, value, "uint16", True, None)  # ENUM array: numbers
+            elif field_type == DBF_ENUM:
+                left = max(deadline - time.monotonic(), 0.001)
+                choices = await self._enum_choices(chan, False, left)
+                if isinstance(value, str) and value not in choices:
+                    choices = await self._enum_choices(chan, True, left)
+                out = coerce_put_value(uri, value, "enum", False, choices)
+            elif field_type == DBF_CHAR and name.endswith("$") and isinstance(value, str):
+                # Long string as a char array (the CA `NAME.VAL$` convention).
+                out, datatype = value, DBR_CHAR_STR
+            else:
+                out = coerce_put_value(uri, value, type_name, count != 1, None)
+                if type_name == "string" and count == 1 and len(out.encode()) > 39:
+                    raise TypeMismatch(f"cannot write a string of more than 39 bytes to {uri}")
             left = max(deadline - time.monotonic(), 0.001)
-            choices = await self._enum_choices(name, False, left)
-            if isinstance(value, str) and value not in choices:
-                choices = await self._enum_choices(name, True, left)
-            out = coerce_put_value(uri, value, "enum", False, choices)
-        elif info.datatype == DBF_CHAR and name.endswith("$") and isinstance(value, str):
-            # Long string as a char array (the CA `NAME.VAL$` convention).
-            out, datatype = value, DBR_CHAR_STR
-        else:
-            out = coerce_put_value(uri, value, type_name, info.count != 1, None)
-            if type_name == "string" and info.count == 1 and len(out.encode()) > 39:
-                raise TypeMismatch(f"cannot write a string of more than 39 bytes to {uri}")
-        left = max(deadline - time.monotonic(), 0.001)
-        try:
-            await caput(name, out, datatype=datatype, wait=wait, timeout=left)
-        except CANothing as e:
-            if e.errorcode == cadef.ECA_TIMEOUT:
-                raise ChannelTimeout(f"{uri}: put did not complete within {timeout:g} s") from None
-            if e.errorcode == ECA_NOWTACCESS:
-                raise ReadOnlyChannel(f"{uri}: the IOC denies write access") from None
-            raise PutRejected(f"{uri}: {e}") from None
-        except cadef.CAException as e:
-            if "access" in str(e).lower():
-                raise ReadOnlyChannel(f"{uri}: the IOC denies write access") from None
-            raise PutRejected(f"{uri}: {e}") from None
+            try:
+                await chan.put(out, datatype, wait, left)
+            except CANothing as e:
+                if e.errorcode == cadef.ECA_TIMEOUT:
+                    raise ChannelTimeout(
+                        f"{uri}: put did not complete within {timeout:g} s"
+                    ) from None
+                if e.errorcode == ECA_NOWTACCESS:
+                    raise ReadOnlyChannel(f"{uri}: the IOC denies write access") from None
+                raise PutRejected(f"{uri}: {e}") from None
+            except cadef.CAException as e:
+                if "access" in str(e).lower():
+                    raise ReadOnlyChannel(f"{uri}: the IOC denies write access") from None
+                raise PutRejected(f"{uri}: {e}") from None
 
     async def close(self) -> None:
-        # aioca keeps every channel it ever opened (it has no per-channel close); purging the
-        # caches closes them, so no libca callback targets an event loop that is going away.
-        purge_channel_caches()
+        self._pool.close()

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,9 @@ _META_FIELDS = ("display", "control", "valueAlarm")
 
 # Value decoders, chosen once per connection from the structure's id and value type.
 _SCALAR, _BOOL, _ARRAY, _BOOL_ARRAY, _ENUM, _NDARRAY, _TABLE, _STRUCT, _LONG_STRING = range(9)
+
+# Put types remembered per name (see PvaBackend._types).
+MAX_TYPES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +225,7 @@ class PvaMonitor:
         self._meta: Metadata | None = None
         self._sub: Any = None
         self._guard = CallbackGuard(f"pva://{name}", sink)
+        backend.monitored[name] = backend.monitored.get(name, 0) + 1
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -235,6 +240,12 @@ class PvaMonitor:
         if self._sub is not None:
             self._sub.close()
             self._sub = None
+        backend = self._backend
+        left = backend.monitored.pop(self._name, 1) - 1
+        if left > 0:
+            backend.monitored[self._name] = left
+        else:
+            backend.release(self._name)
 
     async def _on_event(self, v: Any) -> None:
         # p4p awaits this coroutine for every update: the body never awaits and stays O(1).
@@ -323,7 +334,10 @@ class PvaBackend(Backend):
         # Per channel name, what a put needs: its type and enum labels, learned from monitors
         # and gets. A name in here has answered at least once, so a later get timeout means
         # "slow or gone" (ChannelTimeout) rather than "never found" (ChannelNotFound).
-        self._types: dict[str, _PutType] = {}
+        # Bounded (least recently used dropped first): gets of ever new names must not grow it.
+        self._types: OrderedDict[str, _PutType] = OrderedDict()
+        # Open monitors per channel name: their channels must not be released.
+        self.monitored: dict[str, int] = {}
 
     def context(self) -> Context:
         if self._ctx is None:
@@ -332,6 +346,19 @@ class PvaBackend(Backend):
 
     def remember(self, name: str, shape: _Shape, meta: Metadata) -> None:
         self._types[name] = _PutType(shape.type_name, shape.is_array, meta.choices)
+        self._types.move_to_end(name)
+        while len(self._types) > MAX_TYPES:
+            self._types.popitem(last=False)
+
+    def release(self, name: str) -> None:
+        """Close p4p's cached channel for `name` unless a monitor still uses it.
+
+        p4p keeps every channel it opened in its context's cache; without this, gets of names
+        no server has would leave channels searching for the life of the process. Monitors
+        share that channel and `disconnect(name)` closes it under them, hence the count.
+        """
+        if self._ctx is not None and name not in self.monitored:
+            self._ctx.disconnect(name)
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
         return PvaMonitor(self, name, sink)
@@ -347,6 +374,8 @@ class PvaBackend(Backend):
             ) from None
         except RemoteError as e:
             raise ChannelNotFound(f"pva://{name}: {e}") from None
+        finally:
+            self.release(name)
 
     async def get(self, name: str, timeout: float) -> Reading:
         v = await self._get_value(name, timeout)
@@ -395,6 +424,8 @@ class PvaBackend(Backend):
             raise ChannelTimeout(f"{uri}: put did not complete within {timeout:g} s") from None
         except (RemoteError, ValueError, TypeError, KeyError) as e:
             raise _write_error(uri, value, put_type.type_name, e) from None
+        finally:
+            self.release(name)
 
     async def close(self) -> None:
         if self._ctx is not None:

@@ -14,6 +14,7 @@ import logging
 import math
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -406,7 +407,7 @@ class SimBackend(Backend):
     def __init__(self, limits: SimLimits = SimLimits()) -> None:
         self.limits = limits
         self.groups: dict[float, _Group] = {}
-        self.stores: dict[str, _Store] = {}
+        self.stores: OrderedDict[str, _Store] = OrderedDict()
         # The latest periodic channel opened per name, so a get reads what monitors see.
         self.live: dict[str, _Sim] = {}
 
@@ -424,20 +425,19 @@ class SimBackend(Backend):
     def store(self, spec: SimSpec) -> _Store:
         store = self.stores.get(spec.key)
         if store is None:
-            if len(self.stores) >= self.limits.max_stores:
-                self._evict_unwatched()
-            if len(self.stores) >= self.limits.max_stores:
-                raise BadChannelId(
-                    f"sim://{spec.key}: this server keeps at most {self.limits.max_stores} "
-                    "writable sim channels and all of them are watched"
-                )
             store = self.stores[spec.key] = _Store(spec)
+            self._forget_idle_stores()
+        self.stores.move_to_end(spec.key)
         return store
 
-    def _evict_unwatched(self) -> None:
-        """Forget the oldest half of the stores nobody watches (their values are lost)."""
-        unwatched = [key for key, store in self.stores.items() if not store.sinks]
-        for key in unwatched[: max(1, len(self.stores) // 2)]:
+    def _forget_idle_stores(self) -> None:
+        """Puts to ever new names must not grow the process without end: past `max_stores`,
+        the least recently written instances nobody monitors are forgotten."""
+        excess = len(self.stores) - self.limits.max_stores
+        if excess <= 0:
+            return
+        idle = [key for key, store in self.stores.items() if not store.sinks][:excess]
+        for key in idle:
             del self.stores[key]
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
@@ -446,7 +446,8 @@ class SimBackend(Backend):
     async def get(self, name: str, timeout: float) -> Reading:
         spec = parse_sim(name, self.limits)
         if spec.kind in ("value", "string"):
-            store = self.store(spec)
+            # A get keeps nothing: an instance nobody wrote reads as its initial value.
+            store = self.stores.get(spec.key) or _Store(spec)
             return Reading(store.value, store.s, store.ns, meta=store.meta)
         s, ns = _now()
         sim = self.live.get(name)

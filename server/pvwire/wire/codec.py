@@ -290,7 +290,16 @@ def encode_pong(nonce: object) -> bytes:
 
 
 class BadMessage(ValueError):
-    """A client message that breaks PROTOCOL.md; the text is sent back in ERROR 4400."""
+    """A client message that breaks PROTOCOL.md; the text is sent back in ERROR 4400.
+
+    `req` is the message's req when it could be read (PROTOCOL.md section 6: the second element
+    of an array whose kind is not PING, when it is an unsigned integer), so the client's pending
+    request gets its answer; else None.
+    """
+
+    def __init__(self, message: str, req: int | None = None) -> None:
+        super().__init__(message)
+        self.req = req
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +316,7 @@ class Detach:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
-    nonce: object
+    nonce: int | str
 
 
 ClientMessage = Attach | Detach | Ping
@@ -318,10 +327,14 @@ _NAMES = {Kind.ATTACH: "ATTACH", Kind.DETACH: "DETACH", Kind.PING: "PING"}
 def decode_client_message(data: bytes) -> ClientMessage:
     """Parse one client message. The size limit is enforced by the transport before this."""
     try:
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
-    except msgpack.ExtraData:
-        raise BadMessage("trailing bytes after the MessagePack value") from None
-    except (ValueError, msgpack.UnpackException) as exc:
+        # Any MessagePack value must parse, maps with non-string keys included, so that the
+        # complaint below names the field at fault and the req can still be echoed.
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except msgpack.ExtraData as exc:
+        raise BadMessage(
+            "trailing bytes after the MessagePack value", _readable_req(exc.unpacked)
+        ) from None
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise BadMessage(f"not a MessagePack value: {exc}") from None
     if not isinstance(msg, list) or not msg or type(msg[0]) is not int:
         raise BadMessage("a message must be an array starting with an integer kind")
@@ -329,20 +342,41 @@ def decode_client_message(data: bytes) -> ClientMessage:
     if kind == Kind.PING:
         if len(msg) < 2:
             raise BadMessage("PING is [18, nonce]")
-        return Ping(msg[1])
+        nonce = msg[1]
+        if type(nonce) is not int and not isinstance(nonce, str):
+            raise BadMessage(
+                f"PING nonce must be an integer or a string, got {type(nonce).__name__}"
+            )
+        return Ping(nonce)
+    req = _readable_req(msg)
     if kind not in _NAMES:
         raise BadMessage(
-            f"unknown message kind {kind} (client kinds are 16 ATTACH, 17 DETACH, 18 PING)"
+            f"unknown message kind {kind} (client kinds are 16 ATTACH, 17 DETACH, 18 PING)", req
         )
-    if len(msg) < 3 or not _is_uint(msg[1]):
-        raise BadMessage(f"{_NAMES[kind]} needs an unsigned integer req as its second element")
+    if len(msg) < 3 or req is None:
+        raise BadMessage(f"{_NAMES[kind]} needs an unsigned integer req as its second element", req)
     if kind == Kind.ATTACH:
         if not isinstance(msg[2], str):
-            raise BadMessage("ATTACH is [16, req, token] with a string token")
-        return Attach(msg[1], msg[2])
+            raise BadMessage("ATTACH is [16, req, token] with a string token", req)
+        return Attach(req, msg[2])
     if not _is_uint(msg[2]):
-        raise BadMessage("DETACH is [17, req, att] with an unsigned integer att")
-    return Detach(msg[1], msg[2])
+        raise BadMessage("DETACH is [17, req, att] with an unsigned integer att", req)
+    return Detach(req, msg[2])
+
+
+def _readable_req(msg: object) -> int | None:
+    """The req of a (possibly malformed) message: element 1 of an array whose kind is an integer
+    other than PING, when it is an unsigned integer."""
+    if (
+        isinstance(msg, list)
+        and len(msg) >= 2
+        and type(msg[0]) is int
+        and msg[0] != Kind.PING
+        and _is_uint(msg[1])
+    ):
+        req: int = msg[1]
+        return req
+    return None
 
 
 def _is_uint(x: object) -> bool:

@@ -22,15 +22,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import codec as wire
+from .codes import BAD_MESSAGE, FORBIDDEN, SLOW, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
 from .tokens import Claims, TokenError
 
-__all__ = ["AttachRefused", "Session", "SessionHost", "SessionLimits"]
-
-BAD_MESSAGE = 4400
-UNKNOWN_ATTACHMENT = 4404
-TOO_MANY_CHANNELS = 4413
-SLOW = 4008
-FORBIDDEN = 4403
+__all__ = ["FORBIDDEN", "AttachRefused", "Session", "SessionHost", "SessionLimits"]
 
 
 class AttachRefused(Exception):
@@ -125,7 +120,7 @@ class Session:
         try:
             msg = wire.decode_client_message(data)
         except wire.BadMessage as exc:
-            self._error(None, BAD_MESSAGE, str(exc))
+            self._error(exc.req, BAD_MESSAGE, str(exc))
             return
         if isinstance(msg, wire.Attach):
             self._attach(msg.req, msg.token)

@@ -17,6 +17,8 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .codes import BAD_TOKEN, TOKEN_EXPIRED
+
 __all__ = ["Claims", "TokenError", "TokenExpired", "TokenSigner"]
 
 PREFIX = "pvw1"
@@ -31,13 +33,13 @@ MAX_PAYLOAD_BYTES = 16 << 20
 class TokenError(Exception):
     """The token is malformed, its signature is wrong, or its key id is unknown (close 4401)."""
 
-    close_code = 4401
+    close_code = BAD_TOKEN
 
 
 class TokenExpired(TokenError):
     """The token was valid but has expired (close 4402)."""
 
-    close_code = 4402
+    close_code = TOKEN_EXPIRED
 
 
 @dataclass(frozen=True, slots=True)

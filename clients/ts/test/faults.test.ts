@@ -1,0 +1,117 @@
+// Faults under load (test/launch_stack.py: demo IOC + real server, private ports): the IOC killed
+// and restarted, the IOC frozen (SIGSTOP) past CA's echo timeout then resumed, the server
+// SIGKILLed and restarted on the same port with its default random token key (old tokens are
+// refused with 4401 and the client re-registers). The client resumes each time with a full
+// snapshot and no action from the application. Recovery times are printed for the report; only
+// generous bounds are asserted.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import WebSocket from "ws";
+import { PvwireClient, type ChannelState, type Subscription, type WebSocketConstructor } from "../src/index.js";
+import { stackUnavailable, startStack, until, type Stack } from "./stack.js";
+
+const skip = stackUnavailable();
+if (skip) throw new Error(`fault tests cannot run: ${skip}`);
+
+// 5 s instead of 30 s: a frozen IOC is declared unresponsive after ~5 s + libca's 5 s echo wait.
+const FAULT_ENV = { EPICS_CA_CONN_TMO: "5", EPICS_PVA_CONN_TMO: "5" };
+const BOUND_MS = 60_000;
+
+interface Seen { t: number; connection: string; value: unknown }
+
+describe("fault recovery against the real server and demo IOC", () => {
+  let stack: Stack;
+  let client: PvwireClient;
+  let sub: Subscription;
+  let ids: string[];
+  const history = new Map<string, Seen[]>();
+
+  const latest = (id: string): ChannelState => sub.channels.find((c) => c.id === id)!;
+  /** Connected now, with `n` connected values that arrived after `mark`. */
+  const freshSince = (id: string, mark: number, n = 3): boolean => {
+    const h = (history.get(id) ?? []).filter((s) => s.t > mark);
+    return h.length > 0 && h.at(-1)!.connection === "CONNECTED" && h.filter((s) => s.connection === "CONNECTED" && s.value != null).length >= n;
+  };
+  const firstFresh = (id: string, mark: number): number =>
+    (history.get(id) ?? []).find((s) => s.t > mark && s.connection === "CONNECTED" && s.value != null)!.t;
+  const firstState = (id: string, state: string, mark: number): number =>
+    (history.get(id) ?? []).find((s) => s.t > mark && s.connection === state)!.t;
+  const complete = (id: string): boolean => {
+    const s = latest(id);
+    return s?.connection === "CONNECTED" && s.value != null && s.time !== undefined && s.metadata.units !== undefined;
+  };
+  const report = (name: string, ms: number): void => console.log(`recovery ${name}: ${(ms / 1000).toFixed(2)} s`);
+
+  beforeAll(async () => {
+    stack = await startStack([], FAULT_ENV);
+    client = new PvwireClient(stack.url, { WebSocket: WebSocket as unknown as WebSocketConstructor });
+    ids = [`ca://${stack.prefix}COUNTER`, `pva://${stack.prefix}COUNTER`, `ca://${stack.prefix}WAVEFORM`, "sim://counter?rate=50"];
+    sub = client.subscribe(ids, (st) => {
+      const h = history.get(st.id) ?? [];
+      h.push({ t: Date.now(), connection: st.connection, value: st.value });
+      history.set(st.id, h);
+    });
+    await sub.ready;
+    await until(() => ids.slice(0, 3).every(complete), 20_000, "every channel complete");
+  });
+  afterAll(async () => {
+    client?.close();
+    await stack?.stop();
+  });
+
+  const [CA, PVA] = [0, 1];
+
+  it("resumes after the IOC is killed and restarted", async () => {
+    const killed = Date.now();
+    await stack.command("kill-ioc");
+    await until(() => latest(ids[CA]!).connection === "DISCONNECTED" && latest(ids[PVA]!).connection === "DISCONNECTED", BOUND_MS, "DISCONNECTED");
+    report("ioc kill to DISCONNECTED (ca)", firstState(ids[CA]!, "DISCONNECTED", killed) - killed);
+    // The IOC's absence touches nothing else: the sim counter keeps streaming.
+    const mark = Date.now();
+    await until(() => freshSince(ids[3]!, mark, 10), 10_000, "sim values while the IOC is down");
+    await stack.command("start-ioc");
+    const up = Date.now();
+    await until(() => freshSince(ids[CA]!, up) && freshSince(ids[PVA]!, up), BOUND_MS, "CA and PVA resumed");
+    report("ioc restart ca", firstFresh(ids[CA]!, up) - up);
+    report("ioc restart pva", firstFresh(ids[PVA]!, up) - up);
+    await until(() => ids.every(complete), BOUND_MS, "every channel complete");
+  }, 3 * BOUND_MS);
+
+  it("resumes after the IOC is frozen past the echo timeout", async () => {
+    const before = latest(ids[CA]!).value as number;
+    const frozen = Date.now();
+    await stack.command("freeze-ioc");
+    try {
+      await until(() => latest(ids[CA]!).connection === "DISCONNECTED" && latest(ids[PVA]!).connection === "DISCONNECTED", BOUND_MS, "DISCONNECTED while frozen");
+      report("freeze to DISCONNECTED ca", firstState(ids[CA]!, "DISCONNECTED", frozen) - frozen);
+      report("freeze to DISCONNECTED pva", firstState(ids[PVA]!, "DISCONNECTED", frozen) - frozen);
+    } finally {
+      await stack.command("resume-ioc");
+    }
+    const resumed = Date.now();
+    await until(() => freshSince(ids[CA]!, resumed) && freshSince(ids[PVA]!, resumed), BOUND_MS, "CA and PVA resumed");
+    report("resume ca", firstFresh(ids[CA]!, resumed) - resumed);
+    report("resume pva", firstFresh(ids[PVA]!, resumed) - resumed);
+    expect(latest(ids[CA]!).value as number).toBeGreaterThan(before); // the same IOC counts on
+    await until(() => ids.every(complete), BOUND_MS, "every channel complete");
+  }, 3 * BOUND_MS);
+
+  it("resumes after the server is SIGKILLed and restarted with a new random token key", async () => {
+    const errors: Error[] = [];
+    const off = client.on("error", (e) => errors.push(e));
+    const connectsBefore = client.stats.connects;
+    const killed = Date.now();
+    await stack.command("kill-server"); // returns once the new server answers
+    const up = Date.now();
+    // A snapshot of every channel arrives after the re-attach: each one is reported afresh.
+    await until(() => client.state === "connected" && ids.every((id) => freshSince(id, up, 1) && complete(id)), BOUND_MS, "every channel after the restart");
+    const done = Math.max(...ids.map((id) => firstFresh(id, up)));
+    report("server kill, from new server up", done - up);
+    report("server kill, from kill", done - killed);
+    const mark = Date.now();
+    await until(() => freshSince(ids[CA]!, mark, 3), 10_000, "counter advancing");
+    expect(client.stats.connects).toBeGreaterThan(connectsBefore);
+    expect(errors).toEqual([]);
+    expect(latest(ids[2]!).value).toBeInstanceOf(Float64Array);
+    off();
+  }, 3 * BOUND_MS);
+});

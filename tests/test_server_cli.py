@@ -1,0 +1,67 @@
+"""`pvwire-server` start-up checks, run as a subprocess: a busy port, a bad catalogue file."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pvwire.loopback import apply_loopback_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def server_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = apply_loopback_env(dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "pvwire.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port another program listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", ["run-demo", "serve"])
+def test_busy_port_is_reported_before_anything_starts(busy_port: int, command: str) -> None:
+    p = server_cli(command, "--port", str(busy_port))
+    assert p.returncode == 1
+    assert p.stdout == ""  # no URLs of a server that is not ours
+    lines = p.stderr.splitlines()
+    assert lines[0] == (
+        f"pvwire-server: port {busy_port} on 127.0.0.1 is already in use by another program."
+    )
+    other = busy_port + 12
+    assert lines[1] == (
+        f"Pick another port: `make run PORT={other}`, `--port {other}`, or PVWIRE_PORT={other}."
+    )
+    assert len(lines) == 2  # neither a traceback nor an IOC's start-up chatter
+
+
+def test_make_run_passes_port() -> None:
+    p = subprocess.run(
+        ["make", "-n", "run", "PORT=8092"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1].endswith("-m pvwire.cli run-demo --port 8092")
+
+
+def test_unreadable_catalogue_file_stops_the_server(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    p = server_cli("serve", "--port", "0", "--catalogue-file", str(missing))
+    assert p.returncode == 1
+    reason = f"[Errno 2] No such file or directory: '{missing}'"
+    assert p.stderr.strip() == f"pvwire-server: catalogue file {missing}: {reason}"
