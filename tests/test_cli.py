@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from pvwire_client.cli import EXIT_ERROR, EXIT_NOT_FOUND, parse_value
+from pvwire_client.cli import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_WRITE_DENIED, parse_value
 from pvwire_client.cliformat import channel_problem
 from pvwire_client.climonitor import Watch
 from pvwire_client.state import CONNECTED, FAILED, NOT_FOUND, ChannelState
@@ -118,7 +118,7 @@ def test_unreachable_server_is_one_line_on_stderr() -> None:
 
 def test_put_denied_names_the_channel_once(server_url: str) -> None:
     p = run(server_url, "put", "ca://TEST:NOT:WRITABLE", "1", ok=False)
-    assert p.returncode == EXIT_ERROR and p.stdout == ""
+    assert p.returncode == EXIT_WRITE_DENIED and p.stdout == ""
     assert p.stderr.startswith("pvwire: ") and p.stderr.count("TEST:NOT:WRITABLE") == 1
 
 

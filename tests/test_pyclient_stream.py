@@ -50,10 +50,13 @@ class Fake:
         self.registrations: list[list[str]] = []
         self.subprotocols: list[str | None] = []
         self.extensions: list[str | None] = []
+        self.authorization: list[str | None] = []  # the header of each GraphQL request
+        self.access: dict[str, str] = {}  # the access subscribe grants, by id (default READ)
 
     def graphql(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         assert "subscribe" in body["query"]
+        self.authorization.append(request.headers.get("Authorization"))
         ids = body["variables"]["ids"]
         self.registrations.append(ids)
         n = len(self.registrations)
@@ -66,7 +69,12 @@ class Fake:
                         "expiresAt": 4e9,
                         "streamPath": "/stream",
                         "channels": [
-                            {"sid": i, "id": f"sim://{x}", "metadata": None}
+                            {
+                                "sid": i,
+                                "id": f"sim://{x}",
+                                "access": self.access.get(x, "READ"),
+                                "metadata": None,
+                            }
                             for i, x in enumerate(ids)
                         ],
                     }
@@ -84,7 +92,7 @@ class Fake:
 
 
 @pytest.fixture
-async def fake_factory() -> AsyncIterator[Callable[[Script], Awaitable[tuple[Fake, Client]]]]:
+async def fake_factory() -> AsyncIterator[Callable[..., Awaitable[tuple[Fake, Client]]]]:
     servers: list[Any] = []
     clients: list[Client] = []
 
@@ -211,24 +219,18 @@ async def test_terminal_close_raises(fake_factory: Any) -> None:
     assert e.value.close_code == 4403
 
 
-async def test_token_expired_registers_again(fake_factory: Any) -> None:
-    tokens: list[str] = []
-
+async def test_token_close_codes_end_every_monitor(fake_factory: Any) -> None:
+    # Refused tokens are answered per attachment (ERROR); a close names no attachment, so a
+    # terminal close code ends every monitor without guessing which one it was about.
     async def script(ws: ServerConnection, n: int) -> None:
         await ws.send(pack(HELLO))
-        attach = await recv(ws)
-        tokens.append(attach[2])
-        if n == 1:
-            await ws.close(4402, "expired")
-            return
-        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
-        await ws.send(pack([2, 1, 1, [full(0, 1.0, 1)]]))
-        await ws.wait_closed()
+        await recv(ws)
+        await ws.close(4402, "expired")
 
     fake, client = await fake_factory(script)
-    ups = await take(client.monitor("a"), 1)
-    assert ups[0].channel.value == 1.0
-    assert tokens == ["tok1", "tok2"] and len(fake.registrations) == 2
+    with pytest.raises(StreamClosed, match="4402 TOKEN_EXPIRED"):
+        await take(client.monitor("a"), 1)
+    assert len(fake.registrations) == 1 and fake.connections == 1
 
 
 async def test_heartbeat_watchdog_reconnects(fake_factory: Any) -> None:

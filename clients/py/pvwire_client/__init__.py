@@ -23,11 +23,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .client import Client, Update
+    from .client import Client, TokenSource, Update
     from .closecodes import is_reconnect
     from .control import DEFAULT_URL
     from .errors import (
         BadChannelId,
+        Forbidden,
         NotFound,
         ProtocolError,
         PutFailed,
@@ -35,9 +36,11 @@ if TYPE_CHECKING:
         ReadOnly,
         ServerUnavailable,
         StreamClosed,
+        StreamRefused,
         Timeout,
         TooManyChannels,
         TypeMismatch,
+        Unauthenticated,
         WriteDenied,
     )
     from .graphql import PutResult
@@ -48,12 +51,14 @@ if TYPE_CHECKING:
 # Public name -> the module that defines it.
 _WHERE = {
     "Client": "client",
+    "TokenSource": "client",
     "Update": "client",
     "is_reconnect": "closecodes",
     "DEFAULT_URL": "control",
     **dict.fromkeys(
         (
             "BadChannelId",
+            "Forbidden",
             "NotFound",
             "ProtocolError",
             "PutFailed",
@@ -61,9 +66,11 @@ _WHERE = {
             "ReadOnly",
             "ServerUnavailable",
             "StreamClosed",
+            "StreamRefused",
             "Timeout",
             "TooManyChannels",
             "TypeMismatch",
+            "Unauthenticated",
             "WriteDenied",
         ),
         "errors",
@@ -81,6 +88,7 @@ __all__ = [
     "ChannelState",
     "Client",
     "Entry",
+    "Forbidden",
     "NotFound",
     "ProtocolError",
     "PutFailed",
@@ -89,10 +97,13 @@ __all__ = [
     "ReadOnly",
     "ServerUnavailable",
     "StreamClosed",
+    "StreamRefused",
     "SyncClient",
     "Timeout",
+    "TokenSource",
     "TooManyChannels",
     "TypeMismatch",
+    "Unauthenticated",
     "Update",
     "WriteDenied",
     "decode_message",

@@ -7,8 +7,11 @@
     pvwire search PATTERN
 
 ``--json`` prints machine-readable output (one JSON object per line for monitor); ``--server URL``
-or ``PVWIRE_URL`` selects the server (default http://127.0.0.1:8080). Problems print one line on
-stderr: ``ID: what happened`` for a channel, ``pvwire: what happened`` for the command.
+or ``PVWIRE_URL`` selects the server (default http://127.0.0.1:8080). A server that checks
+identities takes the user's bearer token (the site's OIDC access token) from ``PVWIRE_TOKEN``,
+``--token-file PATH`` or ``--token TOKEN`` (visible to other users in the process list). Problems
+print one line on stderr: ``ID: what happened`` for a channel, ``pvwire: what happened`` for the
+command.
 
 ``monitor`` reports a channel that no IOC answers (``ID: not found (...)``) or that failed, once,
 and keeps watching: the PV may appear later. SIGTERM ends it like ``--duration``.
@@ -21,6 +24,11 @@ Exit status, as caget's is 1 when a channel could not be read:
     2  the command line was wrong
     3  a channel was not found: no IOC answered (get, put, info), or, for monitor, a channel was
        not found or had failed when the monitor stopped
+    4  not authenticated: the server wants a token, or refused the one given (invalid, expired)
+    5  forbidden: this identity may not read or monitor a channel
+    6  write denied: this identity may not write the channel
+
+When channels fail in different ways the first of 4, 1, 5, 6, 3 that applies is the status.
 """
 
 from __future__ import annotations
@@ -37,9 +45,50 @@ from .cliformat import channel_error, get_line, state_json
 from .control import DEFAULT_URL, Control
 from .errors import NotFound, ProtocolError, PvwireError
 
-__all__ = ["EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_OK", "EXIT_USAGE", "main", "parse_value"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_FORBIDDEN",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_UNAUTHENTICATED",
+    "EXIT_USAGE",
+    "EXIT_WRITE_DENIED",
+    "exit_status",
+    "main",
+    "parse_value",
+]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+EXIT_UNAUTHENTICATED, EXIT_FORBIDDEN, EXIT_WRITE_DENIED = 4, 5, 6
+
+# By the error's code: GraphQL ``extensions.code``, or the stream's name for a refused token.
+_EXIT_BY_CODE = {
+    "NOT_FOUND": EXIT_NOT_FOUND,
+    "UNAUTHENTICATED": EXIT_UNAUTHENTICATED,
+    "BAD_TOKEN": EXIT_UNAUTHENTICATED,
+    "TOKEN_EXPIRED": EXIT_UNAUTHENTICATED,
+    "FORBIDDEN": EXIT_FORBIDDEN,
+    "WRITE_DENIED": EXIT_WRITE_DENIED,
+}
+# Without a valid token nothing else can be trusted, so it comes first; then, as before, a
+# failure wins over a channel that is simply not there.
+_PRECEDENCE = (EXIT_UNAUTHENTICATED, EXIT_ERROR, EXIT_FORBIDDEN, EXIT_WRITE_DENIED, EXIT_NOT_FOUND)
+
+
+def exit_status(errors: Sequence[PvwireError]) -> int:
+    """The exit status for what went wrong (none: 0)."""
+    found = {_EXIT_BY_CODE.get(e.code, EXIT_ERROR) for e in errors}
+    return next((s for s in _PRECEDENCE if s in found), EXIT_OK)
+
+
+def problem_line(e: PvwireError) -> str:
+    """The stderr line for an error that ended the command."""
+    if _EXIT_BY_CODE.get(e.code) == EXIT_UNAUTHENTICATED:
+        hint = "give a valid token: PVWIRE_TOKEN, --token-file or --token"
+        return f"pvwire: not authenticated: {e} ({hint})"
+    if isinstance(e, NotFound):
+        return channel_error(e)
+    return f"pvwire: {e}"
 
 
 def parse_value(text: str) -> Any:
@@ -63,7 +112,8 @@ def _print(obj: Any) -> None:
 
 def _get(a: argparse.Namespace) -> int:
     errors: list[PvwireError] = []
-    for r in Control(a.server, timeout=a.timeout).get_many(a.ids, timeout=a.timeout):
+    control = Control(a.server, timeout=a.timeout, token=a.token)
+    for r in control.get_many(a.ids, timeout=a.timeout):
         if isinstance(r, PvwireError):
             print(channel_error(r), file=sys.stderr)
             errors.append(r)
@@ -71,13 +121,11 @@ def _get(a: argparse.Namespace) -> int:
             _print(state_json(r))
         else:
             print(get_line(r))
-    if any(not isinstance(e, NotFound) for e in errors):
-        return EXIT_ERROR
-    return EXIT_NOT_FOUND if errors else EXIT_OK
+    return exit_status(errors)
 
 
 def _put(a: argparse.Namespace) -> int:
-    c = Control(a.server, timeout=a.timeout)
+    c = Control(a.server, timeout=a.timeout, token=a.token)
     c.put(a.id, parse_value(a.value), wait=a.wait, timeout=a.timeout)
     state = c.get(a.id)
     if a.json:
@@ -97,7 +145,7 @@ def _monitor(a: argparse.Namespace) -> int:
 
 
 def _info(a: argparse.Namespace) -> int:
-    s = Control(a.server, timeout=a.timeout).get(a.id)
+    s = Control(a.server, timeout=a.timeout, token=a.token).get(a.id)
     if a.json:
         _print(state_json(s))
         return EXIT_OK
@@ -110,7 +158,7 @@ def _info(a: argparse.Namespace) -> int:
 
 
 def _search(a: argparse.Namespace) -> int:
-    ids = Control(a.server, timeout=a.timeout).search(a.pattern, a.limit)
+    ids = Control(a.server, timeout=a.timeout, token=a.token).search(a.pattern, a.limit)
     if a.json:
         _print(ids)
     else:
@@ -126,12 +174,20 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("PVWIRE_URL", DEFAULT_URL),
         help="pvwire server URL (env PVWIRE_URL; default %(default)s)",
     )
+    token = common.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token",
+        help="bearer token for a server that checks identities (default: env PVWIRE_TOKEN;"
+        " prefer it or --token-file: a command line is visible to other users)",
+    )
+    token.add_argument("--token-file", metavar="PATH", help="read the bearer token from PATH")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     p = argparse.ArgumentParser(
         prog="pvwire",
         description="Read, write and monitor EPICS PVs through a pvwire server.",
-        epilog="exit status: 0 ok, 1 error, 2 bad command line, 3 a channel was not found",
+        epilog="exit status: 0 ok, 1 error, 2 bad command line, 3 a channel was not found,"
+        " 4 not authenticated, 5 forbidden, 6 write denied",
     )
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("get", parents=[common], help="read channels")
@@ -160,14 +216,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
+    parser = _parser()
+    a = parser.parse_args(argv)
+    if a.token_file is not None:
+        try:
+            with open(a.token_file, encoding="utf-8") as f:
+                a.token = f.read().strip()
+        except OSError as e:
+            parser.error(f"--token-file: {e}")  # exits with EXIT_USAGE
     try:
         rc: int = a.fn(a)
         return rc
-    except NotFound as e:
-        print(channel_error(e), file=sys.stderr)
-        return EXIT_NOT_FOUND
-    except (PvwireError, ProtocolError) as e:
+    except PvwireError as e:
+        print(problem_line(e), file=sys.stderr)
+        return exit_status([e])
+    except ProtocolError as e:
         print(f"pvwire: {e}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

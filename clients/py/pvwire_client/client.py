@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 import logging
+import os
 import random
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeAlias, overload
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -24,7 +26,7 @@ from websockets.typing import Subprotocol
 from . import closecodes
 from . import graphql as gql
 from .control import DEFAULT_URL
-from .errors import PvwireError, ServerUnavailable, StreamClosed, TooManyChannels
+from .errors import PvwireError, ServerUnavailable, StreamClosed, StreamRefused, TooManyChannels
 from .graphql import PutResult, Registration
 from .state import DISCONNECTED, ChannelState
 from .wire import (
@@ -44,13 +46,17 @@ from .wire import (
     encode_detach,
 )
 
-__all__ = ["DEFAULT_URL", "Client", "Update"]
+__all__ = ["DEFAULT_URL", "Client", "TokenSource", "Update"]
 
 log = logging.getLogger("pvwire_client")
 
 SUBPROTOCOL = Subprotocol("pvwire.v1")
-# Close codes that concern the token being attached, not the whole connection (section 8).
-_TOKEN_CODES = {4401, 4402, 4403}
+# ERROR codes for an ATTACH whose token the server refused (section 7): re-register once.
+_RENEW_CODES = {closecodes.BAD_TOKEN, closecodes.TOKEN_EXPIRED}
+
+# The bearer token (the site's OIDC access token, a JWT): a string, or a callable returning one
+# (or an awaitable of one), called before every GraphQL request so short-lived tokens refresh.
+TokenSource: TypeAlias = str | Callable[[], str | Awaitable[str | None] | None] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +80,22 @@ class _Sub:
     space: asyncio.Event = field(default_factory=asyncio.Event)
     att: int | None = None
     attach_req: int | None = None
-    # The current token was attached once: a later BAD_TOKEN means the server's key changed
-    # (a restarted server without a shared key), so the monitor re-registers instead of ending.
-    token_accepted: bool = False
+    # A token was refused (4401/4402) and this monitor registered again: one more refusal
+    # before an ATTACHED ends it, so a server refusing every token causes no loop.
+    renewed: bool = False
+    registering: bool = False
 
     def __post_init__(self) -> None:
-        self.states = [ChannelState(c.id, metadata=c.metadata) for c in self.reg.channels]
+        self.states = [
+            ChannelState(c.id, metadata=c.metadata, access=c.access) for c in self.reg.channels
+        ]
         self.space.set()
+
+    def registered(self, reg: Registration) -> None:
+        """A new registration: its token, and the access granted now (rules may have changed)."""
+        self.reg = reg
+        for state, c in zip(self.states, reg.channels, strict=False):
+            state.access = c.access
 
 
 class _Reconnect(Exception):
@@ -92,12 +107,19 @@ class _Reconnect(Exception):
 
 
 class Client:
-    """A pvwire server: ``async with Client(url) as c: await c.get("ca://X")``."""
+    """A pvwire server: ``async with Client(url) as c: await c.get("ca://X")``.
+
+    ``token`` identifies the user to a server that checks identities: the site's OIDC access
+    token as a string, or a callable (plain or async) returning the current one, called before
+    each GraphQL request and each re-registration of a monitor. Default: the ``PVWIRE_TOKEN``
+    environment variable; ``token=""`` is anonymous even when that is set.
+    """
 
     def __init__(
         self,
         url: str = DEFAULT_URL,
         *,
+        token: TokenSource = None,
         timeout: float = 3.0,
         reconnect_base: float = 0.5,
         reconnect_max: float = 30.0,
@@ -119,6 +141,7 @@ class Client:
         # connection is broken: close it with 4000 and reconnect.
         self.request_timeout = request_timeout
         self.stream_url = stream_url
+        self._token: TokenSource = os.environ.get("PVWIRE_TOKEN") if token is None else token
         self._http = httpx.AsyncClient(transport=transport, timeout=timeout + 10.0)
         self._stream: _Stream | None = None
 
@@ -136,10 +159,20 @@ class Client:
 
     # --- control plane -------------------------------------------------------------------------
 
+    async def _auth_headers(self) -> dict[str, str]:
+        token = self._token
+        if callable(token):
+            got = token()
+            token = await got if inspect.isawaitable(got) else got
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
     async def _graphql(self, query: str, variables: dict[str, Any], id: str | None = None) -> Any:
+        headers = await self._auth_headers()
         try:
             r = await self._http.post(
-                f"{self.url}/graphql", json={"query": query, "variables": variables}
+                f"{self.url}/graphql",
+                json={"query": query, "variables": variables},
+                headers=headers,
             )
         except httpx.HTTPError as e:
             raise ServerUnavailable(f"cannot reach pvwire server at {self.url}: {e}") from None
@@ -234,8 +267,11 @@ class Client:
         is none (NOT_FOUND after the server's search time, FAILED, DISCONNECTED) with the reason;
         its ``changed`` names everything known by then. A cold channel's snapshot (still
         connecting, no value) is not yielded: a reader expects a value, not an empty state.
-        Survives reconnects (channels show DISCONNECTED meanwhile, then a fresh snapshot);
-        raises StreamClosed on terminal close codes. Closing the iterator detaches.
+        Survives reconnects (channels show DISCONNECTED meanwhile, then a fresh snapshot) and
+        re-registers once when the server refuses its token; raises StreamClosed on terminal
+        close codes, StreamRefused when the server refuses or ends this subscription alone, and
+        Forbidden or Unauthenticated when (re-)registering is refused. Closing the iterator
+        detaches.
         """
         id_list = [ids] if isinstance(ids, str) else list(ids)
         options = {"maxRate": float(max_rate), "mode": mode}
@@ -293,6 +329,10 @@ class _Stream:
         self.by_att: dict[int, _Sub] = {}
         self.detaching: set[int] = set()
         self.sent_at: dict[int, float] = {}  # req -> loop time, for requests not answered yet
+        # An ERROR answering no request, kept for the DETACHED that may follow it at once: the
+        # server says why it ends an attachment (e.g. 4403 naming the channel) just before.
+        self.notice: Error | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
         self.next_req = 1
         self.seq = 0
         self.hello: Hello | None = None
@@ -334,6 +374,8 @@ class _Stream:
             sub.space.set()
         self.subs.clear()
         self.wanted.set()
+        for t in list(self.tasks):
+            t.cancel()
         if self.ws is not None:
             await self.ws.close(closecodes.NORMAL, "client closed")
         if self.task is not None:
@@ -374,37 +416,21 @@ class _Stream:
                     attempt = 0
                 if self.closing:
                     break
-                if self._closed(code, reason):
-                    continue  # the culprits will re-register: reconnect at once
+                self._closed(code, reason)
             if self.subs:
                 limit = min(self.client.reconnect_max, self.client.reconnect_base * 2**attempt)
                 await asyncio.sleep(random.uniform(0, limit))
                 attempt += 1
 
-    def _closed(self, code: int, reason: str) -> bool:
-        """Apply the close code's class (section 8) to the monitors; True if some re-register."""
-        pending = list(self.by_req.values())
-        culprits = pending if code in _TOKEN_CODES and pending else list(self.subs)
-        renewed = False
-        if code in (closecodes.TOKEN_EXPIRED, closecodes.BAD_TOKEN):
-            # An expired token, or one the server accepted before and now refuses, is renewed
-            # through GraphQL; a fresh token refused again ends the monitor: no loop.
-            for sub in culprits:
-                if code == closecodes.TOKEN_EXPIRED or sub.token_accepted:
-                    sub.reg = Registration(
-                        sub.reg.token, 0.0, sub.reg.stream_path, sub.reg.channels
-                    )
-                    sub.token_accepted = False
-                    renewed = True
-                else:
-                    self._fail(sub, StreamClosed(code, reason))
-        elif not closecodes.is_reconnect(code):
-            for sub in culprits:
+    def _closed(self, code: int, reason: str) -> None:
+        """Apply the close code's class (section 8) to the monitors: a close concerns them all
+        (a refused token is answered per attachment with ERROR, see _dispatch)."""
+        if not closecodes.is_reconnect(code):
+            for sub in list(self.subs):
                 self._fail(sub, StreamClosed(code, reason))
         self._lost(
             f"stream closed: {code} {closecodes.name(code)}" + (f" ({reason})" if reason else "")
         )
-        return renewed
 
     def _lost(self, reason: str) -> None:
         for sub in self.subs:
@@ -477,21 +503,43 @@ class _Stream:
 
     async def _attach(self, sub: _Sub) -> None:
         ws = self.ws
-        if ws is None or sub.att is not None or sub.attach_req is not None:
+        if ws is None or sub.att is not None or sub.attach_req is not None or sub.registering:
             return
-        if sub.reg.expires_at < time.time() + 1:
-            try:  # section 7: an expired token is re-registered through GraphQL
-                sub.reg = await self.client._register(sub.ids, sub.options)
-            except PvwireError as e:
-                self._fail(sub, e)
-                return
-            if ws is not self.ws or sub not in self.subs:
-                return
+        # Section 7: an expired token is re-registered through GraphQL.
+        expired = sub.reg.expires_at < time.time() + 1
+        if expired and (not await self._reregister(sub) or ws is not self.ws):
+            return
         req = self._req()
         sub.attach_req = req
         self.by_req[req] = sub
         self.sent_at[req] = asyncio.get_running_loop().time()
         await ws.send(encode_attach(req, sub.reg.token))
+
+    async def _reregister(self, sub: _Sub) -> bool:
+        """A fresh token for ``sub`` (the token source is asked again); False if it ended."""
+        sub.registering = True
+        try:
+            reg = await self.client._register(sub.ids, sub.options)
+        except Exception as e:  # a PvwireError, or the application's token source failing
+            self._fail(sub, e)
+            return False
+        finally:
+            sub.registering = False
+        if sub not in self.subs:
+            return False
+        sub.registered(reg)
+        return True
+
+    async def _renew(self, sub: _Sub) -> None:
+        """Register again and attach the new token (the answer to ERROR 4401/4402)."""
+        if await self._reregister(sub) and self.ready:
+            with contextlib.suppress(ConnectionClosed, OSError):  # the reader reconnects
+                await self._attach(sub)
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _send_detach(self, att: int) -> None:
         ws = self.ws
@@ -522,6 +570,7 @@ class _Stream:
         self.seq = seq
 
     async def _dispatch(self, msg: Message) -> None:
+        notice, self.notice = self.notice, None
         if isinstance(msg, Data):
             self._check_seq(msg.seq)
             for g in msg.groups:
@@ -548,7 +597,7 @@ class _Stream:
             if msg.ids != expected:
                 raise ProtocolError(f"ATTACHED ids {list(msg.ids)} differ from the token's")
             sub.att = msg.att
-            sub.token_accepted = True
+            sub.renewed = False
             self.by_att[msg.att] = sub
         elif isinstance(msg, Detached):
             if msg.req is not None:
@@ -557,20 +606,38 @@ class _Stream:
             self.detaching.discard(msg.att)
             if msg.req is None and sub is not None:
                 sub.att = None
-                self._fail(sub, PvwireError("the server ended the subscription", code="DETACHED"))
+                if notice is not None:
+                    self._fail(sub, StreamRefused(notice.code, notice.message))
+                else:
+                    why = "the server ended the subscription"
+                    self._fail(sub, PvwireError(why, code="DETACHED"))
         elif isinstance(msg, Error):
             if msg.req is not None:
                 self.sent_at.pop(msg.req, None)
             sub = self.by_req.pop(msg.req, None) if msg.req is not None else None
             if sub is not None:
-                sub.attach_req = None
-                cls = TooManyChannels if msg.code == 4413 else PvwireError
-                self._fail(sub, cls(f"attach refused: {msg.code} {msg.message}"))
+                self._refused(sub, msg)
             else:
+                self.notice = msg
                 log.warning("pvwire stream error %d: %s", msg.code, msg.message)
         elif isinstance(msg, Pong):
             pass
         # HEARTBEAT only resets the watchdog; unknown kinds are ignored (section 1).
+
+    def _refused(self, sub: _Sub, msg: Error) -> None:
+        """The server answered ``sub``'s ATTACH with ERROR; only this monitor is concerned."""
+        sub.attach_req = None
+        if sub not in self.subs:  # the monitor closed while attaching
+            return
+        if msg.code in _RENEW_CODES and not sub.renewed:
+            # Expired, or signed with a key the server no longer has (a restart without a
+            # shared key): register again with a fresh identity token, once.
+            sub.renewed = True
+            self._spawn(self._renew(sub))
+        elif msg.code == closecodes.TOO_MANY_CHANNELS:
+            self._fail(sub, TooManyChannels(f"attach refused: {msg.code} {msg.message}"))
+        else:
+            self._fail(sub, StreamRefused(msg.code, msg.message))
 
     async def _deliver(self, sub: _Sub, item: tuple[str, Any]) -> None:
         # Bounded per monitor: a slow consumer holds the reader, TCP pushes back and the server

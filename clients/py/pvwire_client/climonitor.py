@@ -52,7 +52,7 @@ async def monitor(a: argparse.Namespace) -> list[str]:
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-    async with Client(a.server, timeout=a.timeout) as c:
+    async with Client(a.server, timeout=a.timeout, token=a.token) as c:
 
         async def run() -> None:
             n = 0

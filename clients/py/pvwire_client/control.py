@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,11 +26,22 @@ _MARGIN = 10.0
 
 
 class Control:
-    """Blocking ``get``/``put``/``search`` on a pvwire server; one connection per request."""
+    """Blocking ``get``/``put``/``search`` on a pvwire server; one connection per request.
 
-    def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 3.0) -> None:
+    ``token`` as the Client's (a string, or a callable asked before each request; default the
+    ``PVWIRE_TOKEN`` environment variable, ``""`` for anonymous).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        timeout: float = 3.0,
+        token: str | Callable[[], str | None] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._token = os.environ.get("PVWIRE_TOKEN") if token is None else token
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ServerUnavailable(f"not an http(s) URL: {url!r}")
@@ -44,8 +56,12 @@ class Control:
         body = json.dumps({"query": query, "variables": variables}).encode()
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=self.timeout + wait + _MARGIN)
+        token = self._token() if callable(self._token) else self._token
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         try:
-            conn.request("POST", self._path, body, {"Content-Type": "application/json"})
+            conn.request("POST", self._path, body, headers)
             r = conn.getresponse()
             status, data = r.status, r.read()
         except (OSError, http.client.HTTPException) as e:

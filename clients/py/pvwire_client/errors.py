@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadChannelId",
+    "Forbidden",
     "NotFound",
     "ProtocolError",
     "PutFailed",
@@ -11,9 +12,11 @@ __all__ = [
     "ReadOnly",
     "ServerUnavailable",
     "StreamClosed",
+    "StreamRefused",
     "Timeout",
     "TooManyChannels",
     "TypeMismatch",
+    "Unauthenticated",
     "WriteDenied",
     "error_for",
 ]
@@ -72,6 +75,18 @@ class WriteDenied(PvwireError):
     code = "WRITE_DENIED"
 
 
+class Unauthenticated(PvwireError):
+    """The server did not accept the token: missing where required, invalid or expired."""
+
+    code = "UNAUTHENTICATED"
+
+
+class Forbidden(PvwireError):
+    """The identity may not read (or subscribe to) the channels the error names."""
+
+    code = "FORBIDDEN"
+
+
 class ReadOnly(PvwireError):
     code = "READ_ONLY"
 
@@ -110,6 +125,25 @@ class StreamClosed(PvwireError):
         self.reason = reason
 
 
+class StreamRefused(PvwireError):
+    """The server refused or ended one subscription on the stream (PROTOCOL.md section 7).
+
+    ``stream_code`` is 4401 (bad token) or 4402 (expired token) when even a freshly registered
+    token was refused, or 4403 when the identity may not read a channel; ``code`` is its name
+    (``BAD_TOKEN``, ``TOKEN_EXPIRED``, ``FORBIDDEN``). The client's other subscriptions go on.
+    """
+
+    code = "STREAM_REFUSED"
+
+    def __init__(self, stream_code: int, message: str = "") -> None:
+        from .closecodes import name as close_name  # lazily, as in StreamClosed
+
+        name = close_name(stream_code)
+        text = f"subscription refused: {stream_code} {name}"
+        super().__init__(f"{text} ({message})" if message else text, code=name)
+        self.stream_code = stream_code
+
+
 _BY_CODE: dict[str, type[PvwireError]] = {
     c.code: c
     for c in (
@@ -121,6 +155,8 @@ _BY_CODE: dict[str, type[PvwireError]] = {
         TypeMismatch,
         PutFailed,
         TooManyChannels,
+        Unauthenticated,
+        Forbidden,
     )
 }
 

@@ -55,7 +55,7 @@ M_PUT_MANY = (
 M_SUBSCRIBE = (
     "mutation($ids: [String!]!, $options: SubscribeOptions) {"
     " subscribe(ids: $ids, options: $options)"
-    f" {{ token expiresAt streamPath channels {{ sid id metadata {{ {_META} }} }} }} }}"
+    f" {{ token expiresAt streamPath channels {{ sid id access metadata {{ {_META} }} }} }} }}"
 )
 
 _NUMERIC = {
@@ -77,6 +77,7 @@ class StreamChannel:
     sid: int
     id: str
     metadata: dict[str, Any]
+    access: str | None = None  # "READ" or "WRITE" for the identity that registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,10 @@ class Registration:
             d["token"],
             float(d["expiresAt"]),
             d["streamPath"],
-            tuple(StreamChannel(c["sid"], c["id"], metadata(c.get("metadata"))) for c in chans),
+            tuple(
+                StreamChannel(c["sid"], c["id"], metadata(c.get("metadata")), c.get("access"))
+                for c in chans
+            ),
         )
 
 
@@ -105,7 +109,12 @@ def response_data(url: str, status: int, body: bytes, id: str | None = None) -> 
     try:
         doc = json.loads(body)
     except ValueError:
-        raise ServerUnavailable(f"{url}/graphql answered HTTP {status} without JSON") from None
+        doc = None
+    if status == 401 and not (isinstance(doc, dict) and doc.get("errors")):
+        # Refused before pvwire answered (an authenticating proxy): still "log in again".
+        raise error_for("UNAUTHENTICATED", f"{url}/graphql answered HTTP 401", id)
+    if doc is None:
+        raise ServerUnavailable(f"{url}/graphql answered HTTP {status} without JSON")
     if not isinstance(doc, dict):
         raise ServerUnavailable(f"{url}/graphql answered {type(doc).__name__}, not JSON")
     raise_errors(doc.get("errors") or [], id)

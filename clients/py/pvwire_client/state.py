@@ -69,6 +69,9 @@ class ChannelState:
     metadata: dict[str, Any] = field(default_factory=dict)
     state: int = CONNECTING
     reason: str = ""
+    # What the server grants this client's identity on a subscribed channel ("READ" or
+    # "WRITE"); None when not known (a channel read through GraphQL ``get``).
+    access: str | None = None
 
     # --- merge -------------------------------------------------------------------------------
 
@@ -155,6 +158,19 @@ class ChannelState:
     @property
     def status_name(self) -> str | None:
         return None if self.status is None else _name(STATUSES, self.status)
+
+    @property
+    def writable(self) -> bool:
+        """Whether a put from this client can succeed: granted WRITE and not refused upstream.
+
+        On the stream ``metadata["writable"]`` is the upstream's answer only, absent when it
+        cannot tell (PVA), so only an explicit ``False`` vetoes; without ``access`` (a GraphQL
+        read) ``metadata["writable"]`` is already the server's answer for this identity.
+        """
+        upstream = self.metadata.get("writable")
+        if self.access is None:
+            return upstream is True
+        return self.access == "WRITE" and upstream is not False
 
     @property
     def units(self) -> str:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
-from .client import DEFAULT_URL, Client, Update
+from .client import DEFAULT_URL, Client, TokenSource, Update
 from .graphql import PutResult
 from .state import ChannelState
 
@@ -31,13 +31,19 @@ _END = object()
 
 
 class SyncClient:
-    """Blocking versions of the Client's calls; one background event loop per SyncClient."""
+    """Blocking versions of the Client's calls; one background event loop per SyncClient.
 
-    def __init__(self, url: str = DEFAULT_URL, **options: Any) -> None:
+    ``token`` is the Client's (default ``PVWIRE_TOKEN``); a callable is called on the
+    background thread.
+    """
+
+    def __init__(
+        self, url: str = DEFAULT_URL, *, token: TokenSource = None, **options: Any
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pvwire", daemon=True)
         self._thread.start()
-        self._client = self._call(self._make(url, options))
+        self._client = self._call(self._make(url, {**options, "token": token}))
 
     @staticmethod
     async def _make(url: str, options: dict[str, Any]) -> Client:

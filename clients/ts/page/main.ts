@@ -1,6 +1,6 @@
 // The pvwire demo page: one PvwireClient, one subscription per added channel (all on one
 // WebSocket), a live table, puts, a waveform plot and a one-minute strip chart on canvases.
-import { NdArray, PvwireClient, toDate, type ChannelState, type Subscription, type TypedArray } from "../src/index.js";
+import { NdArray, PvwireClient, toDate, type ChannelState, type PvwireError, type Subscription, type TypedArray } from "../src/index.js";
 import { niceTicks, placeTicks, timeTicks } from "./axes.js";
 
 const DEMO_PREFIX = "PVWIRE:DEMO:";
@@ -8,7 +8,12 @@ const DEMO_PVS = ["COUNTER", "COUNTER_1HZ", "SINE", "NOISE", "MODE", "MESSAGE", 
 const STRIP_SECONDS = 60;
 
 const params = new URLSearchParams(location.search);
-const client = new PvwireClient(params.get("server") ?? location.origin);
+// The bearer token lives in sessionStorage (this tab only, gone when it closes), never in the URL
+// where it would end up in history, logs and Referer headers. Asked for before every request and
+// re-registration, so a token pasted later applies from the next request on.
+const TOKEN_KEY = "pvwire.token";
+const currentToken = (): string | undefined => sessionStorage.getItem(TOKEN_KEY) || undefined;
+const client = new PvwireClient(params.get("server") ?? location.origin, { getToken: currentToken });
 (globalThis as { pvwire?: PvwireClient }).pvwire = client; // for the browser tests and the console
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
@@ -16,7 +21,7 @@ const rowsEl = $("rows");
 const errorEl = $("error");
 
 interface Row {
-  name: string; tr: HTMLTableRowElement; cells: Record<string, HTMLElement>; sub: Subscription; state?: ChannelState;
+  name: string; tr: HTMLTableRowElement; cells: Record<string, HTMLElement>; sub?: Subscription; state?: ChannelState;
   /** The last put's error, shown beside this row's put box (not in the toolbar, far away). */
   putError: HTMLElement;
 }
@@ -87,20 +92,50 @@ function addChannel(name: string): void {
   putError.dataset.testid = "put-error";
   cells.put!.appendChild(putError);
   rowsEl.appendChild(tr);
-  const sub = client.subscribe([name], (st) => onUpdate(name, st), { onError: (e) => { cells.conn!.textContent = `ERROR: ${e.message}`; cells.conn!.className = "conn conn-FAILED"; } });
-  rows.set(name, { name, tr, cells, sub, putError });
+  const row: Row = { name, tr, cells, putError };
+  rows.set(name, row);
+  subscribeRow(row);
   $("channel-count").textContent = String(rows.size);
 }
 
-/** The put box, exactly when the server says it would accept a put (metadata.writable). */
+/** (Re-)subscribe a row: after a token change, so the access shown is the new identity's. */
+function subscribeRow(row: Row): void {
+  row.sub?.unsubscribe();
+  const { cells } = row;
+  row.sub = client.subscribe([row.name], (st) => onUpdate(row.name, st), {
+    onError: (e) => {
+      cells.conn!.textContent = `ERROR: ${e.message}`;
+      cells.conn!.className = "conn conn-FAILED";
+      cells.put!.querySelector("form")?.remove();
+    },
+  });
+}
+
+/** Why a channel is read-only for this identity, for the put box's title. */
+function readOnlyReason(st: ChannelState): string {
+  if (st.metadata.writable === false) return "the IOC refuses writes to this channel";
+  if (st.access === "READ") return currentToken() ? "read-only for this identity" : "read-only for anonymous users: give a token";
+  return "not writable";
+}
+
+/** The put box once the channel's metadata is known, enabled exactly when this identity may
+ * write it (granted WRITE and not refused by the IOC); greyed with the reason otherwise. */
 function renderPut(row: Row, st: ChannelState): void {
   const cell = row.cells.put!;
-  const form = cell.querySelector("form");
-  if (st.metadata.writable !== true) {
+  let form = cell.querySelector("form");
+  if (st.metadata.type === undefined) {
     form?.remove();
     return;
   }
-  if (form) return;
+  form ??= createPutForm(row, st);
+  const enabled = st.writable;
+  for (const el of form.querySelectorAll<HTMLInputElement | HTMLSelectElement | HTMLButtonElement>("input, select, button")) el.disabled = !enabled;
+  form.classList.toggle("read-only", !enabled);
+  form.title = enabled ? "" : readOnlyReason(st);
+}
+
+function createPutForm(row: Row, st: ChannelState): HTMLFormElement {
+  const cell = row.cells.put!;
   const f = document.createElement("form");
   let input: HTMLInputElement | HTMLSelectElement;
   if (st.metadata.type === "enum" && st.metadata.choices) {
@@ -122,12 +157,19 @@ function renderPut(row: Row, st: ChannelState): void {
     const t = row.state?.metadata.type ?? "";
     const raw = input.value;
     const value = t === "string" ? raw : Number(raw);
-    const showPutError = (msg: string) => { row.putError.textContent = msg; };
+    const showPutError = (msg: string, code?: string | number) => {
+      row.putError.textContent = msg;
+      row.putError.dataset.code = code === undefined ? "" : String(code);
+    };
     if (typeof value === "number" && (raw.trim() === "" || Number.isNaN(value))) return showPutError(`not a number: ${JSON.stringify(raw)}`);
     showPutError("");
-    client.put(row.name, value, { wait: true }).then(() => showPutError(""), (e: Error) => showPutError(e.message));
+    client.put(row.name, value, { wait: true }).then(
+      () => showPutError(""),
+      (e: PvwireError) => showPutError(e.code === "WRITE_DENIED" ? `write denied: ${e.message}` : e.message, e.code),
+    );
   });
   cell.insertBefore(f, row.putError);
+  return f;
 }
 
 /** Severity not reported yet: a neutral dash, never a badge (a grey "UNKNOWN" reads as an alarm). */
@@ -331,6 +373,42 @@ $("search-form").addEventListener("submit", (ev) => {
     }));
     if (ids.length === 0) out.textContent = "no match";
   }, (e: Error) => showError(`search: ${e.message}`));
+});
+
+// ---- identity: the token field
+/** Who the token says the user is, for display only: the server verifies it, the page cannot. */
+function describeToken(token: string | undefined): string {
+  if (!token) return "anonymous";
+  try {
+    const b64 = token.split(".")[1]!.replace(/-/g, "+").replace(/_/g, "/");
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)); // claims are UTF-8
+    const claims = JSON.parse(new TextDecoder().decode(bytes)) as { preferred_username?: unknown; sub?: unknown; groups?: unknown };
+    const user = String(claims.preferred_username ?? claims.sub ?? "?");
+    return Array.isArray(claims.groups) && claims.groups.length > 0 ? `${user} (${claims.groups.join(", ")})` : user;
+  } catch {
+    return "token (not a JWT)";
+  }
+}
+
+function showIdentity(): void {
+  $("identity").textContent = describeToken(currentToken());
+}
+showIdentity();
+
+$("token-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const input = $<HTMLInputElement>("token-input");
+  const token = input.value.trim();
+  input.value = "";
+  if (token) sessionStorage.setItem(TOKEN_KEY, token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+  showIdentity();
+  showError("");
+  // Every subscription registers again under the new identity: its access may differ.
+  for (const row of rows.values()) {
+    row.putError.textContent = "";
+    subscribeRow(row);
+  }
 });
 
 // ---- preload the demo IOC's channels (search first; the fixed list if search finds none)

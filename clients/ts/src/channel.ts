@@ -10,6 +10,8 @@ export type Severity = (typeof SEVERITIES)[number];
 export const CONNECTION_STATES = ["CONNECTING", "CONNECTED", "DISCONNECTED", "FAILED", "NOT_FOUND"] as const;
 export type ChannelConnection = (typeof CONNECTION_STATES)[number];
 export type ChangedField = "value" | "time" | "alarm" | "metadata" | "connection";
+/** What the server grants this client's identity on a channel (from `subscribe`). */
+export type Access = "READ" | "WRITE";
 
 export interface Timestamp {
   /** POSIX seconds (IOC timestamp). */
@@ -46,13 +48,32 @@ export interface ChannelState {
   readonly metadata: Metadata;
   readonly connection: ChannelConnection;
   readonly reason: string;
+  /** READ or WRITE for this client's identity; undefined when the server did not say. */
+  readonly access: Access | undefined;
+  /** Whether a put from this client can succeed now: see {@link isWritable}. */
+  readonly writable: boolean;
 }
 
-export function initialState(id: string, sid: number): ChannelState {
+/**
+ * May this identity write the channel? On the stream `metadata.writable` is the upstream's answer
+ * only, absent when it cannot tell (PVA): granted WRITE and not refused upstream. Without an
+ * access (a token obtained elsewhere) only an explicit `writable: true` counts.
+ */
+export function isWritable(access: Access | undefined, metadata: Metadata): boolean {
+  return access === undefined ? metadata.writable === true : access === "WRITE" && metadata.writable !== false;
+}
+
+export function initialState(id: string, sid: number, access?: Access): ChannelState {
   return {
     id, sid, value: undefined, serial: undefined, conflated: 0, conflatedTotal: 0,
     time: undefined, alarm: undefined, metadata: {}, connection: "CONNECTING", reason: "",
+    access, writable: isWritable(access, {}),
   };
+}
+
+/** The state with a new access (a re-registration may grant less or more); same object if equal. */
+export function withAccess(s: ChannelState, access: Access | undefined): ChannelState {
+  return s.access === access ? s : { ...s, access, writable: isWritable(access, s.metadata) };
 }
 
 /**
@@ -91,6 +112,7 @@ export function applyEntry(prev: ChannelState, e: Entry, baseline = false): [Cha
   }
   if (e.mask & Mask.META) {
     next.metadata = e.metadata!;
+    next.writable = isWritable(next.access, next.metadata);
     changed.push("metadata");
   }
   if (e.mask & Mask.CONN) {

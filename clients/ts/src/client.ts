@@ -2,7 +2,7 @@
  * PvwireClient: GraphQL calls (get, put, search) and subscriptions multiplexed over ONE shared
  * WebSocket, with reconnect/re-attach, token renewal and a heartbeat watchdog.
  */
-import { applyEntry, initialState, type ChangedField, type ChannelState } from "./channel.js";
+import { applyEntry, initialState, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
 import { closeClass, closeName, CloseCode } from "./closeCodes.js";
 import { backoffDelay, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
 import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
@@ -44,6 +44,13 @@ export interface ClientOptions {
   /** Reconnect after "reconnect" close codes (default true). */
   reconnect?: boolean;
   /**
+   * The user's bearer token (the site's OIDC access token), asked for before every GraphQL
+   * request: reads, puts and each (re-)registration of a subscription, which is how the stream
+   * learns the identity (the first subscribe, a stream token expiring across a reconnect, a token
+   * the server refused). Return the current, refreshed token; undefined means anonymous.
+   */
+  getToken?: () => string | undefined | Promise<string | undefined>;
+  /**
    * A stream request (ATTACH, DETACH, PING) without an answer this long means the connection is
    * broken (PROTOCOL.md section 2.7): close with 4000 and reconnect. Default 30,000 ms.
    */
@@ -54,7 +61,11 @@ export interface SubscribeOptions {
   /** At most this many updates per second for this subscription (0 = every tick). */
   maxRate?: number;
   mode?: "LATEST" | "ALL";
-  /** Called when the subscription fails for good (bad token, unknown channel, ...). */
+  /**
+   * Called when the subscription fails for good: unknown channel, access refused (GraphQL
+   * FORBIDDEN, or stream code 4403), a token refused again after re-registering (4401, 4402).
+   * The client's other subscriptions go on. Without it the client emits "error".
+   */
   onError?: (error: PvwireError) => void;
 }
 
@@ -85,6 +96,10 @@ interface ClientEvents {
 }
 
 const WS_OPEN = 1;
+/** ERROR codes for a refused token (PROTOCOL.md section 7): register again, once. */
+const RENEW_CODES: readonly number[] = [CloseCode.BAD_TOKEN, CloseCode.TOKEN_EXPIRED];
+/** ERROR codes about one attachment's token: the DETACHED that follows reports them. */
+const TOKEN_CODES: readonly number[] = [CloseCode.BAD_TOKEN, CloseCode.TOKEN_EXPIRED, CloseCode.FORBIDDEN];
 
 /** Stop listening to a socket we are done with. onerror stays a no-op: `ws` emits an error for
  * a socket closed while still connecting, and an EventEmitter error without a listener throws. */
@@ -100,8 +115,11 @@ class Sub implements Subscription {
   token: string | undefined;
   expiresAt = Infinity;
   registering = false;
-  /** The current token was attached once: a later BAD_TOKEN means the server's key changed. */
-  tokenAccepted = false;
+  /** A token was refused (4401/4402) and the subscription registered again; reset by ATTACHED,
+   * so a server that refuses every token causes one retry, not a loop. */
+  renewed = false;
+  /** Access granted per sid by the last registration. */
+  access: (Access | undefined)[] = [];
   readonly ready: Promise<void>;
   resolveReady!: () => void;
   rejectReady!: (e: PvwireError) => void;
@@ -154,6 +172,8 @@ export class PvwireClient {
   private requestTimers = new Map<number, ReturnType<typeof setTimeout>>();
   private listeners: { [K in keyof ClientEvents]: Set<ClientEvents[K]> } = { state: new Set(), error: new Set(), hello: new Set() };
   private streamPath = "/stream";
+  /** The last ERROR that answered no request, for a DETACHED that may follow it at once. */
+  private notice: Extract<ServerMessage, { kind: "ERROR" }> | undefined;
   readonly stats: ClientStats = { messages: 0, bytes: 0, entries: 0, connects: 0 };
 
   constructor(url: string, options: ClientOptions = {}) {
@@ -192,8 +212,14 @@ export class PvwireClient {
 
   // ------------------------------------------------------------------ control plane
 
-  graphql<T>(query: string, variables: Record<string, unknown> = {}): Promise<T> {
-    return graphqlRequest<T>(this.fetchFn, `${this.url}/graphql`, query, variables);
+  async graphql<T>(query: string, variables: Record<string, unknown> = {}): Promise<T> {
+    let token: string | undefined;
+    try {
+      token = await this.opts.getToken?.();
+    } catch (err) {
+      throw new RequestError(`getToken failed: ${(err as Error).message ?? String(err)}`, "TOKEN");
+    }
+    return graphqlRequest<T>(this.fetchFn, `${this.url}/graphql`, query, variables, token);
   }
 
   /** Read one channel (throws on NOT_FOUND, TIMEOUT...) or several (each may carry `error`). */
@@ -227,7 +253,7 @@ export class PvwireClient {
   /** Register a stream through the GraphQL `subscribe` mutation (returns a token). */
   async register(ids: readonly string[], options: SubscribeOptions = {}): Promise<StreamRegistration> {
     const d = await this.graphql<{ subscribe: StreamRegistration }>(
-      `mutation($ids: [String!]!, $o: SubscribeOptions) { subscribe(ids: $ids, options: $o) { token expiresAt streamPath channels { sid id } } }`,
+      `mutation($ids: [String!]!, $o: SubscribeOptions) { subscribe(ids: $ids, options: $o) { token expiresAt streamPath channels { sid id access } } }`,
       { ids, o: { maxRate: options.maxRate ?? 0, mode: options.mode ?? "LATEST" } },
     );
     return d.subscribe;
@@ -329,8 +355,11 @@ export class PvwireClient {
       const reg = await this.register(sub.ids, sub.options);
       if (sub.closed) return;
       sub.token = reg.token;
-      sub.tokenAccepted = false;
       sub.expiresAt = reg.expiresAt * 1000;
+      sub.access = [];
+      for (const c of reg.channels) sub.access[c.sid] = c.access;
+      // Rules may have changed since the last registration: show the access granted now.
+      sub.states = sub.states.map((st) => withAccess(st, sub.access[st.sid]));
       this.streamPath = reg.streamPath || "/stream";
     } catch (err) {
       const e = err instanceof PvwireError ? err : new PvwireError(String(err));
@@ -472,6 +501,8 @@ export class PvwireClient {
   }
 
   private handle(msg: ServerMessage): void {
+    const notice = this.notice;
+    this.notice = undefined;
     switch (msg.kind) {
       case "HELLO": {
         if (msg.version !== PROTOCOL_VERSION) {
@@ -499,12 +530,12 @@ export class PvwireClient {
           return;
         }
         sub.att = msg.att;
-        sub.tokenAccepted = true;
+        sub.renewed = false;
         this.byAtt.set(msg.att, sub);
         // Keep previous states (serial continuity) when the ids are the same.
         sub.states = msg.ids.map((id, sid) => {
           const prev = sub.states[sid];
-          return prev !== undefined && prev.id === id ? prev : initialState(id, sid);
+          return prev !== undefined && prev.id === id ? withAccess(prev, sub.access[sid]) : initialState(id, sid, sub.access[sid]);
         });
         return;
       }
@@ -532,19 +563,25 @@ export class PvwireClient {
         this.byAtt.delete(msg.att);
         if (sub !== undefined && msg.req === null) {
           sub.att = undefined;
-          this.fail(sub, new StreamRequestError(`server ended attachment ${msg.att}`));
+          // The server says why just before (e.g. 4403 naming the channel after a rules reload).
+          const err = notice !== undefined
+            ? new StreamRequestError(`server ended the subscription: ${notice.code} ${closeName(notice.code)}: ${notice.message}`, notice.code)
+            : new StreamRequestError(`server ended attachment ${msg.att}`);
+          this.fail(sub, err);
         }
         return;
       }
       case "ERROR": {
         this.answered(msg.req);
         const sub = msg.req === null ? undefined : this.pending.get(msg.req);
-        const err = new StreamRequestError(`stream error ${msg.code}: ${msg.message}`, msg.code);
         if (sub !== undefined && msg.req !== null) {
           this.pending.delete(msg.req);
-          this.fail(sub, err);
-        } else if (msg.code !== 4404) {
-          this.emit("error", err);
+          this.refused(sub, msg.code, msg.message);
+        } else {
+          this.notice = msg;
+          if (msg.code !== 4404 && !TOKEN_CODES.includes(msg.code)) {
+            this.emit("error", new StreamRequestError(`stream error ${msg.code}: ${msg.message}`, msg.code));
+          }
         }
         return;
       }
@@ -560,6 +597,20 @@ export class PvwireClient {
       case "HEARTBEAT":
         return;
     }
+  }
+
+  /** The server answered an ATTACH with ERROR: only that subscription is concerned. */
+  private refused(sub: Sub, code: number, message: string): void {
+    if (sub.closed) return;
+    if (RENEW_CODES.includes(code) && sub.renewable && !sub.renewed) {
+      // Expired, or signed with a key the server no longer has (a restart without a shared
+      // key): register again, with a fresh token from getToken, once.
+      sub.renewed = true;
+      sub.token = undefined;
+      void this.renew(sub);
+      return;
+    }
+    this.fail(sub, new StreamRequestError(`subscription refused: ${code} ${closeName(code)}: ${message}`, code));
   }
 
   /** A terminal condition for the whole connection: fail every subscription, no reconnect. */
@@ -584,9 +635,6 @@ export class PvwireClient {
     this.clearRequestTimers();
     for (const p of this.pings.values()) p.reject(new PvwireError(`connection closed before the PONG: ${code} ${closeName(code)}`));
     this.pings.clear();
-    // The server answers ATTACHes in order and closes at a bad token, so the first unanswered
-    // ATTACH is the one whose token was refused.
-    const culprit = this.pending.values().next().value as Sub | undefined;
     this.pending.clear();
     for (const sub of this.subs) sub.att = undefined;
     this.byAtt.clear();
@@ -595,24 +643,9 @@ export class PvwireClient {
     if (this.closedByUser) return;
 
     const local = this.localClose !== undefined;
+    // A close concerns every subscription: refused tokens are answered per attachment (ERROR).
     if (!local && closeClass(code) === "terminal") {
-      const err = new StreamClosedError(`stream closed: ${code} ${closeName(code)}${reason ? `: ${reason}` : ""}`, code, reason);
-      if (culprit !== undefined && [CloseCode.BAD_TOKEN, CloseCode.TOKEN_EXPIRED, CloseCode.FORBIDDEN].includes(code as 4401)) {
-        // Re-register (then attach the new token) when the token expired, or when a token the
-        // server accepted before is now refused: a restarted server without a shared key, or a
-        // rotated key. A fresh token refused again fails the subscription: no loop.
-        const renew = culprit.renewable && (code === CloseCode.TOKEN_EXPIRED || (code === CloseCode.BAD_TOKEN && culprit.tokenAccepted));
-        if (renew) culprit.token = undefined;
-        else this.fail(culprit, err);
-        if (this.subs.size > 0) {
-          this.move("lost");
-          this.scheduleReconnect();
-        } else {
-          this.move("closed");
-        }
-        return;
-      }
-      this.terminal(err);
+      this.terminal(new StreamClosedError(`stream closed: ${code} ${closeName(code)}${reason ? `: ${reason}` : ""}`, code, reason));
       return;
     }
     if (this.opts.reconnect === false) {

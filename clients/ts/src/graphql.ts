@@ -7,12 +7,13 @@ export type FetchLike = (input: string, init: { method: string; headers: Record<
 
 export interface GraphQLErrorEntry { message: string; extensions?: { code?: string } }
 
-export async function graphqlRequest<T>(fetchFn: FetchLike, endpoint: string, query: string, variables: Record<string, unknown>): Promise<T> {
+export async function graphqlRequest<T>(fetchFn: FetchLike, endpoint: string, query: string, variables: Record<string, unknown>, token?: string): Promise<T> {
   let res;
+  const auth: Record<string, string> = token ? { authorization: `Bearer ${token}` } : {};
   try {
     res = await fetchFn(endpoint, {
       method: "POST",
-      headers: { "content-type": "application/json", accept: "application/json" },
+      headers: { "content-type": "application/json", accept: "application/json", ...auth },
       body: JSON.stringify({ query, variables }),
     });
   } catch (err) {
@@ -22,7 +23,7 @@ export async function graphqlRequest<T>(fetchFn: FetchLike, endpoint: string, qu
   try {
     body = await res.json();
   } catch {
-    throw new RequestError(`GraphQL request to ${endpoint}: HTTP ${res.status}, body is not JSON`, "HTTP");
+    throw new RequestError(`GraphQL request to ${endpoint}: HTTP ${res.status}, body is not JSON`, httpCode(res.status));
   }
   if (typeof body !== "object" || body === null) throw new RequestError(`GraphQL response is not an object (HTTP ${res.status})`, "HTTP");
   const { data, errors } = body as { data?: T | null; errors?: GraphQLErrorEntry[] };
@@ -30,8 +31,13 @@ export async function graphqlRequest<T>(fetchFn: FetchLike, endpoint: string, qu
     const first = errors[0]!;
     throw new RequestError(first.message, first.extensions?.code ?? "GRAPHQL");
   }
-  if (!res.ok || data === undefined || data === null) throw new RequestError(`GraphQL request failed: HTTP ${res.status}`, "HTTP");
+  if (!res.ok || data === undefined || data === null) throw new RequestError(`GraphQL request failed: HTTP ${res.status}`, httpCode(res.status));
   return data;
+}
+
+/** A 401 without a GraphQL body (e.g. from an authenticating proxy) still means "log in again". */
+function httpCode(status: number): string {
+  return status === 401 ? "UNAUTHENTICATED" : "HTTP";
 }
 
 const LIMITS = "{ low high }";
@@ -67,5 +73,6 @@ export interface StreamRegistration {
   token: string;
   expiresAt: number;
   streamPath: string;
-  channels: { sid: number; id: string }[];
+  /** `access`: what this identity may do on the channel (READ or WRITE). */
+  channels: { sid: number; id: string; access?: "READ" | "WRITE" }[];
 }

@@ -1,8 +1,8 @@
 /** @pvwire/client: stream EPICS process variables from a pvwire server (browsers and Node 20). */
 export { PvwireClient } from "./client.js";
 export type { ClientOptions, ClientStats, Listener, SubscribeOptions, Subscription, WebSocketConstructor, WebSocketLike } from "./client.js";
-export { applyEntry, CONNECTION_STATES, initialState, SEVERITIES, toDate } from "./channel.js";
-export type { AlarmState, ChangedField, ChannelConnection, ChannelState, Severity, Timestamp } from "./channel.js";
+export { applyEntry, CONNECTION_STATES, initialState, isWritable, SEVERITIES, toDate, withAccess } from "./channel.js";
+export type { Access, AlarmState, ChangedField, ChannelConnection, ChannelState, Severity, Timestamp } from "./channel.js";
 export { CLOSE_CODES, CloseCode, closeClass, closeName } from "./closeCodes.js";
 export type { CloseClass } from "./closeCodes.js";
 export { backoffDelay, transition, TRANSITIONS } from "./connection.js";

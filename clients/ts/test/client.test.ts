@@ -1,15 +1,22 @@
 // PvwireClient against an in-process fake server (`ws`), to drive every reconnect/terminal path
 // deterministically: shared socket, snapshot + deltas, reconnect on 1012, heartbeat watchdog,
-// bad token (no reconnect loop), expired token (re-register), sequence gap.
+// bad token (no reconnect loop), expired token (re-register), sequence gap; identities: the
+// bearer token from getToken, refused tokens per attachment (ERROR), access and writable.
 import { afterEach, describe, expect, it } from "vitest";
 import WebSocket, { WebSocketServer } from "ws";
-import { decode, encode, PvwireClient, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type WebSocketConstructor } from "../src/index.js";
+import { decode, encode, PvwireClient, PvwireError, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type WebSocketConstructor } from "../src/index.js";
 
 interface FakeServer {
   url: string;
   connections: number;
   tokens: string[];
   registrations: number;
+  /** Channel ids of each registration, by the token it returned. */
+  registered: Map<string, string[]>;
+  /** Authorization header of each GraphQL request. */
+  authorization: (string | undefined)[];
+  /** Access `subscribe` grants, by requested id (default READ). */
+  access: Record<string, "READ" | "WRITE">;
   behaviour: (ws: WebSocket, msg: unknown[], ctx: { seq: () => number; att: () => number }) => void;
   heartbeatMs: number;
   wss: WebSocketServer;
@@ -41,7 +48,10 @@ async function fakeServer(behaviour = standardAttach, heartbeatMs = 15000): Prom
   const wss = new WebSocketServer({ port: 0, host: "127.0.0.1", handleProtocols: (p) => (p.has("pvwire.v1") ? "pvwire.v1" : false) });
   await new Promise((r) => wss.once("listening", r));
   const port = (wss.address() as { port: number }).port;
-  const s: FakeServer = { url: `http://127.0.0.1:${port}`, connections: 0, tokens: [], registrations: 0, behaviour, heartbeatMs, wss, sockets: new Set() };
+  const s: FakeServer = {
+    url: `http://127.0.0.1:${port}`, connections: 0, tokens: [], registrations: 0, registered: new Map(), authorization: [], access: {},
+    behaviour, heartbeatMs, wss, sockets: new Set(),
+  };
   wss.on("connection", (ws) => {
     s.connections++;
     s.sockets.add(ws);
@@ -61,11 +71,16 @@ async function fakeServer(behaviour = standardAttach, heartbeatMs = 15000): Prom
 }
 
 function client(s: FakeServer, extra: Partial<ConstructorParameters<typeof PvwireClient>[1]> = {}): PvwireClient {
-  const fetch = async (_url: string, init: { body: string }) => {
-    const body = JSON.parse(init.body) as { query: string };
+  const fetch = async (_url: string, init: { headers: Record<string, string>; body: string }) => {
+    const body = JSON.parse(init.body) as { query: string; variables: { ids: string[] } };
     if (!body.query.includes("subscribe")) throw new Error("unexpected query");
+    s.authorization.push(init.headers.authorization);
     s.registrations++;
-    return { ok: true, status: 200, json: async () => ({ data: { subscribe: { token: `tok-${s.registrations}`, expiresAt: Date.now() / 1000 + 3600, streamPath: "/stream", channels: [] } } }) };
+    const token = `tok-${s.registrations}`;
+    const ids = body.variables.ids;
+    s.registered.set(token, ids);
+    const channels = ids.map((id, sid) => ({ sid, id: `ca://${id}`, access: s.access[id] ?? "READ" }));
+    return { ok: true, status: 200, json: async () => ({ data: { subscribe: { token, expiresAt: Date.now() / 1000 + 3600, streamPath: "/stream", channels } } }) };
   };
   const c = new PvwireClient(s.url, { WebSocket: WebSocket as unknown as WebSocketConstructor, fetch, backoff: { baseMs: 20, maxMs: 100 }, ...extra });
   clients.push(c);
@@ -140,7 +155,7 @@ describe("PvwireClient with a fake server", () => {
 
   it("re-registers through GraphQL when the token expired", async () => {
     const s = await fakeServer((ws, msg, ctx) => {
-      if (msg[0] === 16 && msg[2] === "tok-1") ws.close(4402, "expired");
+      if (msg[0] === 16 && msg[2] === "tok-1") ws.send(encode([5, msg[1] as number, 4402, "expired"]));
       else standardAttach(ws, msg, ctx);
     });
     const c = client(s);
@@ -150,12 +165,13 @@ describe("PvwireClient with a fake server", () => {
     await until(() => values.includes(20));
     expect(s.registrations).toBe(2);
     expect(s.tokens).toEqual(["tok-1", "tok-2"]);
+    expect(s.connections).toBe(1);
   });
 
   it("re-registers once when a token accepted before is refused (server restarted with a new key)", async () => {
     let connection = 0;
     const s = await fakeServer((ws, msg, ctx) => {
-      if (msg[0] === 16 && connection > 1 && msg[2] === "tok-1") ws.close(4401, "signature");
+      if (msg[0] === 16 && connection > 1 && msg[2] === "tok-1") ws.send(encode([5, msg[1] as number, 4401, "signature"]));
       else standardAttach(ws, msg, ctx);
     });
     s.wss.on("connection", () => connection++);
@@ -231,5 +247,148 @@ describe("PvwireClient with a fake server", () => {
     c.subscribe(["A"], () => undefined);
     await until(() => s.connections >= 2);
     expect(errors[0]?.message).toMatch(/sequence gap: expected 3, got 99/);
+  });
+});
+
+type Refusal = [number, string] | undefined;
+
+/** A fake stream that attaches each token to its registration's ids (sid 0's first value is the
+ * attachment number) unless `refuse(token)` answers [code, message]; `live` sends more. */
+function attaching(server: () => FakeServer, refuse: (token: string) => Refusal = () => undefined) {
+  const live = {
+    ws: undefined as WebSocket | undefined,
+    seq: () => 0,
+    atts: new Map<string, number>(),
+    send(m: unknown[]): void { live.ws!.send(encode(m as Encodable)); },
+  };
+  const behaviour = (ws: WebSocket, msg: unknown[], ctx: { seq: () => number; att: () => number }): void => {
+    live.ws = ws;
+    live.seq = ctx.seq;
+    if (msg[0] === 17) return void ws.send(encode([4, msg[1] as number, msg[2] as number]));
+    if (msg[0] !== 16) return;
+    const [, req, token] = msg as [number, number, string];
+    const refusal = refuse(token);
+    if (refusal) return void ws.send(encode([5, req, ...refusal]));
+    const att = ctx.att();
+    const ids = server().registered.get(token)!.map((i) => `ca://${i}`);
+    live.atts.set(ids[0]!, att);
+    ws.send(encode([1, req, att, ids]));
+    ws.send(encode([2, ctx.seq(), att, ids.map((_, sid) => full(sid, att, 1))]));
+  };
+  return { live, behaviour };
+}
+
+async function identityServer(refuse?: (token: string) => Refusal) {
+  let s: FakeServer | undefined;
+  const { live, behaviour } = attaching(() => s!, refuse);
+  s = await fakeServer(behaviour);
+  return { s, live };
+}
+
+describe("PvwireClient with identities", () => {
+  it("re-registers a refused token once, on the same socket, and the other subscription does not notice", async () => {
+    const { s, live } = await identityServer((t) => (t === "tok-2" ? [4402, "token expired"] : undefined));
+    const c = client(s);
+    const states: ConnectionState[] = [];
+    c.on("state", (st) => states.push(st));
+    const a: unknown[] = [];
+    const subA = c.subscribe(["X"], (st) => a.push(st.value));
+    await subA.ready;
+    const subB = c.subscribe(["Y"], () => undefined);
+    await subB.ready;
+    expect(subB.channels[0]).toMatchObject({ id: "ca://Y", value: 2 });
+    expect(s.tokens).toEqual(["tok-1", "tok-2", "tok-3"]);
+    expect(s.connections).toBe(1);
+    live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 42, 2]]]]]);
+    await until(() => a.includes(42));
+    expect(states).toEqual(["connecting", "connected"]);
+  });
+
+  it("ends only the subscription whose fresh token is refused again", async () => {
+    const { s, live } = await identityServer((t) => (t !== "tok-1" ? [4401, "bad signature"] : undefined));
+    const c = client(s);
+    const clientErrors: unknown[] = [];
+    c.on("error", (e) => clientErrors.push(e));
+    const a: unknown[] = [];
+    await c.subscribe(["X"], (st) => a.push(st.value)).ready;
+    const errors: PvwireError[] = [];
+    const subB = c.subscribe(["Y"], () => undefined, { onError: (e) => errors.push(e) });
+    await expect(subB.ready).rejects.toMatchObject({ code: 4401 });
+    expect(errors).toHaveLength(1);
+    expect(errors[0]!.message).toMatch(/4401 BAD_TOKEN: bad signature/);
+    expect(subB.closed).toBe(true);
+    expect(s.tokens).toEqual(["tok-1", "tok-2", "tok-3"]); // one re-registration, no loop
+    live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 7, 2]]]]]);
+    await until(() => a.includes(7));
+    expect(c.state).toBe("connected");
+    expect(s.connections).toBe(1);
+    expect(clientErrors).toEqual([]);
+  });
+
+  it("ends a subscription refused with 4403 without registering again", async () => {
+    const { s } = await identityServer(() => [4403, "ca://X: not readable by bob"]);
+    const c = client(s);
+    const sub = c.subscribe(["X"], () => undefined, { onError: () => undefined });
+    await expect(sub.ready).rejects.toMatchObject({ code: 4403, message: expect.stringMatching(/4403 FORBIDDEN: ca:\/\/X: not readable by bob/) });
+    expect(s.registrations).toBe(1);
+  });
+
+  it("reports an attachment the server ended with the ERROR that named its channel", async () => {
+    const { s, live } = await identityServer();
+    const c = client(s);
+    const clientErrors: unknown[] = [];
+    c.on("error", (e) => clientErrors.push(e));
+    const a: unknown[] = [];
+    await c.subscribe(["X"], (st) => a.push(st.value)).ready;
+    const errors: PvwireError[] = [];
+    const subY = c.subscribe(["Y"], () => undefined, { onError: (e) => errors.push(e) });
+    await subY.ready;
+    live.send([5, null, 4403, "ca://Y: no longer readable by bob"]);
+    live.send([4, null, live.atts.get("ca://Y")!]);
+    await until(() => errors.length === 1);
+    expect(errors[0]).toMatchObject({ code: 4403, message: expect.stringMatching(/ca:\/\/Y: no longer readable/) });
+    expect(subY.closed).toBe(true);
+    live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 9, 2]]]]]);
+    await until(() => a.includes(9));
+    expect(clientErrors).toEqual([]); // reported once, to the subscription
+  });
+
+  it("asks getToken before every registration and sends it as a bearer token", async () => {
+    const { s } = await identityServer((t) => (t === "tok-1" ? [4402, "expired"] : undefined));
+    let n = 0;
+    const c = client(s, { getToken: () => `jwt-${++n}` });
+    await c.subscribe(["X"], () => undefined).ready;
+    expect(s.authorization).toEqual(["Bearer jwt-1", "Bearer jwt-2"]);
+  });
+
+  it("accepts an async getToken; undefined is anonymous", async () => {
+    const { s } = await identityServer();
+    const c = client(s, { getToken: async () => undefined });
+    await c.subscribe(["X"], () => undefined).ready;
+    const withToken = client(s, { getToken: async () => "jwt-async" });
+    await withToken.subscribe(["X"], () => undefined).ready;
+    expect(s.authorization).toEqual([undefined, "Bearer jwt-async"]);
+  });
+
+  it("fails the subscription when getToken throws", async () => {
+    const { s } = await identityServer();
+    const c = client(s, { getToken: () => { throw new Error("identity provider unreachable"); } });
+    const sub = c.subscribe(["X"], () => undefined, { onError: () => undefined });
+    await expect(sub.ready).rejects.toMatchObject({ code: "TOKEN", message: expect.stringMatching(/identity provider unreachable/) });
+    expect(s.registrations).toBe(0);
+  });
+
+  it("puts the access from subscribe on the channel state, writable combining it with the upstream's", async () => {
+    const { s, live } = await identityServer();
+    s.access = { W: "WRITE" };
+    const c = client(s);
+    const seen: ChannelState[] = [];
+    const sub = c.subscribe(["W", "R"], (st) => seen.push(st));
+    await sub.ready;
+    expect(sub.channels.map((st) => [st.access, st.writable])).toEqual([["WRITE", true], ["READ", false]]);
+    // The IOC refuses writes (e.g. its access security): not writable whatever the rules say.
+    live.send([3, live.seq(), [[live.atts.get("ca://W")!, [[0, 8, { writable: false }]]]]]);
+    await until(() => seen.length === 3);
+    expect(seen[2]).toMatchObject({ id: "ca://W", access: "WRITE", writable: false });
   });
 });

@@ -7,10 +7,17 @@ from stdin, one per line, and answers each with one JSON line:
 At EOF on stdin (the test process ended, even by a crash) everything is torn down.
 PVWIRE_SERVER_CMD (default `-m pvwire.cli`) replaces the server's module/script, for debugging.
 PVWIRE_STACK_DB, when set, names a .db file the IOC serves instead of the demo (prefix "").
+
+Other arguments go to `pvwire serve`, except two that set up identities for a test:
+  --jwt-secret SECRET        written to a file passed as --jwt-secret-file (HS256 bearer JWTs)
+  --access-rules-toml TOML   written to a file passed as --access-rules
+With access rules (these or --access-rules FILE) the demo's write rules are left out: they would
+grant writes to everyone after the file's rules.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -28,14 +35,31 @@ PREFIX = DEMO_PREFIX
 NAMES = ("COUNTER", "COUNTER_1HZ", "SINE", "NOISE", "MODE", "MESSAGE", "SP", "RBV", "WAVEFORM")
 
 
-def demo_server_args() -> list[str]:
+def demo_server_args(with_write_rules: bool = True) -> list[str]:
     """Write rules for the demo setpoints and a search catalogue, as `run-demo` sets them."""
     args: list[str] = []
-    for rule in demo_write_rules(PREFIX):
+    for rule in demo_write_rules(PREFIX) if with_write_rules else []:
         args += ["--write-rule", rule]
     for name in NAMES:
         args += ["--catalogue", f"ca://{PREFIX}{name}"]
     return args
+
+
+def identity_args(argv: list[str]) -> tuple[list[str], bool]:
+    """The server arguments for `argv` (the identity options written to files), and whether
+    access rules are given."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--jwt-secret")
+    p.add_argument("--access-rules-toml")
+    ours, rest = p.parse_known_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="pvwire-ts-identity-"))
+    if ours.jwt_secret is not None:
+        (folder / "jwt-secret").write_text(ours.jwt_secret)
+        rest += ["--jwt-secret-file", str(folder / "jwt-secret")]
+    if ours.access_rules_toml is not None:
+        (folder / "rules.toml").write_text(ours.access_rules_toml)
+        rest += ["--access-rules", str(folder / "rules.toml")]
+    return rest, any(a == "--access-rules" or a.startswith("--access-rules=") for a in rest)
 
 
 class Server:
@@ -118,13 +142,14 @@ def main() -> None:
     server: Server | None = None
     try:
         db = os.environ.get("PVWIRE_STACK_DB")
+        extra, has_rules = identity_args(sys.argv[1:])
         if db:
             ioc = IocProcess([Path(db)])
             ioc.start()
-            server = Server(ioc, sys.argv[1:])
+            server = Server(ioc, extra)
         else:
             ioc = start_demo_ioc(PREFIX)
-            server = Server(ioc, [*demo_server_args(), *sys.argv[1:]])
+            server = Server(ioc, [*demo_server_args(with_write_rules=not has_rules), *extra])
         server.start()
         prefix = "" if db else PREFIX
         reply({"url": server.url, "prefix": prefix, "port": server.port, "log": str(server.log)})

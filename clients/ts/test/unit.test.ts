@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   applyEntry, backoffDelay, CLOSE_CODES, CONNECTION_STATES, closeClass, decode, decodeNdArray, decodeServerMessage, encode, encodeNdArray, Ext,
-  initialState, NdArray, ProtocolError, transition, TRANSITIONS, type Encodable,
+  initialState, isWritable, NdArray, ProtocolError, transition, TRANSITIONS, withAccess, type Access, type Encodable,
 } from "../src/index.js";
 
 const frame = (v: Encodable) => encode(v);
@@ -204,5 +204,31 @@ describe("connection states", () => {
     expect(s).toMatchObject({ serial: 500, conflated: 0, conflatedTotal: 1 });
     [s] = applyEntry(s, { sid: 0, mask: 1, value: 4, serial: 503 }, false);
     expect(s).toMatchObject({ serial: 503, conflated: 2, conflatedTotal: 3 });
+  });
+});
+
+describe("writable for this identity", () => {
+  it.each([
+    ["WRITE", undefined, true], // the upstream cannot tell (PVA): the grant decides
+    ["WRITE", true, true],
+    ["WRITE", false, false], // the IOC refuses writes whatever the rules say
+    ["READ", true, false],
+    ["READ", undefined, false],
+    [undefined, true, true], // a token obtained elsewhere: only the metadata can say
+    [undefined, undefined, false],
+  ] as [Access | undefined, boolean | undefined, boolean][])("access %s, upstream writable %s: %s", (access, upstream, writable) => {
+    expect(isWritable(access, upstream === undefined ? {} : { writable: upstream })).toBe(writable);
+  });
+
+  it("follows metadata entries and access changes", () => {
+    let s = initialState("ca://SP", 0, "WRITE");
+    expect(s.writable).toBe(true);
+    [s] = applyEntry(s, { sid: 0, mask: 8, metadata: { writable: false } });
+    expect(s).toMatchObject({ access: "WRITE", writable: false });
+    [s] = applyEntry(s, { sid: 0, mask: 8, metadata: { units: "mm" } });
+    expect(s.writable).toBe(true);
+    const read = withAccess(s, "READ");
+    expect(read).toMatchObject({ access: "READ", writable: false, metadata: { units: "mm" } });
+    expect(withAccess(read, "READ")).toBe(read);
   });
 });
