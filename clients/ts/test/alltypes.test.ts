@@ -110,11 +110,11 @@ describe("every EPICS type through the real server", () => {
     await until(() => sub.channels.every((c) => c.connection === CONNECTED), 20_000, "connected");
     // One record seen over both protocols: each put shows on both channels.
     await client.put("pva://AT:AAO:STRING", ["ts", "", "put"], { wait: true });
-    await until(() => sub.channels.slice(0, 2).every((c) => JSON.stringify(c.value) === JSON.stringify(["ts", "", "put"])), 10_000, "string array over both");
+    await until(() => sub.channels.slice(0, 2).every((c) => JSON.stringify(c.value) === JSON.stringify(["ts", "", "put"])), 30_000, "string array over both");
     await client.put("ca://AT:AAO:STRING", ["one"], { wait: true });
-    await until(() => sub.channels.slice(0, 2).every((c) => JSON.stringify(c.value) === JSON.stringify(["one"])), 10_000, "string array of one over both");
+    await until(() => sub.channels.slice(0, 2).every((c) => JSON.stringify(c.value) === JSON.stringify(["one"])), 30_000, "string array of one over both");
     await client.put("pva://AT:AAO:INT64", [-5, 6], { wait: true });
-    await until(() => same(new BigInt64Array([-5n, 6n]), sub.channels[2]!.value), 10_000, "int64 array");
+    await until(() => same(new BigInt64Array([-5n, 6n]), sub.channels[2]!.value), 30_000, "int64 array");
     sub.unsubscribe();
   });
 });

@@ -76,7 +76,7 @@ describe("demo page with a token in Chromium", () => {
     const errors: string[] = [];
     page.on("pageerror", (e) => errors.push(e.message));
     await page.goto(`${stack.url}/?pvs=${P}SP,${P}RBV`);
-    await row(`${P}SP`).waitFor({ timeout: 10_000 });
+    await row(`${P}SP`).waitFor({ timeout: 30_000 });
     expect(errors).toEqual([]);
   });
   afterAll(async () => {
@@ -88,7 +88,7 @@ describe("demo page with a token in Chromium", () => {
 
   it("anonymous: the put box is there but disabled, and says why", async () => {
     await page.locator('[data-testid="identity"]', { hasText: "anonymous" }).waitFor({ timeout: 5000 });
-    await putInput().waitFor({ timeout: 10_000 });
+    await putInput().waitFor({ timeout: 30_000 });
     expect(await putInput().isDisabled()).toBe(true);
     expect(await row(`${P}SP`).locator("form").getAttribute("title")).toMatch(/read-only for anonymous/);
   });
@@ -98,13 +98,13 @@ describe("demo page with a token in Chromium", () => {
     await page.waitForFunction((name) => {
       const input = document.querySelector(`tr[data-pv="${name}"] [data-testid="put-input"]`) as HTMLInputElement | null;
       return input !== null && !input.disabled;
-    }, `${P}SP`, { timeout: 10_000 });
+    }, `${P}SP`, { timeout: 30_000 });
     const target = (Math.round(Math.random() * 40_000) / 1000 + 5).toFixed(3);
     await putInput().fill(target);
     await row(`${P}SP`).locator('[data-testid="put-button"]').click();
     const t0 = Date.now();
     let value = await iocValue();
-    while (Date.now() - t0 < 10_000 && !(typeof value === "number" && Math.abs(value - Number(target)) < 1e-6)) {
+    while (Date.now() - t0 < 30_000 && !(typeof value === "number" && Math.abs(value - Number(target)) < 1e-6)) {
       await new Promise((r) => setTimeout(r, 100));
       value = await iocValue();
     }
@@ -121,7 +121,7 @@ describe("demo page with a token in Chromium", () => {
     await page.waitForFunction((name) => {
       const input = document.querySelector(`tr[data-pv="${name}"] [data-testid="put-input"]`) as HTMLInputElement | null;
       return input !== null && input.disabled;
-    }, `${P}SP`, { timeout: 10_000 });
+    }, `${P}SP`, { timeout: 30_000 });
     expect(await row(`${P}SP`).locator("form").getAttribute("title")).toBe("read-only for this identity");
     mkdirSync(ARTIFACTS, { recursive: true });
     await page.screenshot({ path: join(ARTIFACTS, "demo-page-viewer.png"), fullPage: true });
@@ -134,7 +134,7 @@ describe("demo page with a token in Chromium", () => {
     await putInput().fill("1.5");
     await row(`${P}SP`).locator('[data-testid="put-button"]').click();
     const error = row(`${P}SP`).locator('[data-testid="put-error"]');
-    await error.locator("xpath=self::*[@data-code='WRITE_DENIED']").waitFor({ timeout: 10_000 });
+    await error.locator("xpath=self::*[@data-code='WRITE_DENIED']").waitFor({ timeout: 30_000 });
     expect(await error.textContent()).toMatch(/^write denied: .*vic/);
 
     // Forged outside the page: the GraphQL mutation with the viewer's token.

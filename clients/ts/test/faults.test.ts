@@ -67,7 +67,7 @@ describe("fault recovery against the real server and demo IOC", () => {
     report("ioc kill to DISCONNECTED (ca)", firstState(ids[CA]!, "DISCONNECTED", killed) - killed);
     // The IOC's absence touches nothing else: the sim counter keeps streaming.
     const mark = Date.now();
-    await until(() => freshSince(ids[3]!, mark, 10), 10_000, "sim values while the IOC is down");
+    await until(() => freshSince(ids[3]!, mark, 10), 30_000, "sim values while the IOC is down");
     await stack.command("start-ioc");
     const up = Date.now();
     await until(() => freshSince(ids[CA]!, up) && freshSince(ids[PVA]!, up), BOUND_MS, "CA and PVA resumed");
@@ -108,7 +108,7 @@ describe("fault recovery against the real server and demo IOC", () => {
     report("server kill, from new server up", done - up);
     report("server kill, from kill", done - killed);
     const mark = Date.now();
-    await until(() => freshSince(ids[CA]!, mark, 3), 10_000, "counter advancing");
+    await until(() => freshSince(ids[CA]!, mark, 3), 30_000, "counter advancing");
     expect(client.stats.connects).toBeGreaterThan(connectsBefore);
     expect(errors).toEqual([]);
     expect(latest(ids[2]!).value).toBeInstanceOf(Float64Array);

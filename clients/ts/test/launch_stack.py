@@ -74,7 +74,7 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = 90.0) -> None:
         env = {**os.environ, **self.ioc.ports.client_env()}
         args = [
             sys.executable,

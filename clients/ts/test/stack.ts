@@ -67,7 +67,7 @@ export async function startStack(extraServerArgs: string[] = [], env: Record<str
   };
 }
 
-export const until = async (cond: () => boolean, ms = 10_000, what = "condition"): Promise<void> => {
+export const until = async (cond: () => boolean, ms = 30_000, what = "condition"): Promise<void> => {
   const t0 = Date.now();
   while (!cond()) {
     if (Date.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
