@@ -23,6 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .batch import Batch
     from .client import Client, Update
     from .closecodes import is_reconnect
     from .control import DEFAULT_URL
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it.
 _WHERE = {
+    "Batch": "batch",
     "Client": "client",
     "Update": "client",
     "is_reconnect": "closecodes",
@@ -78,6 +80,7 @@ _WHERE = {
 __all__ = [
     "DEFAULT_URL",
     "BadChannelId",
+    "Batch",
     "ChannelState",
     "Client",
     "Entry",
