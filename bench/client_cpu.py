@@ -26,15 +26,21 @@ APIS = ("floor", "monitor", "batches")
 
 
 class Window:
-    """The measured window: opens after the warm-up, closes ``duration`` seconds later."""
+    """The measured window: opens ``warmup`` seconds after the first update (however long the
+    start took on a loaded machine), closes ``duration`` seconds later."""
 
     def __init__(self, warmup: float, duration: float) -> None:
-        self.opens = time.monotonic() + warmup
+        self.warmup = warmup
+        self.opens: float | None = None
         self.duration = duration
         self.start: tuple[float, float, int] | None = None  # wall, CPU, updates at opening
 
     def over(self, received: int) -> bool:
         now = time.monotonic()
+        if self.opens is None:
+            if received:
+                self.opens = now + self.warmup
+            return False
         if self.start is None:
             if now >= self.opens:
                 self.start = (now, time.process_time(), received)

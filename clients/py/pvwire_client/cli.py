@@ -6,7 +6,8 @@
     pvwire info ID                           metadata
     pvwire search PATTERN
 
-``--json`` prints machine-readable output (one JSON object per line for monitor); ``--server URL``
+``--json`` prints machine-readable output (for monitor one JSON object per line: a channel's
+first holds everything known, later ones only what changed); ``--server URL``
 or ``PVWIRE_URL`` selects the server (default http://127.0.0.1:8080). Problems print one line on
 stderr: ``ID: what happened`` for a channel, ``pvwire: what happened`` for the command.
 
