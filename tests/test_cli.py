@@ -13,12 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 from pvwire_client.cli import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_WRITE_DENIED, parse_value
-from pvwire_client.cliformat import channel_problem
+from pvwire_client.cliformat import change_json, channel_problem, state_json
 from pvwire_client.climonitor import Watch
+from pvwire_client.entry import ALARM, CONN, META, TIME, VALUE
 from pvwire_client.state import CONNECTED, FAILED, NOT_FOUND, ChannelState
 
 pytestmark = pytest.mark.ioc
@@ -202,3 +203,63 @@ def _until(
         seen.append(item)
         if done(*item):
             return seen
+
+
+def test_monitor_json_lines_carry_what_changed_and_metadata_only_when_it_changes(
+    server_url: str,
+) -> None:
+    env = {**os.environ, "PVWIRE_URL": server_url}
+    cmd = [PVWIRE, "monitor", "--json", "ca://PVW:CHG", "ca://PVW:COUNTER", "--duration", "60"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[tuple[str, str]] = queue.Queue()
+    for name, pipe in (("out", p.stdout), ("err", p.stderr)):
+        threading.Thread(target=_pump, args=(name, pipe, lines), daemon=True).start()
+    counter: list[dict[str, Any]] = []
+
+    def doc(kind: str, line: str, channel: str) -> bool:
+        if kind != "out":
+            return False
+        d = json.loads(line)
+        if d["id"] == "ca://PVW:COUNTER":
+            counter.append(d)
+        return bool(d["id"] == channel)
+
+    try:
+        seen = _until(lines, lambda k, line: doc(k, line, "ca://PVW:CHG"), 30)
+        first = json.loads(seen[-1][1])
+        # A channel's first line holds everything known, as `pvwire get --json` does.
+        assert set(first) - {"changed"} == set(state_json(ChannelState("x")))
+        assert first["units"] == "mm" and first["metadata"]["precision"] == 2
+        _until(lines, lambda k, line: doc(k, line, "") or len(counter) >= 4, 30)
+        # Later lines of the counter: its new value and time, no metadata.
+        assert counter[0]["metadata"]["units"] == "counts"
+        for d in counter[1:]:
+            assert d["changed"] == ["time", "value"], d
+            assert set(d) == {"id", "changed", "value", "display", "serial", "conflated", "time",
+                              "seconds", "nanoseconds"}  # fmt: skip
+        run(server_url, "put", "ca://PVW:CHG.EGU", "um")
+        seen = _until(lines, lambda k, line: doc(k, line, "ca://PVW:CHG"), 30)
+        change = json.loads(seen[-1][1])
+        assert "metadata" in change["changed"] and "value" not in change["changed"]
+        assert change["units"] == "um" and change["metadata"]["units"] == "um"
+        assert change["display"] == f"{first['value']:.2f} um"
+    finally:
+        run(server_url, "put", "ca://PVW:CHG.EGU", "mm")
+        p.kill()
+        p.wait()
+
+
+def test_change_json_names_only_what_changed() -> None:
+    s = ChannelState("ca://X", value=1.5, serial=3, seconds=1700000000, nanoseconds=5000,
+                     severity=2, status=3, message="", metadata={"units": "A", "precision": 1},
+                     state=CONNECTED)  # fmt: skip
+    full = change_json(s, VALUE | TIME | ALARM | META | CONN)
+    assert {k: v for k, v in full.items() if k != "changed"} == state_json(s)
+    assert full["changed"] == ["alarm", "connection", "metadata", "time", "value"]
+    assert change_json(s, ALARM) == {
+        "id": "ca://X", "changed": ["alarm"], "severity": "MAJOR", "status": "HIHI", "message": ""
+    }  # fmt: skip
+    assert change_json(s, TIME)["time"] == "2023-11-14T22:13:20.000005+00:00"
+    assert change_json(s, CONN) == {
+        "id": "ca://X", "changed": ["connection"], "connection": "CONNECTED", "reason": ""
+    }  # fmt: skip

@@ -117,9 +117,12 @@ def entry_meaning(e: wire.Entry) -> dict[str, Any]:
 def message_meaning(m: wire.Message) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": KIND_NAMES[type(m)]}
     for name in m.__slots__:
+        if name.startswith("_"):  # the Entry objects built from `raw` on first use
+            continue
         v = getattr(m, name)
-        if name == "entries":
-            v = [entry_meaning(e) for e in v]
+        if name == "raw":  # a SNAPSHOT's entries, as received; `entries` holds them as Entry
+            assert isinstance(m, wire.Snapshot)
+            name, v = "entries", [entry_meaning(e) for e in m.entries]
         elif name == "groups":
             v = [{"att": g.att, "entries": [entry_meaning(e) for e in g.entries]} for g in v]
         out[name] = meaning(v)

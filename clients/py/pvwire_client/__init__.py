@@ -23,6 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .batch import Batch
     from .client import Client, TokenSource, Update
     from .closecodes import is_reconnect
     from .control import DEFAULT_URL
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it.
 _WHERE = {
+    "Batch": "batch",
     "Client": "client",
     "TokenSource": "client",
     "Update": "client",
@@ -85,6 +87,7 @@ _WHERE = {
 __all__ = [
     "DEFAULT_URL",
     "BadChannelId",
+    "Batch",
     "ChannelState",
     "Client",
     "Entry",

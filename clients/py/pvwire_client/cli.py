@@ -6,12 +6,12 @@
     pvwire info ID                           metadata
     pvwire search PATTERN
 
-``--json`` prints machine-readable output (one JSON object per line for monitor); ``--server URL``
-or ``PVWIRE_URL`` selects the server (default http://127.0.0.1:8080). A server that checks
-identities takes the user's bearer token (the site's OIDC access token) from ``PVWIRE_TOKEN``,
-``--token-file PATH`` or ``--token TOKEN`` (visible to other users in the process list). Problems
-print one line on stderr: ``ID: what happened`` for a channel, ``pvwire: what happened`` for the
-command.
+``--json`` prints machine-readable output (for monitor one JSON object per line: a channel's
+first holds everything known, later ones only what changed); ``--server URL`` or ``PVWIRE_URL``
+selects the server (default http://127.0.0.1:8080). A server that checks identities takes the
+user's bearer token (the site's OIDC access token) from ``PVWIRE_TOKEN``, ``--token-file PATH`` or
+``--token TOKEN`` (visible to other users in the process list). Problems print one line on
+stderr: ``ID: what happened`` for a channel, ``pvwire: what happened`` for the command.
 
 ``monitor`` reports a channel that no IOC answers (``ID: not found (...)``) or that failed, once,
 and keeps watching: the PV may appear later. SIGTERM ends it like ``--duration``.

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import time
 from typing import Any
 
+from .entry import ALARM, CONN, FIELD_NAMES, META, TIME, VALUE
 from .errors import NotFound, PvwireError
 from .lazynp import tolist
 from .state import FAILED, NOT_FOUND, ChannelState
 
-__all__ = ["camonitor_line", "channel_error", "channel_problem", "get_line", "state_json"]
+__all__ = [
+    "camonitor_line",
+    "change_json",
+    "channel_error",
+    "channel_problem",
+    "get_line",
+    "state_json",
+]
+
+# ``changed`` as the JSON lines list it, for every set of mask bits.
+_CHANGED = tuple(sorted(names) for names in FIELD_NAMES)
 
 
 def _jsonable(x: Any) -> Any:
@@ -44,11 +57,59 @@ def state_json(s: ChannelState) -> dict[str, Any]:
     }
 
 
+def change_json(s: ChannelState, changed: int) -> dict[str, Any]:
+    """A monitor's JSON line: the channel's id and what ``changed`` (mask bits) names.
+
+    value: ``value``, ``display``, ``serial``, ``conflated``; time: ``time``, ``seconds``,
+    ``nanoseconds``; alarm: ``severity``, ``status``, ``message``; metadata: ``metadata``,
+    ``units`` (and ``value``, ``display``: precision and units change how it reads);
+    connection: ``connection``, ``reason``. A channel's first line names everything known, so
+    it holds what ``state_json`` holds; later ones repeat no metadata: lines holding all of it
+    (~1 KB each) kept ``pvwire monitor`` seconds behind 1,000 channels at 10 Hz.
+    """
+    doc: dict[str, Any] = {"id": s.id, "changed": _CHANGED[changed]}
+    if changed & (VALUE | META):
+        doc["value"] = _jsonable(s.value)
+        doc["display"] = s.format()
+    if changed & VALUE:
+        doc["serial"], doc["conflated"] = s.serial, s.conflated
+    if changed & TIME:
+        doc["time"] = _utc_time(s.seconds, s.nanoseconds)
+        doc["seconds"], doc["nanoseconds"] = s.seconds, s.nanoseconds
+    if changed & ALARM:
+        doc["severity"], doc["status"] = s.severity_name, s.status_name
+        doc["message"] = s.message
+    if changed & META:
+        doc["units"], doc["metadata"] = s.units, _jsonable(s.metadata)
+    if changed & CONN:
+        doc["connection"], doc["reason"] = s.connection, s.reason
+    return doc
+
+
+# Channels updated together share their second: formatting it once per second, not per line,
+# halves the cost of a line (datetime.astimezone per line: ~5 µs).
+@functools.lru_cache(maxsize=16)
+def _local_second(seconds: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+@functools.lru_cache(maxsize=16)
+def _utc_second(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+
+
+def _utc_time(seconds: int | None, nanoseconds: int | None) -> str | None:
+    """As ``datetime.isoformat()`` of the aware UTC time (what ``state_json`` gives)."""
+    if seconds is None or nanoseconds is None:
+        return None
+    us = nanoseconds // 1000
+    return f"{_utc_second(seconds)}.{us:06d}+00:00" if us else f"{_utc_second(seconds)}+00:00"
+
+
 def _local_time(s: ChannelState) -> str:
-    t = s.datetime
-    if t is None:
+    if s.seconds is None or s.nanoseconds is None:
         return "<no time>" + " " * 17
-    return t.astimezone().replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+    return f"{_local_second(s.seconds)}.{s.nanoseconds // 1000:06d}"
 
 
 def camonitor_line(s: ChannelState) -> str:

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from .client import Client
-from .cliformat import camonitor_line, channel_problem, state_json
+from .cliformat import camonitor_line, change_json, channel_problem
 from .state import FAILED, NOT_FOUND, ChannelState
 
 __all__ = ["Watch", "monitor"]
@@ -42,6 +42,14 @@ class Watch:
         return [i for i, st in self._state.items() if st in (NOT_FOUND, FAILED)]
 
 
+def _text_line(s: ChannelState, changed: int) -> str:
+    return camonitor_line(s)
+
+
+def _json_line(s: ChannelState, changed: int) -> str:
+    return json.dumps(change_json(s, changed), ensure_ascii=False)
+
+
 async def monitor(a: argparse.Namespace) -> list[str]:
     """Print updates until ``--count`` values, ``--duration`` seconds or SIGTERM; return the
     channels that were missing (not found or failed) when it stopped."""
@@ -55,21 +63,31 @@ async def monitor(a: argparse.Namespace) -> list[str]:
     async with Client(a.server, timeout=a.timeout, token=a.token) as c:
 
         async def run() -> None:
-            n = 0
-            async for u in c.monitor(a.ids, max_rate=a.max_rate, mode=a.mode):
-                problem = watch.see(u.channel)
-                if problem is not None:
-                    print(problem, file=sys.stderr, flush=True)
-                    continue
-                if u.channel.value is None:
-                    continue  # like camonitor: nothing to print before the first value
-                if a.json:
-                    doc = {**state_json(u.channel), "changed": sorted(u.changed)}
-                    print(json.dumps(doc, ensure_ascii=False), flush=True)
-                else:
-                    print(camonitor_line(u.channel), flush=True)
-                n += 1
-                if a.count is not None and n >= a.count:
+            left = a.count
+            render = _json_line if a.json else _text_line
+            out, err = sys.stdout, sys.stderr
+            async for batch in c.monitor_batches(a.ids, max_rate=a.max_rate, mode=a.mode):
+                lines = []
+                states = batch.states
+                for sid, changed in batch.changed.items():
+                    s = states[sid]
+                    problem = watch.see(s)
+                    if problem is not None:
+                        print(problem, file=err, flush=True)
+                        continue
+                    if s.value is None:
+                        continue  # like camonitor: nothing to print before the first value
+                    lines.append(render(s, changed))
+                    if left is not None:
+                        left -= 1
+                        if left == 0:
+                            break
+                # One write and one flush per frame, not per line: print(flush=True) per line
+                # was a system call per update.
+                if lines:
+                    out.write("\n".join(lines) + "\n")
+                    out.flush()
+                if left == 0:
                     return
 
         runner = asyncio.create_task(run())

@@ -17,6 +17,7 @@ from .entry import (
     CONNECTION_STATES,
     DISCONNECTED,
     FAILED,
+    FIELD_NAMES,
     META,
     NOT_FOUND,
     TIME,
@@ -83,39 +84,51 @@ class ChannelState:
         (``baseline``) starts a new baseline: after a reconnect, maybe to another replica whose
         upstream monitor counts from elsewhere, the jump is no conflation (section 2.5).
         """
-        changed: set[str] = set()
-        m = entry.mask
+        return set(FIELD_NAMES[self.merge(entry.as_list(), baseline)])
+
+    def merge(self, e: list[Any], baseline: bool = False) -> int:
+        """:meth:`apply` for an entry as it travels (``[sid, mask, field...]``, validated by
+        the decoder); returns what changed as mask bits (VALUE, TIME, ...)."""
+        changed = 0
+        m = e[1]
+        i = 2
         if m & VALUE:
-            serial = entry.serial
-            assert serial is not None
-            if self.serial is not None and not baseline:
-                if serial > self.serial:
-                    self.conflated += serial - self.serial - 1
-                elif serial < self.serial:
+            value, serial = e[2], e[3]
+            i = 4
+            old = self.serial
+            if old is not None and not baseline:
+                if serial > old:
+                    self.conflated += serial - old - 1
+                elif serial < old:
                     self.conflated = 0
-            if serial != self.serial or not _same(entry.value, self.value):
-                changed.add("value")
-            self.value, self.serial = entry.value, serial
-        if m & TIME and (entry.seconds, entry.nanoseconds) != (self.seconds, self.nanoseconds):
-            self.seconds, self.nanoseconds = entry.seconds, entry.nanoseconds
-            changed.add("time")
-        if m & ALARM and (entry.severity, entry.status, entry.message) != (
-            self.severity,
-            self.status,
-            self.message,
-        ):
-            self.severity, self.status, self.message = entry.severity, entry.status, entry.message
-            changed.add("alarm")
-        if m & META and entry.metadata != self.metadata:
-            assert entry.metadata is not None
-            self.metadata = entry.metadata
-            changed.add("metadata")
-        if m & CONN and (entry.state, entry.reason) != (self.state, self.reason):
-            assert entry.state is not None and entry.reason is not None
-            # An unknown state number is shown as DISCONNECTED (PROTOCOL.md section 3).
-            known = entry.state < len(CONNECTION_STATES)
-            self.state, self.reason = entry.state if known else DISCONNECTED, entry.reason
-            changed.add("connection")
+            if serial != old or not _same(value, self.value):
+                changed = VALUE
+            self.value, self.serial = value, serial
+        if m & TIME:
+            seconds, ns = e[i], e[i + 1]
+            i += 2
+            if seconds != self.seconds or ns != self.nanoseconds:
+                self.seconds, self.nanoseconds = seconds, ns
+                changed |= TIME
+        if m & ALARM:
+            severity, status, message = e[i], e[i + 1], e[i + 2]
+            i += 3
+            if (severity, status, message) != (self.severity, self.status, self.message):
+                self.severity, self.status, self.message = severity, status, message
+                changed |= ALARM
+        if m & META:
+            metadata = e[i]
+            i += 1
+            if metadata != self.metadata:
+                self.metadata = metadata
+                changed |= META
+        if m & CONN:
+            state, reason = e[i], e[i + 1]
+            if (state, reason) != (self.state, self.reason):
+                # An unknown state number is shown as DISCONNECTED (PROTOCOL.md section 3).
+                known = state < len(CONNECTION_STATES)
+                self.state, self.reason = state if known else DISCONNECTED, reason
+                changed |= CONN
         return changed
 
     # --- views -------------------------------------------------------------------------------
