@@ -1,4 +1,5 @@
-// Bundle the demo page (page/) with the library into server/pvwire/static/ (served at `/`).
+// Bundle the demo page and the status page (page/) with the library into server/pvwire/static/
+// (served at `/` and `/status`).
 // Everything is bundled: no CDN, works offline.
 import { build } from "esbuild";
 import { copyFileSync, mkdirSync, rmSync } from "node:fs";
@@ -10,14 +11,15 @@ const out = join(here, "../../../server/pvwire/static");
 rmSync(out, { recursive: true, force: true });
 mkdirSync(out, { recursive: true });
 await build({
-  entryPoints: [join(here, "../page/main.ts")],
+  entryPoints: { app: join(here, "../page/main.ts"), status: join(here, "../page/status.ts") },
   bundle: true,
   format: "esm",
   target: "es2022",
   minify: true,
   sourcemap: true,
-  outfile: join(out, "app.js"),
+  outdir: out,
   logLevel: "warning",
 });
-copyFileSync(join(here, "../page/index.html"), join(out, "index.html"));
-copyFileSync(join(here, "../page/app.css"), join(out, "app.css"));
+for (const file of ["index.html", "app.css", "status.html", "status.css"]) {
+  copyFileSync(join(here, "../page", file), join(out, file));
+}
