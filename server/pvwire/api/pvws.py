@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import sys
@@ -108,7 +107,6 @@ class PvwsEndpoint:
         self.rates = throttle_rates()
         self.sessions: dict[str, PvwsSession] = {}
         self.started = time.time()
-        self._numbers = itertools.count(1)
         self._ping_unsupported_logged = False
         self._writes: set[asyncio.Task[None]] = set()
 
@@ -151,7 +149,7 @@ class PvwsEndpoint:
             send_budget=settings.send_budget, stall_timeout=settings.stall_timeout_s
         )
         session = PvwsSession(
-            next(self._numbers),
+            self.hub.client_number(),
             address,
             _Host(hub, identity, self.rates),
             self.encoder,

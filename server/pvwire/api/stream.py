@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -34,8 +33,6 @@ SUBPROTOCOL = "pvwire.v1"
 # keepalive, 20 s ping + 20 s timeout, ends a client that never resumes with 1011 before this).
 CLOSE_TIMEOUT = 60.0
 SHUTDOWN_CLOSE_TIMEOUT = 1.0
-
-_numbers = itertools.count(1)
 
 
 def _limits(hub: Hub) -> SessionLimits:
@@ -95,7 +92,7 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         if created and created[0].close_request:
             closing.set()
 
-    session = Session(next(_numbers), address, hub, hello, _limits(hub), on_wake)
+    session = Session(hub.client_number(), address, hub, hello, _limits(hub), on_wake)
     created.append(session)
     hub.add_session(session)
     reader = asyncio.create_task(_read(websocket, session))

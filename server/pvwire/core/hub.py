@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
+import itertools
 import logging
 import time
 from collections.abc import Mapping
@@ -57,6 +58,7 @@ class Hub:
         self._closed_sessions = ClientSnapshot(0, "", 0, 0, 0, 0, 0, 0, 0.0)  # running sums
         self._closes_by_code: dict[int, int] = {}
         self._housekeeping: asyncio.TimerHandle | None = None
+        self._client_numbers = itertools.count(1)
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -133,6 +135,11 @@ class Hub:
         own = cast(View, view)  # a session only ever holds the views `open_view` gave it
         if self.registry.close_view(own, session, att):
             self.ticker.forget(own)
+
+    def client_number(self) -> int:
+        """A number for a new client of any endpoint, unique in this process (the `server`
+        query and the status page key clients by it)."""
+        return next(self._client_numbers)
 
     def connections_from(self, address: str) -> int:
         return sum(1 for s in self.sessions if s.address == address)
