@@ -95,16 +95,19 @@ class WokenQueue:
         self._woken.append(sub)
 
     def _poll(self) -> None:
+        self._handle = None  # a drain that opens a subscription may arm the timer itself
         woken = self._woken
         try:
             # Only those woken so far: one queued again by `again` waits for the next poll.
+            # (`woken` may empty meanwhile: closing the last subscription clears it.)
             for _ in range(len(woken)):
+                if not woken:
+                    break
                 sub = woken.popleft()
                 try:
                     sub.drain()
                 except Exception:  # drain contains its own failures; this keeps the rest going
                     log.exception("draining a PVA subscription failed")
         finally:
-            self._handle = (
-                self._loop.call_later(POLL_PERIOD_S, self._poll) if self._open > 0 else None
-            )
+            if self._open > 0 and self._handle is None:
+                self._handle = self._loop.call_later(POLL_PERIOD_S, self._poll)
