@@ -2,7 +2,7 @@
 
 `python -m bench.floor SPEC.json` (run by the harness): subscribes to the spec's PV names with
 aioca (`camonitor`, FORMAT_TIME, as pvwire's CA backend does) or p4p's asyncio client (`nt=False`,
-as pvwire's PVA backend does), prints READY once every PV delivered its first update, waits for
+the plain p4p client), prints READY once every PV delivered its first update, waits for
 `GO <t0> <t1>`, and counts the updates that arrive inside the window. The callback only counts
 and keeps the latest value, so expected = sum over PVs of (last - first counter value) gives the
 updates it should have seen.
