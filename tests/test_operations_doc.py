@@ -81,9 +81,9 @@ def exec_start() -> list[str]:
             id="dockerfile",
         ),
         pytest.param(
-            yaml.safe_load((ROOT / "k8s" / "deployment.yaml").read_text())["spec"]["template"][
-                "spec"
-            ]["containers"][0]["args"],
+            yaml.safe_load((ROOT / "k8s" / "base" / "deployment.yaml").read_text())["spec"][
+                "template"
+            ]["spec"]["containers"][0]["args"],
             id="k8s",
         ),
     ],
