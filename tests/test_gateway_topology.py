@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,15 +20,27 @@ from pvwire_client.state import CONNECTED
 from tests.pva_gateway import PvaGateway, qsrv_monitors
 from tests.server_process import ServerProcess, server_args_for_tests
 
-DB = Path(__file__).parent / "dbs" / "test.db"
-PVS = ["PVW:COUNTER", "PVW:AI", "PVW:WF"]
+# Names no other IOC on this host serves (other test runs may share the machine): a replica can
+# then only have found them through this test's gateway or IOC.
+PREFIX = f"GWT{uuid.uuid4().hex[:8]}:"
+PVS = [f"{PREFIX}COUNTER", f"{PREFIX}SLOW", f"{PREFIX}WF"]
+DB = (
+    "".join(
+        f'record(calc, "{pv}") {{\n  field(SCAN, "{scan}")\n  field(CALC, "A+1")\n'
+        f'  field(INPA, "{pv} NPP")\n}}\n'
+        for pv, scan in zip(PVS[:2], (".1 second", "1 second"), strict=True)
+    )
+    + f'record(waveform, "{PVS[2]}") {{\n  field(FTVL, "DOUBLE")\n  field(NELM, "16")\n}}\n'
+)
 REPLICAS = 2
 BOUND = 60.0  # generous: a loaded 2-core machine
 
 
 @pytest.fixture
-def ioc() -> Iterator[IocProcess]:
-    with IocProcess([DB]) as proc:  # its own ports: the shared test IOC is not touched
+def ioc(tmp_path: Path) -> Iterator[IocProcess]:
+    db = tmp_path / "gateway.db"
+    db.write_text(DB)
+    with IocProcess([db]) as proc:  # its own ports: the shared test IOC is not touched
         yield proc
 
 
