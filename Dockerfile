@@ -1,4 +1,4 @@
-# The server image used by k8s/deployment.yaml: `docker build -t pvwire:0.1.0 .`
+# The server image used by k8s/base/deployment.yaml: `docker build -t pvwire:0.1.0 .`
 #
 # page:    Node builds the demo page (clients/ts -> server/pvwire/static) and installs the exact
 #          GraphiQL files of server/graphiql/package-lock.json.

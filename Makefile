@@ -11,7 +11,7 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium graphiql clean runtime-lock
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium haproxy graphiql clean runtime-lock
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
@@ -38,6 +38,10 @@ $(GRAPHIQL)/node_modules/.vendored: $(GRAPHIQL)/package-lock.json $(GRAPHIQL)/ve
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The load balancer in front of the replicas in the failover tests: Debian's package too.
+haproxy:
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
+
 # The demo page and the TypeScript library, built into the server's static folder.
 tsbuild: node
 	cd $(TS) && npm run --silent build
@@ -52,7 +56,7 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv tsbuild graphiql chromium
+pytest: venv tsbuild graphiql chromium haproxy
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
 tstest: venv node tsbuild graphiql
@@ -60,7 +64,7 @@ tstest: venv node tsbuild graphiql
 
 test: lint pytest tstest
 
-bench: venv tsbuild
+bench: venv tsbuild haproxy
 	$(PY) -m bench.run_all
 
 # The image's lock (Dockerfile): regenerate after changing pyproject's dependencies or the dev lock.

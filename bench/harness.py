@@ -325,8 +325,10 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             for c in children:
                 c.wait_ready(time.time() + 120)
             say(f"{sc.clients} client(s) in {len(children)} process(es) attached")
+            # Under --workers the server's CPU is its workers': count every child process too.
+            workers = [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
             pids = {
-                "server": [server.pid],
+                "server": [server.pid, *workers],
                 "clients": [c.proc.pid for c in children],
                 "ioc": [ioc.pid()] if ioc and ioc.pid() else [],
             }

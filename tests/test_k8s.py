@@ -1,15 +1,23 @@
-"""The Kubernetes manifests agree with the server they deploy (no cluster here to apply them)."""
+"""The Kubernetes manifests agree with the server they deploy, and every one is valid against the
+Kubernetes API schemas (kubernetes-validate --strict, offline; no cluster here to apply them)."""
 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from pvwire.config import Settings
 
-K8S = Path(__file__).resolve().parent.parent / "k8s"
+ROOT = Path(__file__).resolve().parent.parent / "k8s"
+K8S = ROOT / "base"
+GATEWAY = ROOT / "overlays" / "gateway"
+MANIFESTS = sorted(p for p in ROOT.rglob("*.yaml") if p.name != "kustomization.yaml")
+VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
 
 
 def load(name: str) -> dict[str, Any]:
@@ -21,6 +29,82 @@ def test_kustomization_lists_every_manifest() -> None:
     listed = set(load("kustomization.yaml")["resources"])
     present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "secret.example.yaml"}
     assert listed == present
+    assert yaml.safe_load((ROOT / "kustomization.yaml").read_text())["resources"] == ["base"]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_manifest_is_valid_kubernetes(path: Path) -> None:
+    p = subprocess.run(
+        [str(VALIDATE), "--strict", "--quiet", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def overlay_docs() -> list[dict[str, Any]]:
+    """The gateway overlay as kustomize builds it: the base's resources, the overlay's, and its
+    patches merged in (they only touch ConfigMap data, a plain map merge)."""
+    kust = yaml.safe_load((GATEWAY / "kustomization.yaml").read_text())
+    docs: list[dict[str, Any]] = []
+    for resource in kust["resources"]:
+        path = (GATEWAY / resource).resolve()
+        if path.is_dir():
+            base = yaml.safe_load((path / "kustomization.yaml").read_text())["resources"]
+            docs += [yaml.safe_load((path / r).read_text()) for r in base]
+        else:
+            docs.append(yaml.safe_load(path.read_text()))
+    for patch in kust["patches"]:
+        change = yaml.safe_load((GATEWAY / patch["path"]).read_text())
+        (target,) = [
+            d for d in docs
+            if (d["kind"], d["metadata"]["name"]) == (change["kind"], change["metadata"]["name"])
+        ]  # fmt: skip
+        assert change["kind"] == "ConfigMap" and set(change) == {
+            "apiVersion",
+            "kind",
+            "metadata",
+            "data",
+        }
+        target["data"].update(change["data"])
+    return docs
+
+
+def test_gateway_overlay_builds_valid_kubernetes(tmp_path: Path) -> None:
+    listed = set(yaml.safe_load((GATEWAY / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in GATEWAY.glob("pvagw-*.yaml")}
+    assert listed - {"../../base"} == present
+    built = tmp_path / "gateway.yaml"
+    built.write_text(yaml.safe_dump_all(overlay_docs()))
+    p = subprocess.run(
+        [str(VALIDATE), "--strict", "--quiet", str(built)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_gateway_overlay_points_pvwire_at_the_gateway(tmp_path: Path) -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in overlay_docs()}
+    env = {k: str(v) for k, v in docs["ConfigMap", "pvwire-config"]["data"].items()}
+    service = docs["Service", "pvagw"]
+    (port,) = service["spec"]["ports"]
+    assert env["EPICS_PVA_NAME_SERVERS"] == f"pvagw:{port['port']}"
+    assert env["EPICS_PVA_AUTO_ADDR_LIST"] == "NO" and env["EPICS_PVA_ADDR_LIST"] == ""
+    gw = docs["Deployment", "pvagw"]["spec"]
+    pod = gw["template"]["spec"]
+    assert gw["replicas"] == 1 and pod["hostNetwork"] is True
+    assert service["spec"]["selector"] == gw["template"]["metadata"]["labels"]
+    # The configuration is the one pvagw reads: let pvagw itself check it.
+    conf = tmp_path / "gw.conf"
+    conf.write_text(docs["ConfigMap", "pvagw-config"]["data"]["gw.conf"])
+    (container,) = pod["containers"]
+    assert container["command"][:3] == ["python", "-m", "p4p.gw"]
+    assert container["command"][3] == f"{container['volumeMounts'][0]['mountPath']}/gw.conf"
+    p = subprocess.run(
+        [sys.executable, "-m", "p4p.gw", "--test-config", str(conf)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert Settings.load(env=env).default_scheme == "pva"
 
 
 def test_config_map_names_only_real_settings() -> None:

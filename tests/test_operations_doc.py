@@ -26,7 +26,7 @@ GUIDE = (ROOT / "docs" / "OPERATIONS.md").read_text()
 UNIT = ROOT / "docs" / "pvwire.service"
 # Flags the guide gives to other programs, with the program.
 OTHER_TOOLS = {"--example-config": "pvagw", "--network": "docker", "--now": "systemctl"}
-OTHER_TOOLS |= {"--no-deps": "pip"}
+OTHER_TOOLS |= {"--no-deps": "pip", "--strict": "kubernetes-validate"}
 
 
 FLAG = r"(?<![\w-])--[a-z][a-z-]*"
@@ -81,9 +81,9 @@ def exec_start() -> list[str]:
             id="dockerfile",
         ),
         pytest.param(
-            yaml.safe_load((ROOT / "k8s" / "deployment.yaml").read_text())["spec"]["template"][
-                "spec"
-            ]["containers"][0]["args"],
+            yaml.safe_load((ROOT / "k8s" / "base" / "deployment.yaml").read_text())["spec"][
+                "template"
+            ]["spec"]["containers"][0]["args"],
             id="k8s",
         ),
     ],

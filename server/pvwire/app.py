@@ -33,11 +33,13 @@ from .config import Settings
 from .core.hub import Hub
 from .upstream.base import Backend
 from .wire.tokens import TokenSigner
+from .worker import WorkerIdentity
 
 __all__ = ["create_app", "make_backends"]
 
 STATIC = Path(__file__).parent / "static"
 SETTINGS_ENV = "PVWIRE_SETTINGS_JSON"  # how `serve --workers N` hands settings to each worker
+WORKERS_ENV = "PVWIRE_WORKERS_STARTED"  # and how many workers it started
 MAX_LOOP_LAG_READY = 5.0  # seconds: a loop this late cannot serve anyone (DESIGN.md section 9)
 
 
@@ -78,7 +80,9 @@ class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
             raise json.JSONDecodeError(f"body is not UTF-8 ({exc.reason})", "", exc.start) from None
 
 
-def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, backends: Mapping[str, Backend] | None = None, workers: int = 1
+) -> FastAPI:
     keys, kid = settings.signing_keys()
     signer = TokenSigner(keys, kid, settings.token_ttl_s)
     hub = Hub(backends if backends is not None else make_backends(settings), settings, signer)
@@ -108,6 +112,9 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
         openapi_url=None,
     )
     app.state.hub = hub
+    # Computed in the process that serves, after uvicorn spawned it.
+    worker = WorkerIdentity.current(settings.instance, workers)
+    app.state.worker = worker
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -128,6 +135,7 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
             "identity": authenticator.identify(request.headers, peer),
             "budget": ValueBudget(settings.max_graphql_elements),
             "cost_limiter": cost_limiter,
+            "worker": worker,
         }
 
     graphql: GraphQLRouter[Any, None] = OfflineGraphQLRouter(
@@ -183,7 +191,7 @@ def create_app(settings: Settings, backends: Mapping[str, Backend] | None = None
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         text = render_metrics(
-            hub.snapshot(detail=False), len(hub.sessions), len(hub.registry.channels)
+            hub.snapshot(detail=False), len(hub.sessions), len(hub.registry.channels), worker
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -233,4 +241,4 @@ def app_from_env() -> FastAPI:
     """Factory for uvicorn workers: settings come as JSON in PVWIRE_SETTINGS_JSON."""
     settings = Settings()
     settings.update(json.loads(os.environ[SETTINGS_ENV]))
-    return create_app(settings)
+    return create_app(settings, workers=int(os.environ.get(WORKERS_ENV, "1")))

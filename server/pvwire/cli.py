@@ -162,7 +162,10 @@ def serve(settings: Any, workers: int = 1) -> None:
                 "pvwire-server: --workers needs a shared token key (--token-key or "
                 "PVWIRE_TOKEN_KEY) so every worker accepts every token"
             )
-        os.environ["PVWIRE_SETTINGS_JSON"] = json.dumps(dataclasses.asdict(settings))
+        from .app import SETTINGS_ENV, WORKERS_ENV
+
+        os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(settings))
+        os.environ[WORKERS_ENV] = str(workers)
         uvicorn.run("pvwire.app:app_from_env", factory=True, workers=workers, **common)
         return
     from .app import create_app

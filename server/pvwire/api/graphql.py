@@ -33,6 +33,7 @@ from ..model import ConnState as ModelConnState
 from ..model import Limits as ModelLimits
 from ..model import Metadata as ModelMetadata
 from ..model import Reading, alarm_status_name
+from ..worker import WorkerIdentity
 from .limits import QueryCost, ValueBudget
 
 __all__ = ["make_schema"]
@@ -194,6 +195,15 @@ class ServerInfo:
     loop_lag_ms: float
     ticks: float = strawberry.field(description="ticks since start")
     tick_seconds: float = strawberry.field(description="time spent in ticks since start")
+    instance: str = strawberry.field(
+        description="the `instance` setting (the host name unless configured)"
+    )
+    pid: int = strawberry.field(description="the process that answered")
+    worker: int = strawberry.field(
+        description="1..workers under `--workers N` (a replaced worker gets the next number), "
+        "0 for a lone process; every worker has its own upstream monitors and clients"
+    )
+    workers: int = strawberry.field(description="worker processes started on this port")
 
     @strawberry.field(description="connected stream clients; needs an admin identity")
     def clients(self, info: Info) -> list[ClientInfo]:
@@ -411,6 +421,7 @@ class Query:
     @strawberry.field
     def server(self, info: Info) -> ServerInfo:
         hub = _hub(info)
+        worker = info.context.get("worker") or WorkerIdentity.current(hub.settings.instance)
         snap = hub.snapshot(detail=False)
         return ServerInfo(
             version=__version__,
@@ -420,6 +431,10 @@ class Query:
             loop_lag_ms=snap.loop_lag * 1000.0,
             ticks=float(snap.ticks),
             tick_seconds=snap.tick_seconds,
+            instance=worker.instance,
+            pid=worker.pid,
+            worker=worker.worker,
+            workers=worker.workers,
         )
 
 

@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
+from .. import __version__
 from ..core.stats import HubSnapshot
 from ..core.tick import TICK_BUCKETS_MS
+from ..worker import WorkerIdentity
 
 __all__ = ["render_metrics"]
 
 
-def render_metrics(s: HubSnapshot, clients: int, channels: int) -> str:
+def render_metrics(
+    s: HubSnapshot, clients: int, channels: int, worker: WorkerIdentity | None = None
+) -> str:
     lines: list[str] = []
+    # Under `--workers N` each scrape is answered by whichever worker the kernel hands the
+    # connection to: a `worker` label on every series keeps each worker's counters a series of
+    # their own, so rate() never mixes two processes' counters. A lone process needs none.
+    own = f'worker="{worker.worker}"' if worker is not None and worker.workers > 1 else ""
+
+    def with_own(labels: str) -> str:
+        if not own:
+            return labels
+        return f"{{{own},{labels[1:]}" if labels else f"{{{own}}}"
 
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
         lines.append(f"# HELP pvwire_{name} {help_text}")
         lines.append(f"# TYPE pvwire_{name} {kind}")
-        lines.extend(f"pvwire_{name}{labels} {value:g}" for labels, value in samples)
+        lines.extend(f"pvwire_{name}{with_own(labels)} {value:g}" for labels, value in samples)
+
+    if worker is not None:
+        info = (
+            f'{{instance="{_escape(worker.instance)}",pid="{worker.pid}",'
+            f'version="{__version__}",worker="{worker.worker}",workers="{worker.workers}"}}'
+        )
+        metric("server_info", "gauge", "The process that answered this scrape (always 1).",
+               [(info, 1)])  # fmt: skip
 
     metric("clients", "gauge", "Connected stream clients.", [("", clients)])
     metric("channels", "gauge", "Open upstream channels.", [("", channels)])
@@ -95,8 +116,15 @@ def render_metrics(s: HubSnapshot, clients: int, channels: int) -> str:
     cumulative = 0
     for bound, count in zip(TICK_BUCKETS_MS, s.tick_buckets, strict=False):
         cumulative += count
-        lines.append(f'pvwire_tick_duration_seconds_bucket{{le="{bound / 1000:g}"}} {cumulative}')
-    lines.append(f'pvwire_tick_duration_seconds_bucket{{le="+Inf"}} {s.ticks}')
-    lines.append(f"pvwire_tick_duration_seconds_sum {s.tick_seconds:g}")
-    lines.append(f"pvwire_tick_duration_seconds_count {s.ticks}")
+        le = with_own(f'{{le="{bound / 1000:g}"}}')
+        lines.append(f"pvwire_tick_duration_seconds_bucket{le} {cumulative}")
+    inf = with_own('{le="+Inf"}')
+    lines.append(f"pvwire_tick_duration_seconds_bucket{inf} {s.ticks}")
+    lines.append(f"pvwire_tick_duration_seconds_sum{with_own('')} {s.tick_seconds:g}")
+    lines.append(f"pvwire_tick_duration_seconds_count{with_own('')} {s.ticks}")
     return "\n".join(lines) + "\n"
+
+
+def _escape(label: str) -> str:
+    """A label value as the text format wants it: backslash, quote and newline escaped."""
+    return label.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

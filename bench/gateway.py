@@ -1,0 +1,117 @@
+"""What p4p's gateway (pvagw) adds: `python -m bench.gateway [--pvs N] [--duration S]`.
+
+One IOC with N counters at 10 Hz, one pvwire server reading them over PVA, one Python client
+streaming all of them; once straight from the IOC, once through pvagw (tests/pva_gateway.py).
+Latency is the client's arrival time minus the record's timestamp (one host, one clock); CPU is
+per process over the window. Prints a Markdown table with the gateway/direct ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from pvwire.ioc import IocProcess
+from pvwire.loopback import apply_loopback_env
+from pvwire_client import Client
+from pvwire_client.state import CONNECTED
+
+from tests.pva_gateway import PvaGateway
+from tests.server_process import ServerProcess
+
+from .harness import write_db
+
+
+async def measure(
+    url: str, ids: list[str], pids: dict[str, int], duration: float
+) -> dict[str, Any]:
+    lat: list[float] = []
+    seen: set[str] = set()
+    ready = asyncio.Event()
+    procs = {k: psutil.Process(p) for k, p in pids.items()}
+
+    async def follow() -> None:
+        async with Client(url) as client:
+            async for u in client.monitor(ids):
+                ch = u.channel
+                if ch.state != CONNECTED or ch.seconds is None or ch.nanoseconds is None:
+                    continue
+                if ready.is_set():
+                    lat.append(time.time() - ch.seconds - ch.nanoseconds * 1e-9)
+                else:
+                    seen.add(ch.id)
+                    if len(seen) == len(ids):
+                        ready.set()
+
+    task = asyncio.create_task(follow())
+    await asyncio.wait_for(ready.wait(), 120)
+    await asyncio.sleep(2)  # warm-up
+    lat.clear()
+    cpu0 = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+    t0 = time.monotonic()
+    await asyncio.sleep(duration)
+    wall = time.monotonic() - t0
+    cpu = {k: 100 * (sum(p.cpu_times()[:2]) - cpu0[k]) / wall for k, p in procs.items()}
+    n = len(lat)
+    task.cancel()
+    lat.sort()
+    return {
+        "updates_per_s": n / wall,
+        "p50_ms": 1000 * statistics.median(lat),
+        "p99_ms": 1000 * lat[int(0.99 * (n - 1))],
+        **{f"{k}_cpu": v for k, v in cpu.items()},
+    }
+
+
+def run(via_gateway: bool, ioc: IocProcess, ids: list[str], duration: float) -> dict[str, Any]:
+    gateway = PvaGateway(ioc.ports) if via_gateway else None
+    env = (gateway.ports if gateway else ioc.ports).client_env()
+    server = ServerProcess("--log-level", "warning", env=env)
+    try:
+        if gateway:
+            gateway.start()
+        server.start()
+        pids = {"server": server.pid or 0, "ioc": ioc.pid() or 0}
+        if gateway:
+            pids["gateway"] = gateway.pid or 0
+        return asyncio.run(measure(server.url, ids, pids, duration))
+    finally:
+        server.stop()
+        if gateway:
+            gateway.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__)
+    p.add_argument("--pvs", type=int, default=500)
+    p.add_argument("--duration", type=float, default=15.0)
+    args = p.parse_args()
+    apply_loopback_env()
+    with tempfile.TemporaryDirectory(prefix="pvwire-bench-") as tmp:
+        names = write_db(Path(tmp) / "gw.db", args.pvs, waveform=False)
+        ioc = IocProcess([Path(tmp) / "gw.db"])
+        os.environ.update(ioc.ports.client_env())
+        ioc.start()
+        try:
+            direct = run(False, ioc, [f"pva://{n}" for n in names], args.duration)
+            gw = run(True, ioc, [f"pva://{n}" for n in names], args.duration)
+        finally:
+            ioc.stop()
+    keys = ["updates_per_s", "p50_ms", "p99_ms", "server_cpu", "ioc_cpu"]
+    print(f"PVA, {args.pvs} counters at 10 Hz, one client, {args.duration:g} s window\n")
+    print("| | direct | via pvagw | ratio |")
+    print("|---|---:|---:|---:|")
+    for k in keys:
+        print(f"| {k} | {direct[k]:.1f} | {gw[k]:.1f} | {gw[k] / direct[k]:.2f} |")
+    print(f"| gateway_cpu | - | {gw['gateway_cpu']:.1f} | - |")
+
+
+if __name__ == "__main__":
+    main()
