@@ -22,7 +22,10 @@ class Client(Protocol):
     address: str
     endpoint: str  # "stream" or "pvws"
     channel_count: int
-    queued_bytes: int
+
+    @property
+    def queued_bytes(self) -> int: ...
+
     conflated: int
     frames_sent: int
     bytes_sent: int

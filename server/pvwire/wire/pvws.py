@@ -27,7 +27,6 @@ import base64
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,6 +36,7 @@ import orjson
 
 from ..model import VALUE, ConnState, Metadata
 from .codes import SLOW
+from .outbox import Outbox
 from .session import SessionLimits
 from .tokens import Claims
 
@@ -360,9 +360,7 @@ class PvwsSession:
         self.claims: dict[int, Claims] = {}
         self.channel_count = 0
         self._next_att = 1
-        self._queue: deque[str] = deque()
-        self.queued_bytes = 0
-        self._last_progress = self.connected_at
+        self._out: Outbox[str] = Outbox(clock, wake)
         self.behind = False
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
@@ -545,14 +543,17 @@ class PvwsSession:
 
     # --- outgoing -----------------------------------------------------------------------------
 
+    @property
+    def queued_bytes(self) -> int:
+        return self._out.queued_bytes
+
     def next_text(self) -> str | None:
-        return self._queue.popleft() if self._queue else None
+        return self._out.pop()
 
     def sent(self, nbytes: int) -> None:
-        self.queued_bytes -= nbytes
+        self._out.sent(nbytes)
         self.frames_sent += 1
         self.bytes_sent += nbytes
-        self._last_progress = self._clock()
         self.last_message_sent_ms = round(self._wall() * 1000)
         if self.behind and self.queued_bytes < self.limits.send_budget // 2:
             pending, self._pending = list(self._pending), {}
@@ -562,11 +563,11 @@ class PvwsSession:
     def housekeeping(self, now: float) -> None:
         if self.close_request:
             return
-        if self.queued_bytes and now - self._last_progress > self.limits.stall_timeout:
+        stalled = self._out.stalled_for(now)
+        if stalled > self.limits.stall_timeout:
             self.request_close(
                 SLOW,
-                f"client read nothing for {now - self._last_progress:.0f} s "
-                f"with {self.queued_bytes} bytes queued",
+                f"client read nothing for {stalled:.0f} s with {self.queued_bytes} bytes queued",
             )
 
     def request_close(self, code: int, reason: str) -> None:
@@ -578,15 +579,10 @@ class PvwsSession:
         for pv in list(self.pvs.values()):
             self._release(pv)
         self.pvs.clear()
-        self._queue.clear()
-        self.queued_bytes = 0
+        self._out.clear()
 
     def _queue_text(self, text: str) -> None:
-        if not self.queued_bytes:
-            self._last_progress = self._clock()
-        self._queue.append(text)
-        self.queued_bytes += len(text)
-        self._wake()
+        self._out.push(text)
 
 
 class _BadMessage(Exception):

@@ -16,13 +16,13 @@ slow client cannot delay the tick or anyone else.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from . import codec as wire
 from .codes import BAD_MESSAGE, FORBIDDEN, SLOW, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
+from .outbox import Outbox
 from .tokens import Claims, TokenError
 
 __all__ = ["FORBIDDEN", "AttachRefused", "Session", "SessionHost", "SessionLimits"]
@@ -93,10 +93,7 @@ class Session:
         self.channel_count = 0
         self._next_att = 1
         self._seq = 0
-        self._queue: deque[bytes] = deque()
-        self.queued_bytes = 0  # includes the frame being sent until `sent()` reports it
-        self._last_progress = self.connected_at
-        self._last_send = self.connected_at
+        self._out: Outbox[bytes] = Outbox(clock, wake)
         self.behind = False
         self._pending: dict[int, dict[int, int]] = {}  # att -> sid -> merged mask while behind
         self._tick_groups: list[tuple[int, Source]] = []
@@ -246,18 +243,19 @@ class Session:
 
     # --- outgoing -----------------------------------------------------------------------------
 
+    @property
+    def queued_bytes(self) -> int:
+        return self._out.queued_bytes
+
     def next_frame(self) -> bytes | None:
         """The next message to send, or None. It stays counted as queued until `sent()`."""
-        return self._queue.popleft() if self._queue else None
+        return self._out.pop()
 
     def sent(self, nbytes: int) -> None:
         """The writer finished sending a frame of `nbytes`."""
-        self.queued_bytes -= nbytes
+        self._out.sent(nbytes)
         self.frames_sent += 1
         self.bytes_sent += nbytes
-        now = self._clock()
-        self._last_progress = now
-        self._last_send = now
         if self.behind and self.queued_bytes < self.limits.send_budget // 2:
             self._catch_up()
 
@@ -265,13 +263,13 @@ class Session:
         """Once a second: close a stalled client; keep an idle one alive."""
         if self.close_request:
             return
-        if self.queued_bytes and now - self._last_progress > self.limits.stall_timeout:
+        stalled = self._out.stalled_for(now)
+        if stalled > self.limits.stall_timeout:
             self.request_close(
                 SLOW,
-                f"client read nothing for {now - self._last_progress:.0f} s "
-                f"with {self.queued_bytes} bytes queued",
+                f"client read nothing for {stalled:.0f} s with {self.queued_bytes} bytes queued",
             )
-        elif not self.queued_bytes and now - self._last_send >= self.limits.heartbeat:
+        elif not self.queued_bytes and now - self._out.last_send >= self.limits.heartbeat:
             self._queue_frame(wire.HEARTBEAT)
 
     def request_close(self, code: int, reason: str) -> None:
@@ -285,15 +283,10 @@ class Session:
         for att, view in list(self.attachments.items()):
             self._release(att, view)
         self.attachments.clear()
-        self._queue.clear()
-        self.queued_bytes = 0
+        self._out.clear()
 
     def _queue_frame(self, frame: bytes) -> None:
-        if not self.queued_bytes:
-            self._last_progress = self._clock()
-        self._queue.append(frame)
-        self.queued_bytes += len(frame)
-        self._wake()
+        self._out.push(frame)
 
     def _next_seq(self) -> int:
         self._seq += 1

@@ -1,0 +1,44 @@
+"""One connection's outgoing queue, shared by the stream and pvws sessions: what is queued, how
+many bytes, and when the client last made progress reading it (PROTOCOL.md section 9)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Outbox"]
+
+T = TypeVar("T", bytes, str)
+
+
+class Outbox(Generic[T]):
+    def __init__(self, clock: Callable[[], float], wake: Callable[[], None]) -> None:
+        self._clock = clock
+        self._wake = wake
+        self._items: deque[T] = deque()
+        self.queued_bytes = 0  # includes the item being sent until `sent()` reports it
+        self.last_progress = self.last_send = clock()
+
+    def push(self, item: T) -> None:
+        if not self.queued_bytes:
+            self.last_progress = self._clock()  # a stall is measured from the first unsent item
+        self._items.append(item)
+        self.queued_bytes += len(item)
+        self._wake()
+
+    def pop(self) -> T | None:
+        """The next item to send, or None; it stays counted as queued until `sent()`."""
+        return self._items.popleft() if self._items else None
+
+    def sent(self, nbytes: int) -> None:
+        self.queued_bytes -= nbytes
+        self.last_progress = self.last_send = self._clock()
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds without send progress while something is queued (0 when nothing is)."""
+        return now - self.last_progress if self.queued_bytes else 0.0
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.queued_bytes = 0
