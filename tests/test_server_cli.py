@@ -52,9 +52,12 @@ def test_busy_port_is_reported_before_anything_starts(busy_port: int, command: s
 
 
 def test_make_run_passes_port() -> None:
+    # Under `make test` this runs inside make: a fresh make of its own, no directory chatter.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     p = subprocess.run(
-        ["make", "-n", "run", "PORT=8092"], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+        ["make", "--no-print-directory", "-n", "run", "PORT=8092"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1].endswith("-m pvwire.cli run-demo --port 8092")
 
