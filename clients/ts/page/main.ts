@@ -1,10 +1,10 @@
 // The pvwire demo page: one PvwireClient, one subscription per added channel (all on one
 // WebSocket), a live table, puts, a waveform plot and a one-minute strip chart on canvases.
-import { NdArray, PvwireClient, toDate, type ChannelState, type Subscription, type TypedArray } from "../src/index.js";
+import { COLOR_MAPS, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type Subscription, type TypedArray } from "../src/index.js";
 import { niceTicks, placeTicks, timeTicks } from "./axes.js";
 
 const DEMO_PREFIX = "PVWIRE:DEMO:";
-const DEMO_PVS = ["COUNTER", "COUNTER_1HZ", "SINE", "NOISE", "MODE", "MESSAGE", "SP", "RBV", "WAVEFORM"].map((n) => DEMO_PREFIX + n);
+const DEMO_PVS = [...["COUNTER", "COUNTER_1HZ", "SINE", "NOISE", "MODE", "MESSAGE", "SP", "RBV", "WAVEFORM"].map((n) => DEMO_PREFIX + n), `pva://${DEMO_PREFIX}IMAGE`];
 const STRIP_SECONDS = 60;
 
 const params = new URLSearchParams(location.search);
@@ -54,7 +54,7 @@ function formatValue(st: ChannelState): string {
     return m.units ? `${text} ${m.units}` : text;
   }
   if (typeof v === "string" || typeof v === "bigint") return String(v);
-  if (v instanceof NdArray) return `${v.dtype} image ${v.dims.join("×")}`;
+  if (v instanceof NdArray) return `${v.dtype} image ${v.dims.join("×")}${typeof m.colorMode === "string" ? ` ${m.colorMode}` : ""}`;
   if (ArrayBuffer.isView(v)) return `[${(v as TypedArray).length} values]${m.units ? ` ${m.units}` : ""}`;
   return JSON.stringify(v).slice(0, 60);
 }
@@ -79,7 +79,7 @@ function addChannel(name: string): void {
     cells[key] = td;
   }
   cells.name!.textContent = name;
-  cells.name!.addEventListener("click", () => selectStrip(name));
+  cells.name!.addEventListener("click", () => (rows.get(name)?.state?.value instanceof NdArray ? selectImage(name) : selectStrip(name)));
   cells.conn!.textContent = "CONNECTING";
   cells.severity!.replaceChildren(unknownSeverity());
   const putError = document.createElement("span");
@@ -183,8 +183,52 @@ function onUpdate(name: string, st: ChannelState): void {
     waveformName = name;
     $("waveform-name").textContent = name;
   }
+  if (v instanceof NdArray && v.dims.length >= 2) {
+    // The demo's moving image by default (or ?image=ID), else the first image seen.
+    if (!imageName && (wantedImage === undefined ? true : name === wantedImage)) selectImage(name);
+    if (name === imageName) imageView.update(v, st.metadata, st.time);
+  }
   if (typeof v === "number" && st.metadata.type !== "enum" && !stripName) selectStrip(name);
   if (name === stripName && typeof v === "number") strip.push([Date.now(), v]);
+}
+
+// ---- image: drawn on animation frames, the latest frame only (ImageView)
+const wantedImage = params.get("image") ?? undefined;
+let imageName = "";
+const imageStats = $("image-stats");
+const imageView = new ImageView($<HTMLCanvasElement>("image"), {
+  onDraw: (s) => {
+    imageStats.textContent = `${s.width}×${s.height} ${s.colorMode} · received ${s.receivedPerSecond}/s · drawn ${s.drawnPerSecond}/s · ` +
+      `latency ${s.latencyMs === undefined ? "–" : `${Math.round(s.latencyMs)} ms`} · draw ${s.drawMs.toFixed(1)} ms · range ${s.low}…${s.high}`;
+    Object.assign(imageStats.dataset, { received: String(s.received), drawn: String(s.drawn), drawMs: s.drawMs.toFixed(2), width: String(s.width), height: String(s.height), colorMode: s.colorMode });
+  },
+});
+(globalThis as { pvwireImage?: ImageView }).pvwireImage = imageView; // for the browser tests
+const mapSelect = $<HTMLSelectElement>("image-map");
+for (const m of COLOR_MAPS) mapSelect.add(new Option(m, m));
+mapSelect.addEventListener("change", () => imageView.setColorMap(mapSelect.value as ColorMapName));
+const autoBox = $<HTMLInputElement>("image-auto");
+const lowInput = $<HTMLInputElement>("image-low");
+const highInput = $<HTMLInputElement>("image-high");
+function applyRange(): void {
+  lowInput.disabled = highInput.disabled = autoBox.checked;
+  if (autoBox.checked) return imageView.setRange("auto");
+  if (lowInput.value === "" && highInput.value === "") {
+    // Start from the range just shown, so unticking "auto" changes nothing until edited.
+    lowInput.value = String(imageView.stats.low);
+    highInput.value = String(imageView.stats.high);
+  }
+  const lo = Number(lowInput.value);
+  const hi = Number(highInput.value);
+  if (Number.isFinite(lo) && Number.isFinite(hi) && hi > lo) imageView.setRange([lo, hi]);
+}
+for (const el of [autoBox, lowInput, highInput]) el.addEventListener("change", applyRange);
+
+function selectImage(name: string): void {
+  imageName = name;
+  $("image-name").textContent = name;
+  const st = rows.get(name)?.state;
+  if (st?.value instanceof NdArray) imageView.update(st.value, st.metadata, st.time);
 }
 
 function selectStrip(name: string): void {
@@ -255,10 +299,14 @@ function range(values: ArrayLike<number>): [number, number] {
   return [lo, hi];
 }
 
+let waveformShown: unknown = null; // the value last drawn: a full pass only for a new value
+
 function drawWaveform(): void {
   const p = waveformPlot;
   const st = rows.get(waveformName)?.state;
   const v = st?.value;
+  if (v === waveformShown) return;
+  waveformShown = v;
   const data = v instanceof NdArray ? v.data : ArrayBuffer.isView(v) ? (v as TypedArray) : undefined;
   const units = st?.metadata.units ?? "";
   if (!data || data instanceof BigInt64Array || data instanceof BigUint64Array) {
@@ -273,10 +321,34 @@ function drawWaveform(): void {
   ctx.strokeStyle = "#1565c0";
   ctx.lineWidth = 1.5;
   ctx.beginPath();
-  for (let i = 0; i < n; i++) {
-    const x = xAt(p, i / last);
-    const y = yAt(p, data[i]!, lo, hi);
-    if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+  const columns = Math.max(1, Math.floor(p.canvas.width - 2 * PAD_X));
+  if (n > 2 * columns) {
+    // Min/max per pixel column: one vertical stroke per column, joined to the next, so a
+    // 1,000,000-point waveform costs one pass over the data and ~630 path segments (a path
+    // through every point took longer than a frame).
+    const d = data as unknown as ArrayLike<number>;
+    for (let c = 0; c < columns; c++) {
+      const from = Math.floor((c * n) / columns);
+      const to = Math.floor(((c + 1) * n) / columns);
+      let cLo = Infinity;
+      let cHi = -Infinity;
+      for (let i = from; i < to; i++) {
+        const v = d[i]!;
+        if (v < cLo) cLo = v;
+        if (v > cHi) cHi = v;
+      }
+      const x = PAD_X + c + 0.5;
+      const yLo = yAt(p, cLo, lo, hi);
+      const yHi = yAt(p, cHi, lo, hi);
+      if (c === 0) ctx.moveTo(x, yLo); else ctx.lineTo(x, yLo);
+      ctx.lineTo(x, yHi);
+    }
+  } else {
+    for (let i = 0; i < n; i++) {
+      const x = xAt(p, i / last);
+      const y = yAt(p, data[i]!, lo, hi);
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    }
   }
   ctx.stroke();
 }
