@@ -24,7 +24,6 @@ import lz4.block
 import numpy as np
 from p4p.nt import NTNDArray
 from PIL import Image
-
 from pvwire.upstream.ntndarray import decode_ntndarray
 from pvwire.upstream.sim_image import image_frame
 

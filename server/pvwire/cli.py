@@ -45,9 +45,7 @@ def start_demo_ioc(prefix: str, ports: IocPorts | None = None) -> IocProcess:
         "import epicscorelibs.ioc as _e; "
         f"_ = [_e.iocshCmd(c.encode()) for _ in range({DEMO_SAMPLES}) for c in {commands!r}]"
     )
-    ioc.execute(
-        f"import pvwire.demo_images as _i; _i.serve({prefix!r}, {ioc.ports.pva_broadcast})"
-    )
+    ioc.execute(f"import pvwire.demo_images as _i; _i.serve({prefix!r}, {ioc.ports.pva_broadcast})")
     return ioc
 
 
