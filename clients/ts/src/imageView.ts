@@ -33,8 +33,9 @@ export interface ImageStats {
   drawn: number;
   /** Arrival time minus the frame's timestamp of the last frame, ms (clocks must agree). */
   latencyMs: number | undefined;
-  /** Main-thread time of the last draw, ms. */
+  /** Main-thread time of the last draw, ms, and of all draws. */
   drawMs: number;
+  drawMsTotal: number;
   width: number;
   height: number;
   colorMode: string;
@@ -167,7 +168,7 @@ export class ImageView {
   private receivedInSecond = 0;
   private drawnInSecond = 0;
   readonly stats: ImageStats = {
-    receivedPerSecond: 0, drawnPerSecond: 0, received: 0, drawn: 0, latencyMs: undefined, drawMs: 0,
+    receivedPerSecond: 0, drawnPerSecond: 0, received: 0, drawn: 0, latencyMs: undefined, drawMs: 0, drawMsTotal: 0,
     width: 0, height: 0, colorMode: "", low: 0, high: 1,
   };
 
@@ -280,6 +281,7 @@ export class ImageView {
     s.high = high;
     this.count(Date.now(), "drawn");
     s.drawMs = performance.now() - t0;
+    s.drawMsTotal += s.drawMs;
     this.onDraw?.(s);
   }
 
