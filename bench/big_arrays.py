@@ -1,4 +1,5 @@
-"""The largest float64 waveform and uint16 image at 10 Hz with zero missing frames, 1 and 10 clients.
+"""The largest float64 waveform and uint16 image at 10 Hz with zero missing frames, 1 and 10
+clients.
 
     python -m bench.big_arrays [--duration 10] [--clients 1,10] [--save]
 

@@ -1,4 +1,5 @@
-"""pvwire and Coniql 0.4.2 side by side, same IOC arrays, same run: big waveforms and images at 10 Hz.
+"""pvwire and Coniql 0.4.2 side by side, same IOC arrays, same run: big waveforms and images at
+10 Hz.
 
     CONIQL_PYTHON=/path/to/venv/bin/python python -m bench.coniql_compare [--duration 10]
 
@@ -27,16 +28,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pvwire.ioc import IocProcess, _wait_tcp, free_port
 
 from bench.big_arrays import RATE, RESULTS
 from bench.harness import Child, ProcWatch, Server
-from pvwire.ioc import IocProcess, _wait_tcp, free_port
 
 CONIQL_MAIN = (
     "import sys; from aiohttp import web; from coniql.app import create_app; "
     "web.run_app(create_app(False, False, False), host='127.0.0.1', port=int(sys.argv[1]), "
     "print=None)"
 )
+
+
+PVWIRE_CLIENT = "bench.big_arrays_client"
+CONIQL_CLIENT = "bench.coniql_client"
+
+
+def _split(clients: int, procs: int) -> list[int]:
+    return [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
 
 
 def _db(path: Path, wf: int, side: int) -> None:
@@ -144,15 +153,12 @@ def main(argv: list[str] | None = None) -> None:
             _fill(env, args.waveform, args.image)
             for pv in ("BENCH:WF", "BENCH:IMG"):
                 for clients in (int(c) for c in args.clients.split(",")):
-                    procs = min(args.procs, clients)
-                    per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+                    per = _split(clients, min(args.procs, clients))
                     server = Server(env, ["--send-budget", str(256 << 20)])
                     try:
                         token = server.subscribe([f"ca://{pv}"])
-                        kids = [
-                            Child("bench.big_arrays_client", {"url": server.url, "token": token, "n": n}, env, tmp)
-                            for n in per
-                        ]  # fmt: skip
+                        spec = {"url": server.url, "token": token}
+                        kids = [Child(PVWIRE_CLIENT, {**spec, "n": n}, env, tmp) for n in per]
                         assert server.pid is not None
                         conns, cpu, wall = _measure(server.pid, kids, args.duration)
                     finally:
@@ -163,10 +169,8 @@ def main(argv: list[str] | None = None) -> None:
                         continue
                     coniql = Coniql(coniql_python, env)
                     try:
-                        kids = [
-                            Child("bench.coniql_client", {"url": coniql.url, "pv": f"ca://{pv}", "n": n}, env, tmp)
-                            for n in per
-                        ]  # fmt: skip
+                        spec = {"url": coniql.url, "pv": f"ca://{pv}"}
+                        kids = [Child(CONIQL_CLIENT, {**spec, "n": n}, env, tmp) for n in per]
                         conns, cpu, wall = _measure(coniql.proc.pid, kids, args.duration)
                     finally:
                         coniql.stop()

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 import websockets
-
-from bench.harness import Server
 from pvwire_client import Client
 from pvwire_client.wire import decode_message
+
+from bench.harness import Server
 
 
 def _owner(a: np.ndarray[Any, Any]) -> object:
