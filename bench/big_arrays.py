@@ -123,7 +123,7 @@ def client_main(spec_path: str) -> None:
 
 
 def run_case(
-    kind: str, size: int, clients: int, duration: float, procs: int, tmp: Path
+    kind: str, size: int, clients: int, duration: float, procs: int, tmp: Path, warmup: float = 3.0
 ) -> dict[str, Any]:
     from bench.harness import Child, ProcWatch, Server
 
@@ -143,8 +143,7 @@ def run_case(
         deadline = time.time() + 60
         for c in children:
             c.wait_ready(deadline)
-        warm = 3.0
-        t0 = time.time() + warm
+        t0 = time.time() + warmup
         t1 = t0 + duration
         for c in children:
             c.go(t0, t1)
@@ -180,34 +179,48 @@ def run_case(
         "clients_cpu_pct": watch.cpu_pct["clients"],
         "server_cpu_ms_per_MB": 1e3 * server_cpu_s / mb if mb else None,
         "latency_p50_ms": float(np.median(lat)) if lat else None,
+        "loadavg_1m": os.getloadavg()[0],  # other work on the machine during the run
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--clients", default="1,10")
     ap.add_argument("--kinds", default="waveform,image")
     ap.add_argument("--procs", type=int, default=2, help="client processes (at most)")
     ap.add_argument("--max-index", type=int, default=99, help="stop the size sweep after this")
+    ap.add_argument("--waveform-sizes", default=",".join(map(str, WAVEFORM_SIZES)))
+    ap.add_argument("--image-sides", default=",".join(map(str, IMAGE_SIDES)))
     ap.add_argument("--save", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    rows = sweep(args)
+    if args.save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "big_arrays.json").write_text(json.dumps(rows, indent=1))
+
+
+def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each kind, each client count: sizes growing until one loses frames."""
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for kind in args.kinds.split(","):
-            sizes = WAVEFORM_SIZES if kind == "waveform" else IMAGE_SIDES
+            listed = args.waveform_sizes if kind == "waveform" else args.image_sides
+            sizes = [int(x) for x in listed.split(",")]
             for clients in (int(c) for c in args.clients.split(",")):
                 for i, size in enumerate(sizes[: args.max_index + 1]):
-                    row = run_case(
-                        kind, size, clients, args.duration, min(args.procs, clients), Path(d)
-                    )
+                    procs = min(args.procs, clients)
+                    row = run_case(kind, size, clients, args.duration, procs, Path(d), args.warmup)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if not row["zero_missing"] and i > 0:
                         break  # the largest passing size is found
-    if args.save:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "big_arrays.json").write_text(json.dumps(rows, indent=1))
+    return rows
 
 
 if __name__ == "__main__":

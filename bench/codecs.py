@@ -49,12 +49,8 @@ def compressed(codec: str, img: np.ndarray[Any, Any]) -> tuple[bytes, int]:
     return out.getvalue(), 1
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", type=int, default=2048)
-    ap.add_argument("--repeat", type=int, default=20)
-    args = ap.parse_args()
-    img = frame(args.size)
+def measure(size: int, repeat: int) -> list[dict[str, Any]]:
+    img = frame(size)
     nt = NTNDArray()
     results = []
     for codec in ("lz4", "bslz4", "blosc", "jpeg"):
@@ -64,10 +60,12 @@ def main() -> None:
         v["codec.name"] = codec
         v["codec.parameters"] = code
         times = []
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             t0 = time.perf_counter()
-            decode_ntndarray(v)
+            out = decode_ntndarray(v)
             times.append(time.perf_counter() - t0)
+        if codec != "jpeg" and not np.array_equal(out, img):
+            raise AssertionError(f"{codec} did not decode to the frame")
         raw = img.nbytes if codec != "jpeg" else img.size
         ms = statistics.median(times) * 1e3
         results.append(
@@ -81,7 +79,15 @@ def main() -> None:
                 "wire_saved_MB_per_s_at_10Hz": (raw - len(payload)) * 10 / 1e6,
             }
         )
-    print(json.dumps({"size": args.size, "codecs": results}, indent=1))
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    print(json.dumps({"size": args.size, "codecs": measure(args.size, args.repeat)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -129,6 +129,7 @@ def _row(
         "server_cpu_ms_per_MB": 1e3 * cpu["server"] / 100 * wall / mb if mb else None,
         "latency_p50_ms": float(np.median(lat)) if lat else None,
         "errors": sorted({e for c in conns for e in c.get("errors", [])})[:3],
+        "loadavg_1m": os.getloadavg()[0],
     }
 
 

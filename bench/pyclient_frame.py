@@ -66,7 +66,7 @@ async def _frames(url: str, sid: str, frames: int) -> dict[str, Any]:
     return {"frame_bytes": frame_bytes, "owner_lens": owners, "peaks": peaks}
 
 
-async def _one_message(url: str, token: str) -> bytes:
+async def _one_message(url: str, token: str, frame_bytes: int) -> bytes:
     ws_url = url.replace("http", "ws", 1) + "/stream"
     import msgpack
 
@@ -74,20 +74,16 @@ async def _one_message(url: str, token: str) -> bytes:
         await ws.send(msgpack.packb([16, 1, token]))
         while True:
             raw = await ws.recv()
-            if isinstance(raw, bytes) and len(raw) > 1_000_000:
+            if isinstance(raw, bytes) and len(raw) > frame_bytes:
                 return raw
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--frames", type=int, default=20)
-    ap.add_argument("--side", type=int, default=2048)
-    args = ap.parse_args(argv)
-    sid = f"sim://image?width={args.side}&height={args.side}&dtype=uint16&rate=10"
+def measure(side: int, frames: int) -> dict[str, Any]:
+    sid = f"sim://image?width={side}&height={side}&dtype=uint16&rate=10"
     server = Server(dict(os.environ), ["--send-budget", str(64 << 20)])
     try:
-        got = asyncio.run(_frames(server.url, sid, args.frames))
-        raw = asyncio.run(_one_message(server.url, server.subscribe([sid])))
+        got = asyncio.run(_frames(server.url, sid, frames))
+        raw = asyncio.run(_one_message(server.url, server.subscribe([sid]), side * side * 2))
     finally:
         server.stop()
     fb = got["frame_bytes"]
@@ -101,22 +97,25 @@ def main(argv: list[str] | None = None) -> None:
         bytearray(raw)
     copy_ms = (time.perf_counter() - t0) / n * 1e3
     owner_is_ext = all(0 < x < len(raw) for x in got["owner_lens"])
-    print(
-        json.dumps(
-            {
-                "frame_MB": fb / 1e6,
-                "message_MB": len(raw) / 1e6,
-                "frames": len(got["owner_lens"]),
-                "array_views": "the ext payload bytes (a copy made by msgpack)"
-                if owner_is_ext
-                else "the WebSocket message",
-                "peak_python_memory_per_frame_in_frames": [round(p / fb, 2) for p in got["peaks"]],
-                "decode_message_ms": round(decode_ms, 2),
-                "one_memcpy_of_the_message_ms": round(copy_ms, 2),
-            },
-            indent=1,
-        )
-    )
+    return {
+        "frame_MB": fb / 1e6,
+        "message_MB": len(raw) / 1e6,
+        "frames": len(got["owner_lens"]),
+        "array_views": "the ext payload bytes (a copy made by msgpack)"
+        if owner_is_ext
+        else "the WebSocket message",
+        "peak_python_memory_per_frame_in_frames": [round(p / fb, 2) for p in got["peaks"]],
+        "decode_message_ms": round(decode_ms, 2),
+        "one_memcpy_of_the_message_ms": round(copy_ms, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=20)
+    ap.add_argument("--side", type=int, default=2048)
+    args = ap.parse_args(argv)
+    print(json.dumps(measure(args.side, args.frames), indent=1))
 
 
 if __name__ == "__main__":

@@ -193,7 +193,8 @@ function onUpdate(name: string, st: ChannelState): void {
 }
 
 // ---- image: drawn on animation frames, the latest frame only (ImageView)
-const wantedImage = params.get("image") ?? undefined;
+// ?image=ID, else the demo IOC's moving image when the page shows it (set by preload).
+let wantedImage = params.get("image") ?? undefined;
 let imageName = "";
 const imageStats = $("image-stats");
 const imageView = new ImageView($<HTMLCanvasElement>("image"), {
@@ -419,6 +420,7 @@ async function preload(): Promise<void> {
     /* fall back to the list */
   }
   const list = ids.length > 0 ? ids : DEMO_PVS;
+  wantedImage ??= list.find((n) => n.endsWith(`${DEMO_PREFIX}IMAGE`));
   list.forEach(addChannel);
   const sine = list.find((n) => n.endsWith(":SINE"));
   if (sine) selectStrip(sine);

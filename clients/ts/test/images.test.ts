@@ -147,6 +147,29 @@ describe("images through the server", () => {
     expect(wrong).toBe(0);
   });
 
+  it("plots a 1,000,000-point waveform (min/max per pixel column) with the whole sine's range", async () => {
+    const id = "sim://waveform?length=1000000&rate=2";
+    await page.goto(`${stack.url}/?pvs=${encodeURIComponent(id)}`);
+    await page.waitForFunction(() => {
+      const c = document.querySelector('[data-testid="waveform-canvas"]') as HTMLCanvasElement;
+      const d = c.getContext("2d")!.getImageData(0, 0, c.width, c.height).data;
+      // The blue trace reaches both the top and the bottom band of the plot (a sine of -1..1,
+      // so every column's min and max span it somewhere), and is drawn across the width.
+      let top = 0;
+      let bottom = 0;
+      const columns = new Set<number>();
+      for (let i = 0; i < d.length; i += 4) {
+        if (!(d[i + 2]! > 150 && d[i]! < 80)) continue;
+        const y = Math.floor(i / 4 / c.width);
+        columns.add((i / 4) % c.width);
+        if (y < c.height * 0.15) top++;
+        if (y > c.height * 0.85) bottom++;
+      }
+      return top > 0 && bottom > 0 && columns.size > c.width * 0.9;
+    }, null, { timeout: 15_000 });
+    expect(await page.locator('[data-testid="waveform-name"]').textContent()).toBe(id);
+  });
+
   it("shows the demo's moving image by default, with frame rate and latency", async () => {
     await page.goto(`${stack.url}/`);
     await page.waitForFunction(() => {
