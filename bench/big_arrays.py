@@ -132,7 +132,7 @@ def run_case(
         "PVWIRE_SIM_MAX_LENGTH": str(64 * 1024 * 1024),
         "PVWIRE_SIM_MAX_BYTES_PER_S": "1e10",
     }
-    server = Server(env, ["--send-budget", str(256 << 20)])
+    server = Server(env, ["--send-budget", str(64 << 20)])  # as bench.harness for 8 MB frames
     children: list[Child] = []
     try:
         token = server.subscribe([source(kind, size)])

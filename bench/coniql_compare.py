@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             for pv in ("BENCH:WF", "BENCH:IMG"):
                 for clients in (int(c) for c in args.clients.split(",")):
                     per = _split(clients, min(args.procs, clients))
-                    server = Server(env, ["--send-budget", str(256 << 20)])
+                    server = Server(env, ["--send-budget", str(64 << 20)])  # as bench.harness for 8 MB frames
                     try:
                         token = server.subscribe([f"ca://{pv}"])
                         spec = {"url": server.url, "token": token}

@@ -8,7 +8,8 @@
 // the plot, each at 10 Hz, one at a time. Prints one JSON line per case; screenshots go to
 // bench/results/ at the repository root. Uses Debian's /usr/bin/chromium (PVWIRE_CHROMIUM).
 import { spawn } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { loadavg } from "node:os";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
@@ -25,6 +26,21 @@ const freePort = () => new Promise((resolve) => {
   s.listen(0, "127.0.0.1", () => { const { port } = s.address(); s.close(() => resolve(port)); });
 });
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** CPU seconds (user + system) of Chromium's renderer processes: robust to a loaded machine,
+ * where wall-clock task durations include the time the renderer waited for a core. */
+function rendererCpuSeconds() {
+  let ticks = 0;
+  for (const pid of readdirSync("/proc").filter((d) => /^\d+$/.test(d))) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cmdline`, "latin1").includes("--type=renderer")) continue;
+      const stat = readFileSync(`/proc/${pid}/stat`, "latin1");
+      const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      ticks += Number(f[11]) + Number(f[12]); // utime, stime
+    } catch { /* exited */ }
+  }
+  return ticks / 100; // USER_HZ
+}
 
 const port = await freePort();
 const server = spawn(PYTHON, ["-m", "pvwire.cli", "serve", "--loopback", "--port", String(port), "--send-budget", String(64 << 20), "--log-level", "warning"], { stdio: "inherit" });
@@ -62,16 +78,17 @@ try {
         const c = { ...globalThis.pvwire.stats };
         return { received: st.received, drawn: st.drawn, drawMsTotal: st.drawMsTotal, client: c };
       });
-      return { task: m.TaskDuration, script: m.ScriptDuration, t: performance.now(), ...s };
+      return { task: m.TaskDuration, script: m.ScriptDuration, cpu: rendererCpuSeconds(), t: performance.now(), ...s };
     };
     // Waveform frames are counted from the page's own per-second update counter.
-    const rates = [];
+    const draws = [];
     const a = await sample();
     const until = Date.now() + WINDOW_S * 1000;
     while (Date.now() < until) {
-      await sleep(1000);
-      rates.push(Number(await page.locator('[data-testid="update-rate"]').textContent()));
+      await sleep(200);
+      if (c.image) draws.push(await page.evaluate(() => globalThis.pvwireImage.stats.drawMs));
     }
+    draws.sort((x, y) => x - y);
     const b = await sample();
     const wall = (b.t - a.t) / 1000;
     // Frames: entries the client applied (one per frame: one channel on the page).
@@ -85,6 +102,10 @@ try {
       main_thread_ms_per_frame: +(((b.task - a.task) * 1000) / Math.max(1, received)).toFixed(2),
       main_thread_busy_pct: +((100 * (b.task - a.task)) / wall).toFixed(1),
       script_ms_per_frame: +(((b.script - a.script) * 1000) / Math.max(1, received)).toFixed(2),
+      renderer_cpu_ms_per_frame: +(((b.cpu - a.cpu) * 1000) / Math.max(1, received)).toFixed(2),
+      renderer_cpu_pct: +((100 * (b.cpu - a.cpu)) / wall).toFixed(1),
+      draw_ms_min: c.image && draws.length ? +draws[0].toFixed(2) : undefined,
+      loadavg_1m: +loadavg()[0].toFixed(2),
     };
     results.push(row);
     console.log(JSON.stringify(row));

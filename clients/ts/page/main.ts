@@ -199,7 +199,7 @@ let imageName = "";
 const imageStats = $("image-stats");
 const imageView = new ImageView($<HTMLCanvasElement>("image"), {
   onDraw: (s) => {
-    imageStats.textContent = `${s.width}×${s.height} ${s.colorMode} · received ${s.receivedPerSecond}/s · drawn ${s.drawnPerSecond}/s · ` +
+    imageStats.textContent = `${s.width}×${s.height}${s.step > 1 ? ` (drawn 1:${s.step})` : ""} ${s.colorMode} · received ${s.receivedPerSecond}/s · drawn ${s.drawnPerSecond}/s · ` +
       `latency ${s.latencyMs === undefined ? "–" : `${Math.round(s.latencyMs)} ms`} · draw ${s.drawMs.toFixed(1)} ms · range ${s.low}…${s.high}`;
     Object.assign(imageStats.dataset, { received: String(s.received), drawn: String(s.drawn), drawMs: s.drawMs.toFixed(2), width: String(s.width), height: String(s.height), colorMode: s.colorMode });
   },
@@ -316,33 +316,49 @@ function drawWaveform(): void {
   }
   const n = data.length;
   const last = Math.max(1, n - 1);
-  const [lo, hi] = range(data);
+  const columns = Math.max(1, Math.floor(p.canvas.width - 2 * PAD_X));
+  // Above two points per pixel column: min/max per column, computed in one pass that also gives
+  // the y range, then one vertical stroke per column (~630 path segments for 1,000,000 points,
+  // where a path through every point took longer than a frame).
+  const decimate = n > 2 * columns;
+  const colLo = decimate ? new Float64Array(columns) : undefined;
+  const colHi = decimate ? new Float64Array(columns) : undefined;
+  let lo: number;
+  let hi: number;
+  if (colLo && colHi) {
+    const d = data as unknown as ArrayLike<number>;
+    lo = Infinity;
+    hi = -Infinity;
+    for (let c = 0; c < columns; c++) {
+      const to = Math.floor(((c + 1) * n) / columns);
+      let cLo = Infinity;
+      let cHi = -Infinity;
+      for (let i = Math.floor((c * n) / columns); i < to; i++) {
+        const v = d[i]!;
+        if (v < cLo) cLo = v;
+        if (v > cHi) cHi = v;
+      }
+      colLo[c] = cLo;
+      colHi[c] = cHi;
+      if (cLo < lo) lo = cLo;
+      if (cHi > hi) hi = cHi;
+    }
+    if (!Number.isFinite(lo) || !Number.isFinite(hi)) [lo, hi] = [0, 1];
+    else if (lo === hi) [lo, hi] = [lo - 1, hi + 1];
+  } else {
+    [lo, hi] = range(data);
+  }
   axes(p, lo, hi, niceTicks(0, last, 5).map((t) => ({ f: t.value / last, label: t.label })), units);
   const { ctx } = p;
   ctx.strokeStyle = "#1565c0";
   ctx.lineWidth = 1.5;
   ctx.beginPath();
-  const columns = Math.max(1, Math.floor(p.canvas.width - 2 * PAD_X));
-  if (n > 2 * columns) {
-    // Min/max per pixel column: one vertical stroke per column, joined to the next, so a
-    // 1,000,000-point waveform costs one pass over the data and ~630 path segments (a path
-    // through every point took longer than a frame).
-    const d = data as unknown as ArrayLike<number>;
+  if (colLo && colHi) {
     for (let c = 0; c < columns; c++) {
-      const from = Math.floor((c * n) / columns);
-      const to = Math.floor(((c + 1) * n) / columns);
-      let cLo = Infinity;
-      let cHi = -Infinity;
-      for (let i = from; i < to; i++) {
-        const v = d[i]!;
-        if (v < cLo) cLo = v;
-        if (v > cHi) cHi = v;
-      }
       const x = PAD_X + c + 0.5;
-      const yLo = yAt(p, cLo, lo, hi);
-      const yHi = yAt(p, cHi, lo, hi);
+      const yLo = yAt(p, colLo[c]!, lo, hi);
       if (c === 0) ctx.moveTo(x, yLo); else ctx.lineTo(x, yLo);
-      ctx.lineTo(x, yHi);
+      ctx.lineTo(x, yAt(p, colHi[c]!, lo, hi));
     }
   } else {
     for (let i = 0; i < n; i++) {
@@ -375,9 +391,18 @@ function drawStrip(): void {
   ctx.stroke();
 }
 
-function frame(): void {
+// The strip chart scrolls with time, but 60 redraws a second of it cost half a core of the
+// renderer with software rendering (headless Chromium, measured with an otherwise empty page):
+// 10 a second move it by about one pixel each and leave the main thread to the data.
+const STRIP_REDRAW_MS = 100;
+let stripDrawnAt = 0;
+
+function frame(now: number): void {
   drawWaveform();
-  drawStrip();
+  if (now - stripDrawnAt >= STRIP_REDRAW_MS) {
+    stripDrawnAt = now;
+    drawStrip();
+  }
   requestAnimationFrame(frame);
 }
 requestAnimationFrame(frame);

@@ -21,6 +21,12 @@ export interface ImageViewOptions {
   range?: DisplayRange;
   /** Called after each draw (e.g. to show the statistics). */
   onDraw?: (stats: ImageStats) => void;
+  /**
+   * Frames with more pixels are drawn subsampled by a whole factor (nearest neighbour) to at most
+   * this many: default 2 megapixels, so a 2048 x 2048 frame is drawn at 1024 x 1024. `Infinity`
+   * draws every pixel.
+   */
+  maxPixels?: number;
   /** Scheduler, for tests and workers; default requestAnimationFrame. */
   schedule?: (draw: () => void) => void;
 }
@@ -38,6 +44,8 @@ export interface ImageStats {
   drawMsTotal: number;
   width: number;
   height: number;
+  /** Drawn every `step`-th pixel of every `step`-th row (see `maxPixels`). */
+  step: number;
   colorMode: string;
   /** The display range of the last draw. */
   low: number;
@@ -101,7 +109,7 @@ export function minMax(data: TypedArray, n = data.length): [number, number] {
  * Integer frames of at most 16 bits use a table indexed by the value itself (no arithmetic per
  * pixel); other types scale each value.
  */
-export function renderFrame(out: Uint32Array, data: TypedArray, geometry: ReturnType<typeof imageGeometry>, low: number, high: number, map: Uint32Array): void {
+export function renderFrame(out: Uint32Array, data: TypedArray, geometry: ReturnType<typeof imageGeometry>, low: number, high: number, map: Uint32Array, step = 1): void {
   const { width, height, layout } = geometry;
   const n = width * height;
   const d = data as unknown as ArrayLike<number>;
@@ -110,15 +118,42 @@ export function renderFrame(out: Uint32Array, data: TypedArray, geometry: Return
   // [0, 65535] for v × 257) maps every value to itself exactly.
   const scale = 256 / span;
   const small = data instanceof Uint8Array || data instanceof Uint16Array || data instanceof Int8Array || data instanceof Int16Array;
-  if (layout === "mono") {
-    if (small) {
-      const offset = data instanceof Int8Array ? 128 : data instanceof Int16Array ? 32768 : 0;
-      const size = data instanceof Uint8Array || data instanceof Int8Array ? 256 : 65536;
-      const table = new Uint32Array(size);
-      for (let v = 0; v < size; v++) {
-        const k = ((v - offset - low) * scale) | 0;
-        table[v] = map[k < 0 ? 0 : k > 255 ? 255 : k]!;
+  const offset = data instanceof Int8Array ? 128 : data instanceof Int16Array ? 32768 : 0;
+  let table: Uint32Array | undefined;
+  if (layout === "mono" && small) {
+    const size = data instanceof Uint8Array || data instanceof Int8Array ? 256 : 65536;
+    table = new Uint32Array(size);
+    for (let v = 0; v < size; v++) {
+      const k = ((v - offset - low) * scale) | 0;
+      table[v] = map[k < 0 ? 0 : k > 255 ? 255 : k]!;
+    }
+  }
+  const c = (v: number) => {
+    const k = ((v - low) * scale) | 0;
+    return k < 0 ? 0 : k > 255 ? 255 : k;
+  };
+  if (step > 1) {
+    // Every step-th pixel of every step-th row (nearest neighbour): the canvas is shown smaller
+    // than the frame anyway, and converting, uploading and compositing shrink by step².
+    let o = 0;
+    for (let y = 0; y < height; y += step) {
+      for (let x = 0; x < width; x += step) {
+        const i = y * width + x;
+        if (layout === "mono") {
+          out[o++] = table ? table[d[i]! + offset]! : map[c(d[i]!)]!;
+          continue;
+        }
+        let r: number, g: number, b: number;
+        if (layout === "RGB1") { r = d[3 * i]!; g = d[3 * i + 1]!; b = d[3 * i + 2]!; }
+        else if (layout === "RGB2") { const row = y * 3 * width; r = d[row + x]!; g = d[row + width + x]!; b = d[row + 2 * width + x]!; }
+        else { r = d[i]!; g = d[n + i]!; b = d[2 * n + i]!; }
+        out[o++] = (0xff000000 | (c(b) << 16) | (c(g) << 8) | c(r)) >>> 0;
       }
+    }
+    return;
+  }
+  if (layout === "mono") {
+    if (table) {
       if (offset === 0) for (let i = 0; i < n; i++) out[i] = table[d[i]!]!;
       else for (let i = 0; i < n; i++) out[i] = table[d[i]! + offset]!;
       return;
@@ -129,10 +164,6 @@ export function renderFrame(out: Uint32Array, data: TypedArray, geometry: Return
     }
     return;
   }
-  const c = (v: number) => {
-    const k = ((v - low) * scale) | 0;
-    return k < 0 ? 0 : k > 255 ? 255 : k;
-  };
   if (layout === "RGB1") {
     for (let i = 0, j = 0; i < n; i++, j += 3) out[i] = (0xff000000 | (c(d[j + 2]!) << 16) | (c(d[j + 1]!) << 8) | c(d[j]!)) >>> 0;
   } else if (layout === "RGB2") {
@@ -163,13 +194,14 @@ export class ImageView {
   private pixels: Uint32Array | undefined;
   private readonly schedule: (draw: () => void) => void;
   private readonly onDraw: ((stats: ImageStats) => void) | undefined;
+  private readonly maxPixels: number;
   private closed = false;
   private second = 0;
   private receivedInSecond = 0;
   private drawnInSecond = 0;
   readonly stats: ImageStats = {
     receivedPerSecond: 0, drawnPerSecond: 0, received: 0, drawn: 0, latencyMs: undefined, drawMs: 0, drawMsTotal: 0,
-    width: 0, height: 0, colorMode: "", low: 0, high: 1,
+    width: 0, height: 0, step: 1, colorMode: "", low: 0, high: 1,
   };
 
   constructor(readonly canvas: HTMLCanvasElement, options: ImageViewOptions = {}) {
@@ -180,6 +212,7 @@ export class ImageView {
     this.map = colorMapTable(this.colorMapName);
     this.range = options.range ?? "auto";
     this.onDraw = options.onDraw;
+    this.maxPixels = options.maxPixels ?? 2 * 1024 * 1024;
     this.schedule = options.schedule ?? ((f) => requestAnimationFrame(f));
   }
 
@@ -263,19 +296,23 @@ export class ImageView {
     const geometry = imageGeometry(value.dims, colorMode);
     const { width, height } = geometry;
     if (width === 0 || height === 0 || value.data instanceof BigInt64Array || value.data instanceof BigUint64Array) return;
-    if (!this.image || this.image.width !== width || this.image.height !== height) {
-      this.canvas.width = width;
-      this.canvas.height = height;
-      this.image = this.ctx.createImageData(width, height);
+    const step = Math.max(1, Math.ceil(Math.sqrt((width * height) / this.maxPixels)));
+    const drawnWidth = Math.ceil(width / step);
+    const drawnHeight = Math.ceil(height / step);
+    if (!this.image || this.image.width !== drawnWidth || this.image.height !== drawnHeight) {
+      this.canvas.width = drawnWidth;
+      this.canvas.height = drawnHeight;
+      this.image = this.ctx.createImageData(drawnWidth, drawnHeight);
       this.pixels = new Uint32Array(this.image.data.buffer);
     }
     const planes = geometry.layout === "mono" ? 1 : 3;
     const [low, high] = this.range === "auto" ? minMax(value.data, width * height * planes) : this.range;
-    renderFrame(this.pixels!, value.data, geometry, low, high, this.map);
+    renderFrame(this.pixels!, value.data, geometry, low, high, this.map, step);
     this.ctx.putImageData(this.image, 0, 0);
     const s = this.stats;
     s.width = width;
     s.height = height;
+    s.step = step;
     s.colorMode = geometry.layout;
     s.low = low;
     s.high = high;

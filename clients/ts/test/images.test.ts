@@ -36,6 +36,24 @@ describe("ImageView pixel conversion", () => {
     expect([...out].map((p) => rgba(p)[0])).toEqual([0, 128, 255, 192]);
   });
 
+  it("subsamples by a whole step, every layout picking the same pixels", () => {
+    // 4 x 3 grey frame, value = 10y + x; step 2 keeps (0,0) (2,0) (0,2) (2,2)
+    const grey16 = new Uint16Array(12).map((_, i) => 10 * Math.floor(i / 4) + (i % 4));
+    const out = new Uint32Array(4);
+    renderFrame(out, grey16, imageGeometry([3, 4], "mono"), 0, 256, grey, 2);
+    expect([...out].map((p) => rgba(p)[0])).toEqual([0, 2, 20, 22]);
+    renderFrame(out, new Float32Array(grey16), imageGeometry([3, 4], "mono"), 0, 256, grey, 2);
+    expect([...out].map((p) => rgba(p)[0])).toEqual([0, 2, 20, 22]);
+    const rgb3 = new Uint8Array(36);
+    for (let c = 0; c < 3; c++) for (let i = 0; i < 12; i++) rgb3[c * 12 + i] = grey16[i]! + 100 * c;
+    const rgb1 = new Uint8Array(36);
+    for (let c = 0; c < 3; c++) for (let i = 0; i < 12; i++) rgb1[i * 3 + c] = grey16[i]! + 100 * c;
+    for (const [data, dims, mode] of [[rgb3, [3, 3, 4], "RGB3"], [rgb1, [3, 4, 3], "RGB1"]] as const) {
+      renderFrame(out, data, imageGeometry(dims, mode), 0, 256, grey, 2);
+      expect([...out].map((p) => rgba(p).slice(0, 3))).toEqual([0, 2, 20, 22].map((v) => [v, v + 100, v + 200]));
+    }
+  });
+
   it("reads RGB1, RGB2 and RGB3 layouts into the same pixels", () => {
     // 2 x 3 pixels, pixel (x, y) = [10x + y, 100 + y, 200 + x]
     const px = (x: number, y: number) => [10 * x + y, 100 + y, 200 + x];
