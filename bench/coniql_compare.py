@@ -42,6 +42,7 @@ CONIQL_MAIN = (
 
 PVWIRE_CLIENT = "bench.big_arrays_client"
 CONIQL_CLIENT = "bench.coniql_client"
+SEND_BUDGET = 64 << 20  # as bench.harness for 8 MB frames
 
 
 def _split(clients: int, procs: int) -> list[int]:
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             for pv in ("BENCH:WF", "BENCH:IMG"):
                 for clients in (int(c) for c in args.clients.split(",")):
                     per = _split(clients, min(args.procs, clients))
-                    server = Server(env, ["--send-budget", str(64 << 20)])  # as bench.harness for 8 MB frames
+                    server = Server(env, ["--send-budget", str(SEND_BUDGET)])
                     try:
                         token = server.subscribe([f"ca://{pv}"])
                         spec = {"url": server.url, "token": token}
