@@ -61,7 +61,9 @@ async def test_every_kind_gets_with_metadata(sim: SimBackend, kind: str) -> None
     assert isinstance(r.meta, Metadata) and r.meta.type is not None
     assert r.meta.writable is (kind in ("value", "string"))
     assert abs(r.seconds + r.nanoseconds * 1e-9 - time.time()) < 5
-    expected: dict[str, type] = {"counter": int, "enum": int, "string": str, "waveform": np.ndarray}
+    expected: dict[str, type] = {
+        "counter": int, "enum": int, "string": str, "waveform": np.ndarray, "image": np.ndarray
+    }  # fmt: skip
     assert isinstance(r.value, expected.get(kind, float))
 
 

@@ -48,6 +48,6 @@ def test_sim_limits_are_clear(server: ServerProcess) -> None:
     )
     (err,) = doc["errors"]
     assert err["extensions"]["code"] == "BAD_CHANNEL_ID"
-    assert "4000000" in err["message"]
+    assert "4194304" in err["message"]
     doc = server.graphql('query { channel(id: "sim://waveform?length=1000000&rate=1000") { id } }')
     assert "MB/s" in doc["errors"][0]["message"]

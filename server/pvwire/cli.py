@@ -24,6 +24,8 @@ __all__ = ["build_parser", "main"]
 DEMO_DB = Path(__file__).parent / "demo" / "demo.db"
 DEMO_PREFIX = "PVWIRE:DEMO:"
 DEMO_SAMPLES = 1000  # the demo waveform's length
+# NTNDArrays served by a p4p server in the demo IOC's process (pvwire.demo_images), PVA only.
+DEMO_IMAGES = ("IMAGE", "IMAGE:RGB", "IMAGE:LZ4")
 
 
 def demo_write_rules(prefix: str) -> list[str]:
@@ -36,7 +38,8 @@ def demo_write_rules(prefix: str) -> list[str]:
 
 
 def start_demo_ioc(prefix: str, ports: IocPorts | None = None) -> IocProcess:
-    """The demo IOC, with its waveform pre-filled so it is 1000 points long from the start."""
+    """The demo IOC, with its waveform pre-filled so it is 1000 points long from the start, and
+    its images (DEMO_IMAGES) served next to it."""
     ioc = IocProcess([DEMO_DB], macros={"P": prefix}, ports=ports)
     ioc.start()
     # The IOC console is Python; process the chain COUNTER -> NOISE -> WAVEFORM 1000 times.
@@ -45,6 +48,7 @@ def start_demo_ioc(prefix: str, ports: IocPorts | None = None) -> IocProcess:
         "import epicscorelibs.ioc as _e; "
         f"_ = [_e.iocshCmd(c.encode()) for _ in range({DEMO_SAMPLES}) for c in {commands!r}]"
     )
+    ioc.execute(f"import pvwire.demo_images as _i; _i.serve({prefix!r}, {ioc.ports.pva_broadcast})")
     return ioc
 
 
@@ -306,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
                 "WAVEFORM",
             )
         ),
+        *(f"pva://{args.prefix}{n}" for n in DEMO_IMAGES),
     ]
     url = f"http://{settings.host}:{settings.port}"
     print(

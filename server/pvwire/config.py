@@ -57,7 +57,7 @@ class Settings:
     get_timeout_s: float = 3.0
     sim_enabled: bool = True  # sim:// channels (demo, tests, benchmarks); off at a facility
     sim_max_rate: float = 1000.0  # Hz per sim channel
-    sim_max_length: int = 4_000_000  # elements per sim waveform
+    sim_max_length: int = 2048 * 2048  # elements per sim waveform or image
     sim_max_bytes_per_s: float = 200e6  # per sim channel
     max_query_cost: int = 25_000  # GraphQL: fields (aliases count each) + ids in list arguments
     max_graphql_elements: int = (

@@ -70,6 +70,9 @@ def alarm_status_name(status: int) -> str:
     return f"STATUS_{status}"
 
 
+_WIRE_KEYS = {"color_mode": "colorMode"}  # section 5 keys that differ from the field names
+
+
 @dataclass(frozen=True, slots=True)
 class Metadata:
     """What a channel is, as opposed to what it reads now. Every field optional (None = unknown)."""
@@ -86,6 +89,8 @@ class Metadata:
     warning: Limits | None = None
     choices: tuple[str, ...] | None = None
     writable: bool | None = None
+    # Images (PROTOCOL.md section 4.5): how the dims hold colour, `mono`, `RGB1`, `RGB2`, `RGB3`.
+    color_mode: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The PROTOCOL.md section 5 map: known keys only, limits as [low, high] lists."""
@@ -96,7 +101,7 @@ class Metadata:
                 continue
             if isinstance(v, tuple):
                 v = list(v)
-            out[name] = v
+            out[_WIRE_KEYS.get(name, name)] = v
         return out
 
     def for_client(self, rules_allow: bool) -> Metadata:

@@ -38,6 +38,8 @@ export interface Metadata {
   readonly warning?: Limits;
   readonly choices?: readonly string[];
   readonly writable?: boolean;
+  /** Images: how the dims hold colour, `mono`, `RGB1`, `RGB2`, `RGB3` (section 4.5). */
+  readonly colorMode?: string;
   readonly [key: string]: unknown;
 }
 

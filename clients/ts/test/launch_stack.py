@@ -28,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pvwire.cli import DEMO_PREFIX, demo_write_rules, start_demo_ioc
+from pvwire.cli import DEMO_IMAGES, DEMO_PREFIX, demo_write_rules, start_demo_ioc
 from pvwire.ioc import IocProcess, free_port
 
 PREFIX = DEMO_PREFIX
@@ -42,6 +42,8 @@ def demo_server_args(with_write_rules: bool = True) -> list[str]:
         args += ["--write-rule", rule]
     for name in NAMES:
         args += ["--catalogue", f"ca://{PREFIX}{name}"]
+    for name in DEMO_IMAGES:
+        args += ["--catalogue", f"pva://{PREFIX}{name}"]
     return args
 
 

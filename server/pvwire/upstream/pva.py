@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -33,9 +32,10 @@ from ..errors import (
     ReadOnlyChannel,
     TypeMismatch,
 )
-from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value
+from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value, dtype_name
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
+from .ntndarray import color_mode, decode_ntndarray, frame_dtype
 from .pva_ingest import WokenQueue, pop
 from .values import CallbackGuard, long_string, wire_value
 
@@ -111,7 +111,10 @@ def _shape(v: Any, name: str = "") -> _Shape:
     if nt_id.startswith(_NT_ENUM):
         return _Shape(_ENUM, "enum", False, (*meta_fields, "value.choices"), has_time, has_alarm)
     if nt_id.startswith(_NT_NDARRAY):
-        return _Shape(_NDARRAY, "ndarray", True, meta_fields, has_time, has_alarm)
+        # The colour mode, element type and shape may change with any frame's attributes,
+        # codec or dims: metadata is rebuilt when they change (and sent only if it differs).
+        nd_fields = (*meta_fields, "attribute", "codec", "dimension")
+        return _Shape(_NDARRAY, "ndarray", True, nd_fields, has_time, has_alarm)
     if nt_id.startswith(_NT_TABLE):
         return _Shape(_TABLE, "table", False, (), has_time, has_alarm)
     if isinstance(code, str) and (
@@ -142,12 +145,7 @@ def _decode(kind: int, v: Any) -> Value:
         # The wire has no bool dtype: a uint8 view of the same memory (no copy).
         return np.asarray(v["value"]).view(np.uint8)
     if kind == _NDARRAY:
-        arr = np.asarray(v["value"])
-        dims = [int(d["size"]) for d in v["dimension"]]
-        # NTNDArray lists the fastest-varying dimension first; numpy shapes are C order.
-        if dims and math.prod(dims) == arr.size:
-            arr = arr.reshape(dims[::-1])
-        return arr
+        return wire_value(decode_ntndarray(v))
     if kind == _LONG_STRING:
         return long_string(v["value"])
     if kind == _TABLE:
@@ -169,8 +167,10 @@ def _meta(shape: _Shape, v: Any) -> Metadata:
     type_name = shape.type_name
     if shape.kind == _LONG_STRING:
         return Metadata(type="string", count=1)
+    color = None
     if shape.kind == _NDARRAY:
-        type_name = str(np.asarray(v["value"]).dtype)
+        type_name = dtype_name(frame_dtype(v))
+        color = color_mode(v)
     display: dict[str, Any] = v["display"].todict() if "display" in shape.meta_fields else {}
     control: dict[str, Any] = v["control"].todict() if "control" in shape.meta_fields else {}
     alarm: dict[str, Any] = v["valueAlarm"].todict() if "valueAlarm" in shape.meta_fields else {}
@@ -193,6 +193,7 @@ def _meta(shape: _Shape, v: Any) -> Metadata:
         alarm=_limits(alarm, "lowAlarmLimit", "highAlarmLimit"),
         warning=_limits(alarm, "lowWarningLimit", "highWarningLimit"),
         choices=choices,
+        color_mode=color,
     )
 
 

@@ -1,10 +1,10 @@
 """Simulated channels (`sim://KIND[/LABEL][?param=value&...]`), for demos, tests and benchmarks.
 
-Kinds: sine, ramp, counter, noise, waveform, enum (periodic), value, string (writable, updated
-only by puts). A periodic channel does not own a task or timer: channels are grouped by update
-rate and each group is driven by ONE `loop.call_at` chain that updates all its members in a tight
-loop with one shared timestamp. 10,000 counters at 10 Hz then cost one timer callback per tick
-plus a method call and a sink call per channel.
+Kinds: sine, ramp, counter, noise, waveform, image, enum (periodic), value, string (writable,
+updated only by puts). A periodic channel does not own a task or timer: channels are grouped by
+update rate and each group is driven by ONE `loop.call_at` chain that updates all its members in
+a tight loop with one shared timestamp. 10,000 counters at 10 Hz then cost one timer callback per
+tick plus a method call and a sink call per channel.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ..errors import BadChannelId, ReadOnlyChannel
 from ..model import ConnState, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
+from .sim_image import IMAGE_DTYPES, image_frame, image_metadata
 from .sim_phoebus import from_phoebus
 
 __all__ = ["KINDS", "SimBackend", "SimLimits", "SimSpec", "parse_sim"]
@@ -40,11 +41,12 @@ KINDS: dict[str, dict[str, Any]] = {
     "counter": {"rate": 10.0},
     "noise": {"mean": 0.0, "sigma": 1.0, "rate": 10.0},
     "waveform": {"length": 1000.0, "rate": 10.0, "shape": "sine", "period": 10.0},
+    "image": {"width": 640.0, "height": 480.0, "dtype": "uint16", "color": "mono", "rate": 10.0},
     "enum": {"choices": "Off,On", "rate": 1.0},
     "value": {"initial": 0.0},
     "string": {"initial": ""},
 }
-_TEXT_PARAMS = {"shape", "choices", "initial"}
+_TEXT_PARAMS = {"shape", "choices", "initial", "dtype", "color"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,7 @@ class SimLimits:
     """
 
     max_rate: float = 1000.0  # Hz; a timer chain faster than this would only measure the loop
-    max_length: int = 4_000_000  # waveform elements: a 2048 x 2048 image's worth
+    max_length: int = 2048 * 2048  # waveform or image elements: a 2048 x 2048 image's worth
     max_bytes_per_s: float = 200e6  # per channel: a 1,000,000-point float64 waveform at 10 Hz is 80
     max_stores: int = 10_000  # writable `value/NAME` and `string/NAME` instances kept at once
 
@@ -128,10 +130,33 @@ def _check(name: str, kind: str, p: dict[str, Any], limits: SimLimits) -> None:
             )
         if p["shape"] not in ("sine", "noise"):
             raise bad(f"shape must be 'sine' or 'noise', got {p['shape']!r}")
+    if kind == "image":
+        _check_image(p, limits, bad)
     if kind == "enum":
         choices = [c for c in p["choices"].split(",") if c]
         if not choices:
             raise bad("enum needs at least one choice")
+
+
+def _check_image(p: dict[str, Any], limits: SimLimits, bad: Callable[[str], BadChannelId]) -> None:
+    for side in ("width", "height"):
+        if not 1 <= p[side] <= limits.max_length or not float(p[side]).is_integer():
+            raise bad(f"{side} must be a positive integer")
+    if p["dtype"] not in IMAGE_DTYPES:
+        raise bad(f"dtype must be one of {', '.join(IMAGE_DTYPES)}, got {p['dtype']!r}")
+    if p["color"] not in ("mono", "RGB1"):
+        raise bad(f"color must be 'mono' or 'RGB1', got {p['color']!r}")
+    elements = p["width"] * p["height"] * (3 if p["color"] == "RGB1" else 1)
+    if elements > limits.max_length:
+        raise bad(
+            f"width x height x colours is {elements:g}; this server allows {limits.max_length}"
+        )
+    rate_bytes = elements * np.dtype(p["dtype"]).itemsize * p["rate"]
+    if rate_bytes > limits.max_bytes_per_s:
+        raise bad(
+            f"the image is {rate_bytes / 1e6:g} MB/s; "
+            f"this server allows {limits.max_bytes_per_s / 1e6:g} MB/s per sim channel"
+        )
 
 
 def _now() -> tuple[int, int]:
@@ -155,6 +180,8 @@ def _metadata(spec: SimSpec) -> Metadata:
     if kind == "waveform":
         limits = (-1.0, 1.0) if p["shape"] == "sine" else (-3.0, 3.0)
         return Metadata("float64", int(p["length"]), desc, "", 3, display=limits, writable=False)
+    if kind == "image":
+        return image_metadata(p, desc)
     if kind == "enum":
         choices = tuple(c for c in p["choices"].split(",") if c)
         return Metadata("enum", 1, desc, choices=choices, writable=False)
@@ -207,6 +234,12 @@ class _Sim:
 
     def _step_waveform(self, s: int, ns: int) -> None:
         v = _waveform(self.spec.params, s + ns * 1e-9)
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_image(self, s: int, ns: int) -> None:
+        self.k += 1
+        v = image_frame(self.spec.params, self.k)
         self.value = v
         self.sink.on_update(v, s, ns, 0, 0, "")
 
@@ -271,6 +304,8 @@ def _fresh_value(spec: SimSpec, k: int) -> Value:
         return random.gauss(p["mean"], p["sigma"])
     if kind == "waveform":
         return _waveform(p, time.time())
+    if kind == "image":
+        return image_frame(p, k)
     if kind == "enum":
         return k % len(p["choices"].split(","))
     raise AssertionError(kind)  # writable kinds live in _Store

@@ -1,0 +1,132 @@
+// The demo page in headless Chromium with big frames at 10 Hz: frames received and drawn per
+// second, the page's main-thread time per frame (Chrome's TaskDuration over the window, so
+// WebSocket receive, MessagePack decode, table update and drawing all count), screenshots.
+//
+//   npm run build && node bench/page_images.mjs [seconds]
+//
+// Cases: sim://image 1024x1024 and 2048x2048 uint16, and a 1,000,000-point float64 waveform on
+// the plot, each at 10 Hz, one at a time. Prints one JSON line per case; screenshots go to
+// bench/results/ at the repository root. Uses Debian's /usr/bin/chromium (PVWIRE_CHROMIUM).
+import { spawn } from "node:child_process";
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { loadavg } from "node:os";
+import { createServer } from "node:net";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const ROOT = join(import.meta.dirname, "../../..");
+const OUT = join(ROOT, "bench/results");
+const PYTHON = process.env.PVWIRE_PYTHON ?? join(ROOT, ".venv/bin/python");
+const CHROMIUM = process.env.PVWIRE_CHROMIUM ?? "/usr/bin/chromium";
+const WINDOW_S = Number(process.argv[2] ?? 10);
+const WARMUP_S = 4;
+
+const freePort = () => new Promise((resolve) => {
+  const s = createServer();
+  s.listen(0, "127.0.0.1", () => { const { port } = s.address(); s.close(() => resolve(port)); });
+});
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Our browser's command line carries this switch (Chromium ignores unknown ones), so its
+// renderers are told apart from other Chromium processes on the machine.
+const MARKER = `--pvwire-bench=${process.pid}`;
+
+function procStat(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, "latin1");
+  return stat.slice(stat.lastIndexOf(")") + 2).split(" "); // [state, ppid, ...]
+}
+
+/** CPU seconds (user + system) of this browser's renderer processes: robust to a loaded
+ * machine, where wall-clock task durations include the time the renderer waited for a core. */
+function rendererCpuSeconds() {
+  const pids = readdirSync("/proc").filter((d) => /^\d+$/.test(d));
+  const browserPid = pids.find((pid) => { try { return readFileSync(`/proc/${pid}/cmdline`, "latin1").includes(MARKER); } catch { return false; } });
+  let ticks = 0;
+  for (const pid of pids) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cmdline`, "latin1").includes("--type=renderer")) continue;
+      let up = pid;
+      for (let i = 0; i < 5 && up !== browserPid && up !== "1"; i++) up = procStat(up)[1];
+      if (up !== browserPid) continue;
+      const f = procStat(pid);
+      ticks += Number(f[11]) + Number(f[12]); // utime, stime
+    } catch { /* exited */ }
+  }
+  return ticks / 100; // USER_HZ
+}
+
+const port = await freePort();
+const server = spawn(PYTHON, ["-m", "pvwire.cli", "serve", "--loopback", "--port", String(port), "--send-budget", String(64 << 20), "--log-level", "warning"], { stdio: "inherit" });
+const url = `http://127.0.0.1:${port}`;
+for (let i = 0; ; i++) {
+  try { if ((await fetch(`${url}/`)).ok) break; } catch { /* not up yet */ }
+  if (i > 300) throw new Error("server did not start");
+  await sleep(100);
+}
+
+const browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  headless: true,
+  args: [MARKER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+mkdirSync(OUT, { recursive: true });
+const results = [];
+const cases = [
+  { name: "image-1024-uint16", id: "sim://image?width=1024&height=1024&dtype=uint16&rate=10", image: true },
+  { name: "image-2048-uint16", id: "sim://image?width=2048&height=2048&dtype=uint16&rate=10", image: true },
+  { name: "waveform-1M-float64", id: "sim://waveform?length=1000000&rate=10", image: false },
+];
+try {
+  for (const c of cases) {
+    const page = await browser.newPage({ viewport: { width: 1400, height: 1400 } });
+    const cdp = await page.context().newCDPSession(page);
+    await cdp.send("Performance.enable");
+    const q = `pvs=${encodeURIComponent(c.id)}${c.image ? `&image=${encodeURIComponent(c.id)}` : ""}`;
+    await page.goto(`${url}/?${q}`);
+    await sleep(WARMUP_S * 1000);
+    const sample = async () => {
+      const m = Object.fromEntries((await cdp.send("Performance.getMetrics")).metrics.map((x) => [x.name, x.value]));
+      const s = await page.evaluate(() => {
+        const st = globalThis.pvwireImage.stats;
+        const c = { ...globalThis.pvwire.stats };
+        return { received: st.received, drawn: st.drawn, drawMsTotal: st.drawMsTotal, client: c };
+      });
+      return { task: m.TaskDuration, script: m.ScriptDuration, cpu: rendererCpuSeconds(), t: performance.now(), ...s };
+    };
+    // Waveform frames are counted from the page's own per-second update counter.
+    const draws = [];
+    const a = await sample();
+    const until = Date.now() + WINDOW_S * 1000;
+    while (Date.now() < until) {
+      await sleep(200);
+      if (c.image) draws.push(await page.evaluate(() => globalThis.pvwireImage.stats.drawMs));
+    }
+    draws.sort((x, y) => x - y);
+    const b = await sample();
+    const wall = (b.t - a.t) / 1000;
+    // Frames: entries the client applied (one per frame: one channel on the page).
+    const received = c.image ? b.received - a.received : b.client.entries - a.client.entries;
+    const row = {
+      case: c.name,
+      window_s: +wall.toFixed(2),
+      received_per_s: +(received / wall).toFixed(2),
+      drawn_per_s: c.image ? +((b.drawn - a.drawn) / wall).toFixed(2) : undefined,
+      draw_ms_per_frame: c.image && b.drawn > a.drawn ? +((b.drawMsTotal - a.drawMsTotal) / (b.drawn - a.drawn)).toFixed(2) : undefined,
+      main_thread_ms_per_frame: +(((b.task - a.task) * 1000) / Math.max(1, received)).toFixed(2),
+      main_thread_busy_pct: +((100 * (b.task - a.task)) / wall).toFixed(1),
+      script_ms_per_frame: +(((b.script - a.script) * 1000) / Math.max(1, received)).toFixed(2),
+      renderer_cpu_ms_per_frame: +(((b.cpu - a.cpu) * 1000) / Math.max(1, received)).toFixed(2),
+      renderer_cpu_pct: +((100 * (b.cpu - a.cpu)) / wall).toFixed(1),
+      draw_ms_min: c.image && draws.length ? +draws[0].toFixed(2) : undefined,
+      loadavg_1m: +loadavg()[0].toFixed(2),
+    };
+    results.push(row);
+    console.log(JSON.stringify(row));
+    await page.screenshot({ path: join(OUT, `page-${c.name}.png`), fullPage: true });
+    await page.close();
+  }
+} finally {
+  await browser.close();
+  server.kill();
+}
+writeFileSync(join(OUT, "page_images.json"), JSON.stringify(results, null, 1));

@@ -1,0 +1,218 @@
+"""Images: NTNDArrays from a real p4p server, plain and compressed, and `sim://image`, through the
+real server to the Python client: exact pixels, dims and `colorMode` (PROTOCOL.md section 4.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import bitshuffle
+import blosc
+import lz4.block
+import numpy as np
+import pytest
+from p4p.nt import NTNDArray
+from p4p.server import Server, StaticProvider
+from p4p.server.thread import SharedPV
+from PIL import Image
+from pvwire.ioc import free_port
+from pvwire.loopback import loopback_env
+from pvwire.upstream.sim import parse_sim
+from pvwire.upstream.sim_image import image_frame, image_step
+from pvwire_client import Client
+from pvwire_client.state import ChannelState
+
+from tests.server_process import ServerProcess, server_args_for_tests
+
+pytestmark = pytest.mark.ioc
+
+NT = NTNDArray()
+RNG = np.random.default_rng(12)
+GREY16 = RNG.integers(0, 65536, (12, 20), dtype=np.uint16)  # [height, width]
+RGB = RNG.integers(0, 256, (6, 10, 3), dtype=np.uint8)  # [height, width, colour]
+ND_UINT16 = 3  # areaDetector NDDataType_t numbers, as NDPluginCodec puts in codec.parameters
+ND_UINT8 = 1
+
+
+def _codec_frame(name: str, payload: bytes, code: int, like: np.ndarray[Any, Any]) -> Any:
+    v = NT.wrap(like)
+    v["value"] = ("ubyteValue", np.frombuffer(payload, np.uint8))
+    v["codec.name"] = name
+    v["codec.parameters"] = code
+    v["compressedSize"] = len(payload)
+    return v
+
+
+def _jpeg(grey: np.ndarray[Any, Any]) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(grey).save(out, "JPEG", quality=100)
+    return out.getvalue()
+
+
+GREY8 = (GREY16 >> 8).astype(np.uint8)
+JPEG = _jpeg(GREY8)
+JPEG_PIXELS = np.asarray(Image.open(io.BytesIO(JPEG)))  # what any JPEG decoder gives back
+
+# name: (Value or array to serve, expected array, expected colorMode, expected type)
+FRAMES: dict[str, tuple[Any, np.ndarray[Any, Any], str, str]] = {
+    "IMG:U16": (GREY16, GREY16, "mono", "uint16"),
+    "IMG:U8": (GREY8, GREY8, "mono", "uint8"),
+    "IMG:I32": (GREY16.astype(np.int32) - 30000, GREY16.astype(np.int32) - 30000, "mono", "int32"),
+    "IMG:F32": (GREY16.astype(np.float32) / 7, GREY16.astype(np.float32) / 7, "mono", "float32"),
+    "IMG:F64": (GREY16 / 3.0, GREY16 / 3.0, "mono", "float64"),
+    "IMG:RGB1": (RGB, RGB, "RGB1", "uint8"),
+    # RGB2 is row-interleaved [H, 3, W]; RGB3 planar [3, H, W] (C order).
+    "IMG:RGB2": (RGB.transpose(0, 2, 1).copy(), RGB.transpose(0, 2, 1), "RGB2", "uint8"),
+    "IMG:RGB3": (RGB.transpose(2, 0, 1).copy(), RGB.transpose(2, 0, 1), "RGB3", "uint8"),
+    "IMG:LZ4": (
+        _codec_frame("lz4", lz4.block.compress(GREY16.tobytes(), store_size=False), 3, GREY16),
+        GREY16,
+        "mono",
+        "uint16",
+    ),
+    "IMG:BSLZ4": (
+        _codec_frame("bslz4", bitshuffle.compress_lz4(GREY16.reshape(-1)).tobytes(), 3, GREY16),
+        GREY16,
+        "mono",
+        "uint16",
+    ),
+    "IMG:BLOSC": (
+        _codec_frame("blosc", blosc.compress(GREY16.tobytes(), typesize=2), ND_UINT16, GREY16),
+        GREY16,
+        "mono",
+        "uint16",
+    ),
+    "IMG:JPEG": (_codec_frame("jpeg", JPEG, ND_UINT8, GREY8), JPEG_PIXELS, "mono", "uint8"),
+}
+CORRUPT = _codec_frame("lz4", b"\xff" * 40, ND_UINT16, GREY16)
+
+
+def _pv(initial: Any) -> SharedPV:
+    return SharedPV(initial=initial if not isinstance(initial, np.ndarray) else NT.wrap(initial))
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[tuple[ServerProcess, dict[str, SharedPV]]]:
+    pvs = {name: _pv(served) for name, (served, *_) in FRAMES.items()}
+    pvs["IMG:CORRUPT"] = _pv(CORRUPT)
+    server_port, broadcast_port = free_port(), free_port()
+    conf = {
+        **{k: v for k, v in loopback_env().items() if k.startswith("EPICS_PVA")},
+        "EPICS_PVAS_INTF_ADDR_LIST": "127.0.0.1",
+        "EPICS_PVAS_SERVER_PORT": str(server_port),
+        "EPICS_PVAS_BROADCAST_PORT": str(broadcast_port),
+    }
+    provider = StaticProvider("images")
+    for name, pv in pvs.items():
+        provider.add(name, pv)
+    client_env = {
+        "EPICS_PVA_ADDR_LIST": f"127.0.0.1:{broadcast_port}",
+        "EPICS_PVA_BROADCAST_PORT": str(broadcast_port),
+        "EPICS_PVA_AUTO_ADDR_LIST": "NO",
+    }
+    with (
+        Server(providers=[provider], conf=conf, useenv=False),
+        ServerProcess(*server_args_for_tests(), env=client_env) as proc,
+    ):
+        yield proc, pvs
+
+
+@pytest.fixture
+async def client(image_server: tuple[ServerProcess, dict[str, SharedPV]]) -> AsyncIterator[Client]:
+    async with Client(image_server[0].url, timeout=10) as c:
+        yield c
+
+
+async def _until(client: Client, ids: list[str], done: Any) -> dict[str, ChannelState]:
+    latest: dict[str, ChannelState] = {}
+    stream = client.monitor(ids)
+    try:
+        async with asyncio.timeout(30):
+            async for u in stream:
+                latest[u.channel.id] = u.channel
+                if len(latest) == len(ids) and done(latest):
+                    return latest
+    finally:
+        await stream.aclose()
+    raise AssertionError("stream ended")
+
+
+async def test_every_image_kind_arrives_with_its_pixels_dims_and_colour_mode(
+    client: Client,
+) -> None:
+    ids = [f"pva://{n}" for n in FRAMES]
+    latest = await _until(
+        client, ids, lambda got: all(isinstance(s.value, np.ndarray) for s in got.values())
+    )
+    for name, (_, want, mode, type_name) in FRAMES.items():
+        s = latest[f"pva://{name}"]
+        assert isinstance(s.value, np.ndarray), name
+        assert s.value.dtype == want.dtype and s.value.shape == want.shape, (name, s.value.shape)
+        assert np.array_equal(s.value, want), name
+        assert s.metadata.get("colorMode") == mode, (name, s.metadata)
+        assert s.metadata.get("type") == type_name, (name, s.metadata)
+
+
+async def test_a_new_frame_with_another_colour_mode_updates_the_metadata(
+    client: Client, image_server: tuple[ServerProcess, dict[str, SharedPV]]
+) -> None:
+    pvs = image_server[1]
+    first = await _until(client, ["pva://IMG:U8"], lambda got: True)
+    assert first["pva://IMG:U8"].metadata.get("colorMode") == "mono"
+    pvs["IMG:U8"].post(NT.wrap(RGB))
+    try:
+        got = await _until(
+            client,
+            ["pva://IMG:U8"],
+            lambda got: (
+                got["pva://IMG:U8"].metadata.get("colorMode") == "RGB1"
+                and getattr(got["pva://IMG:U8"].value, "shape", None) == RGB.shape
+            ),
+        )
+        assert np.array_equal(got["pva://IMG:U8"].value, RGB)
+    finally:
+        pvs["IMG:U8"].post(NT.wrap(GREY8))
+
+
+async def test_a_corrupt_compressed_frame_fails_only_its_channel_with_the_reason(
+    client: Client,
+) -> None:
+    latest = await _until(
+        client,
+        ["pva://IMG:CORRUPT", "pva://IMG:LZ4"],
+        lambda got: (
+            got["pva://IMG:CORRUPT"].connection == "FAILED"
+            and isinstance(got["pva://IMG:LZ4"].value, np.ndarray)
+        ),
+    )
+    assert "lz4" in latest["pva://IMG:CORRUPT"].reason
+    assert np.array_equal(latest["pva://IMG:LZ4"].value, GREY16)
+
+
+async def test_sim_image_moves_its_pattern_by_whole_columns(client: Client) -> None:
+    sid = "sim://image?width=40&height=24&dtype=uint8&color=RGB1&rate=20"
+    frames: list[np.ndarray[Any, Any]] = []
+    serials: list[int] = []
+    stream = client.monitor([sid])
+    try:
+        async with asyncio.timeout(30):
+            async for u in stream:
+                s = u.channel
+                if isinstance(s.value, np.ndarray) and s.serial not in serials:
+                    assert s.metadata.get("colorMode") == "RGB1"
+                    frames.append(s.value)
+                    serials.append(int(s.serial or 0))
+                if len(frames) >= 3:
+                    break
+    finally:
+        await stream.aclose()
+    step = image_step(40)
+    params = parse_sim(sid.removeprefix("sim://")).params
+    for frame, serial in zip(frames, serials, strict=True):
+        assert frame.shape == (24, 40, 3) and frame.dtype == np.uint8
+        # Serial n carries frame n - 1 (the first value is frame 0): the pattern rolled left.
+        assert np.array_equal(frame, image_frame(params, serial - 1))
+        assert np.array_equal(frame, np.roll(image_frame(params, 0), -(serial - 1) * step, axis=1))
