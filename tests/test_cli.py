@@ -160,7 +160,7 @@ def test_problem_lines_say_not_found_once_whatever_the_reason_says() -> None:
 def test_monitor_of_a_missing_pv_says_not_found_keeps_watching_and_exits_3(
     server_url: str,
 ) -> None:
-    # Needs the server's NOT_FOUND connection state (PROTOCOL.md section 3, state 4).
+    # The server sends NOT_FOUND (PROTOCOL.md section 3, state 4) after its search time.
     env = {**os.environ, "PVWIRE_URL": server_url}
     cmd = [PVWIRE, "monitor", "ca://PVW:NOPE", "ca://PVW:COUNTER", "--duration", "60"]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -201,7 +201,7 @@ describe("demo page in Chromium", () => {
     expect(await page.locator('[data-testid="severity"]', { hasText: /^\s*UNKNOWN\s*$/ }).count()).toBe(0);
   });
 
-  // Needs the server to send wire state 4 NOT_FOUND after its search timeout (issue 8.3).
+  // The server sends connection state 4 NOT_FOUND after its search time (not_found_s).
   it("says 'not found' for a PV no IOC serves, and keeps the row", async () => {
     const nope = page.locator(`tr[data-pv="${P}NOPE"]`);
     await nope.locator('[data-testid="conn"]', { hasText: /not found/i }).waitFor({ timeout: 30_000 });
@@ -211,8 +211,8 @@ describe("demo page in Chromium", () => {
     await page.locator('[data-testid="pv-table"]').screenshot({ path: join(ARTIFACTS, "demo-not-found.png") });
   }, 40_000);
 
-  // Needs the server to send ALARM in the first entry of every channel (issue 8.1) and PVA
-  // metadata.writable from the write rules (issue 8.2).
+  // A channel's first value carries its alarm; a PVA setpoint's put box follows the access that
+  // subscribe grants (PVA tells no access rights of its own).
   it("shows a healthy PVA setpoint as NO_ALARM with its put box", async () => {
     await page.locator('[data-testid="pv-input"]').fill(`pva://${P}SP`);
     await page.locator('[data-testid="pv-add"]').click();

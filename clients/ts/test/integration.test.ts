@@ -89,7 +89,7 @@ describe("against the real server and demo IOC", () => {
     sub.unsubscribe();
   });
 
-  // Needs the server to send ALARM in the first entry of every channel, even NO_ALARM (issue 8.1).
+  // A channel's first value carries its alarm, even NO_ALARM: cold and warm subscribers agree.
   it("knows a healthy PVA channel's alarm as soon as it has a value, in a cold and a warm subscription", async () => {
     for (const name of ["RBV", "RBV"]) { // the second subscription finds the channel already open
       const seen: ChannelState[] = [];
@@ -116,7 +116,7 @@ describe("against the real server and demo IOC", () => {
     sub.unsubscribe();
   });
 
-  // Needs the server's wire state 4 NOT_FOUND after its search time (issue 8.3).
+  // The server sends connection state 4 NOT_FOUND after its search time (not_found_s).
   it("reports a PV no IOC serves as NOT_FOUND with a reason, and keeps the subscription", async () => {
     const sub = client.subscribe([pv("NOPE")], () => undefined);
     await sub.ready;
