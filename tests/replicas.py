@@ -189,10 +189,11 @@ class CounterFollower:
 
     @property
     def missed(self) -> int | None:
-        """Counter steps that never reached this client across the failover."""
+        """Counter steps that never reached this client across the failover. A failover faster
+        than one counter step resumes on the value last seen: nothing missed."""
         if self.last_before is None or self.first_after is None:
             return None
-        return int(self.first_after - self.last_before) - 1
+        return max(0, int(self.first_after - self.last_before) - 1)
 
     async def until(self, predicate_name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
