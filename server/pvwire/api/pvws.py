@@ -22,7 +22,6 @@ from typing import Any, cast
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
-from starlette.websockets import WebSocketDisconnect
 
 from ..access.identity import Authenticator, AuthError, Identity
 from ..core.clients import Client
@@ -33,6 +32,7 @@ from ..wire.codes import GOING_AWAY, INTERNAL, NORMAL, POLICY, TRY_AGAIN
 from ..wire.pvws import Opened, Ping, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
+from .stream import pump
 
 __all__ = ["PvwsEndpoint", "throttle_rates"]
 
@@ -353,12 +353,4 @@ def _server_protocol(send: Any) -> Any:
 
 
 async def _write(websocket: WebSocket, session: PvwsSession, wake: asyncio.Event) -> None:
-    try:
-        while True:
-            await wake.wait()
-            wake.clear()
-            while (text := session.next_text()) is not None:
-                await websocket.send_text(text)
-                session.sent(len(text))
-    except (WebSocketDisconnect, RuntimeError, OSError):
-        return
+    await pump(websocket.send_text, session.next_text, session.sent, wake)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -21,7 +23,9 @@ from ..wire import codec as wire
 from ..wire.codes import INTERNAL, NORMAL, POLICY, RESTART, TRY_AGAIN, UNSUPPORTED
 from ..wire.session import Session, SessionLimits
 
-__all__ = ["SUBPROTOCOL", "serve_stream"]
+__all__ = ["SUBPROTOCOL", "pump", "serve_stream"]
+
+T = TypeVar("T", bytes, str)
 
 log = logging.getLogger("pvwire.stream")
 
@@ -152,13 +156,24 @@ async def _read(websocket: WebSocket, session: Session) -> int:
 
 
 async def _write(websocket: WebSocket, session: Session, wake: asyncio.Event) -> None:
+    await pump(websocket.send_bytes, session.next_frame, session.sent, wake)
+
+
+async def pump(
+    send: Callable[[T], Awaitable[None]],
+    next_item: Callable[[], T | None],
+    sent: Callable[[int], None],
+    wake: asyncio.Event,
+) -> None:
+    """A connection's writer (both endpoints): send what the session queued whenever it wakes;
+    the only place that awaits the client, so a client that stops reading blocks only itself."""
     try:
         while True:
             await wake.wait()
             wake.clear()
-            while (frame := session.next_frame()) is not None:
-                await websocket.send_bytes(frame)
-                session.sent(len(frame))
+            while (item := next_item()) is not None:
+                await send(item)
+                sent(len(item))
     except (WebSocketDisconnect, RuntimeError, OSError):
         # The client went away mid-send; the reader sees the disconnect and ends the session.
         return
