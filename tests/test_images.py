@@ -216,3 +216,45 @@ async def test_sim_image_moves_its_pattern_by_whole_columns(client: Client) -> N
         # Serial n carries frame n - 1 (the first value is frame 0): the pattern rolled left.
         assert np.array_equal(frame, image_frame(params, serial - 1))
         assert np.array_equal(frame, np.roll(image_frame(params, 0), -(serial - 1) * step, axis=1))
+
+
+def _message_of(a: np.ndarray[Any, Any]) -> bytes:
+    """The buffer a numpy view ends in: for a large frame, the received WebSocket message."""
+    base: object = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview), f"the array owns its memory ({type(base).__name__})"
+    assert isinstance(base.obj, bytes)
+    return base.obj
+
+
+async def test_a_4_megapixel_frame_is_a_read_only_view_of_the_received_message(
+    client: Client,
+) -> None:
+    # PROTOCOL.md 4.1: a reader views the data in place. msgpack copied the ext payload; large
+    # messages are read by msgview, so the array's memory is the message's own.
+    sid = "sim://image?width=2048&height=2048&dtype=uint16&rate=2"
+    async with asyncio.timeout(60):
+        stream = client.monitor([sid])
+        try:
+            async for u in stream:
+                if isinstance(u.channel.value, np.ndarray):
+                    frame = u.channel.value
+                    break
+        finally:
+            await stream.aclose()
+        batches = client.monitor_batches([sid])
+        try:
+            async for b in batches:
+                if isinstance(b.states[0].value, np.ndarray):
+                    batch_frame = b.states[0].value
+                    break
+        finally:
+            await batches.aclose()
+    for a in (frame, batch_frame):
+        assert a.shape == (2048, 2048) and a.dtype == np.uint16
+        message = _message_of(a)
+        # The whole SNAPSHOT or DATA message, not a copy of the ext payload alone.
+        assert message[:2] in (b"\x94\x02", b"\x93\x03") and len(message) > a.nbytes + 10
+        assert np.shares_memory(a, np.frombuffer(message, np.uint8))
+        assert not a.flags.writeable
