@@ -25,7 +25,8 @@ class Batch:
     ``states`` holds every channel of the monitor by sid (its index in the ids given to
     ``monitor_batches``). They are the monitor's own states, merged in place: the next batch
     changes them, so copy (``copy.copy(state)``) one you keep; values are never modified in
-    place (an array is a read-only view over the received message). ``changed`` maps the sid of
+    place (an array is read-only; a large one views the received message and keeps all of it
+    alive while it is held, see ``wire.decode_message``). ``changed`` maps the sid of
     each channel the frame carried to what changed, as entry mask bits (``VALUE``, ``TIME``,
     ``ALARM``, ``META``, ``CONN`` of :mod:`pvwire_client.entry`), in the frame's order; 0 when an
     entry repeated what was known. Iterating yields ``(state, changed names)`` as ``monitor``'s
