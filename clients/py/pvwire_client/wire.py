@@ -201,14 +201,14 @@ def decode_ndarray(payload: bytes | memoryview) -> npt.NDArray[Any]:
 
 
 # Messages from this size on are read by msgview, whose ndarrays view the message itself; smaller
-# ones by msgpack's C unpacker, whose ndarrays view a copy of their ext payload. A copy of 256 KiB
-# costs ~20 µs, about what msgview spends walking an image entry's dozen items.
+# ones by msgpack's C unpacker, whose ndarrays view a copy of their ext payload. Below it the copy
+# saved is worth less than msgview's walk (decode_message of a one-image message: ~35 µs).
 VIEWS_FROM = 256 * 1024
 # Inside such a message, ndarrays of fewer bytes are copied out (so that they do not keep the
 # message alive), larger ones are views.
 VIEW_ARRAYS_FROM = 64 * 1024
-# msgview's budget: a large message of many small entries (10,000 scalar channels is ~300 KB)
-# goes to msgpack, which reads it ~50 times faster; walking 512 items first costs ~0.15 ms.
+# msgview's budget: a large message of many small entries (15,000 scalar channels is ~315 KB)
+# goes to msgpack, which reads it ~15 times faster, after a walk of 512 items (~0.3 ms).
 _VIEW_MAX_ITEMS = 512
 
 
@@ -218,7 +218,8 @@ def decode_message(data: bytes, *, views: bool | None = None) -> Message:
     ndarrays of at least 64 KiB in a message of at least 256 KiB are read-only views over
     ``data`` (``np.frombuffer``, no copy), so each keeps the whole message alive while it lives;
     other ndarrays view a copy of their own bytes. ``views`` forces the reader: True msgview
-    (without its item budget), False msgpack, None by size (tests compare the two).
+    (without its item budget; msgpack still reads what is nested deeper than msgview goes),
+    False msgpack, None by size (tests compare the two).
     """
     obj = _unpack(data, views)
     if not isinstance(obj, list) or not obj:
