@@ -111,7 +111,8 @@ def _decode_figures(raw: bytes, views: bool, repeat: int, frame_bytes: int) -> d
 
 def _many_entries(repeat: int) -> dict[str, float]:
     """A large message of small entries (15,000 float channels, ~315 KB): msgview walks its
-    first 512 items, then msgpack reads it. Best of `repeat`, ms, with and without that walk."""
+    first items (its budget), then msgpack reads it. Best of `repeat`, ms, with and without
+    that walk."""
     data = msgpack.packb(
         [3, 2, [[1, [[sid, 3, sid + 0.5, 7, 1_700_000_000, 5] for sid in range(15_000)]]]]
     )
