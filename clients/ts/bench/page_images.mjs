@@ -5,8 +5,11 @@
 //   npm run build && node bench/page_images.mjs [seconds]
 //
 // Cases: sim://image 1024x1024 and 2048x2048 uint16, and a 1,000,000-point float64 waveform on
-// the plot, each at 10 Hz, one at a time. Prints one JSON line per case; screenshots go to
-// bench/results/ at the repository root. Uses Debian's /usr/bin/chromium (PVWIRE_CHROMIUM).
+// the plot, each at 10 Hz, one at a time, each twice in the same run: as the page shows it by
+// default (arrays reduced by the server for display: min/max per plot column, images at most 2
+// megapixels; PROTOCOL.md section 4.6) and whole (`?full=1`). Prints one JSON line per case;
+// screenshots go to bench/results/ at the repository root. Uses Debian's /usr/bin/chromium
+// (PVWIRE_CHROMIUM).
 import { spawn } from "node:child_process";
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { loadavg } from "node:os";
@@ -71,17 +74,20 @@ const browser = await chromium.launch({
 });
 mkdirSync(OUT, { recursive: true });
 const results = [];
-const cases = [
+const sizes = [
   { name: "image-1024-uint16", id: "sim://image?width=1024&height=1024&dtype=uint16&rate=10", image: true },
   { name: "image-2048-uint16", id: "sim://image?width=2048&height=2048&dtype=uint16&rate=10", image: true },
   { name: "waveform-1M-float64", id: "sim://waveform?length=1000000&rate=10", image: false },
 ];
+const ONLY = process.env.PVWIRE_BENCH_CASES?.split(",");
+const cases = sizes.flatMap((c) => [{ ...c, full: false }, { ...c, name: `${c.name}-full`, full: true }])
+  .filter((c) => !ONLY || ONLY.includes(c.name));
 try {
   for (const c of cases) {
     const page = await browser.newPage({ viewport: { width: 1400, height: 1400 } });
     const cdp = await page.context().newCDPSession(page);
     await cdp.send("Performance.enable");
-    const q = `pvs=${encodeURIComponent(c.id)}${c.image ? `&image=${encodeURIComponent(c.id)}` : ""}`;
+    const q = `pvs=${encodeURIComponent(c.id)}${c.image ? `&image=${encodeURIComponent(c.id)}` : ""}${c.full ? "&full=1" : ""}`;
     await page.goto(`${url}/?${q}`);
     await sleep(WARMUP_S * 1000);
     const sample = async () => {
@@ -89,7 +95,7 @@ try {
       const s = await page.evaluate(() => {
         const st = globalThis.pvwireImage.stats;
         const c = { ...globalThis.pvwire.stats };
-        return { received: st.received, drawn: st.drawn, drawMsTotal: st.drawMsTotal, client: c };
+        return { received: st.received, drawn: st.drawn, drawMsTotal: st.drawMsTotal, waveformsDrawn: globalThis.pvwireWaveform.drawn, client: c };
       });
       return { task: m.TaskDuration, script: m.ScriptDuration, cpu: rendererCpuSeconds(), t: performance.now(), ...s };
     };
@@ -109,8 +115,9 @@ try {
     const row = {
       case: c.name,
       window_s: +wall.toFixed(2),
+      mb_per_frame: +((b.client.bytes - a.client.bytes) / Math.max(1, received) / 1e6).toFixed(3),
       received_per_s: +(received / wall).toFixed(2),
-      drawn_per_s: c.image ? +((b.drawn - a.drawn) / wall).toFixed(2) : undefined,
+      drawn_per_s: +(((c.image ? b.drawn - a.drawn : b.waveformsDrawn - a.waveformsDrawn)) / wall).toFixed(2),
       draw_ms_per_frame: c.image && b.drawn > a.drawn ? +((b.drawMsTotal - a.drawMsTotal) / (b.drawn - a.drawn)).toFixed(2) : undefined,
       main_thread_ms_per_frame: +(((b.task - a.task) * 1000) / Math.max(1, received)).toFixed(2),
       main_thread_busy_pct: +((100 * (b.task - a.task)) / wall).toFixed(1),

@@ -106,16 +106,21 @@ function addChannel(name: string): void {
 }
 
 // Big arrays arrive reduced for display (PROTOCOL.md section 4.6): a waveform as the min/max of
-// each of the plot's pixel columns, an image subsampled to the pixels the ImageView would draw.
-// Receiving a whole 8 MB frame cost this tab ~150 ms of main thread (headless Chromium, before
-// any script ran): 4.6 frames/s of a 1,000,000-point waveform, 3.4 of a 2048 x 2048 image.
+// each of the plot's pixel columns, an image subsampled to about the screen pixels its canvas
+// covers (512 CSS pixels wide: 512 x 512 at a device pixel ratio of 1). Receiving a whole 8 MB
+// frame cost this tab ~150 ms of main thread (headless Chromium, before any script ran): 4.6
+// frames/s of a 1,000,000-point waveform, 3.4 of a 2048 x 2048 image (bench/README.md).
 // ?full=1 subscribes to whole arrays (the waveform then is decimated here, the image by the view).
 const FULL = params.get("full") === "1";
 const PAD_X = 6;
 const PAD_Y = 10;
 const plotColumns = (canvas: HTMLCanvasElement) => Math.max(1, Math.floor(canvas.width - 2 * PAD_X));
+function imagePixels(): number {
+  const side = $("image").getBoundingClientRect().width * (globalThis.devicePixelRatio || 1);
+  return Math.min(DEFAULT_MAX_PIXELS, Math.max(256 * 256, Math.round(side * side)));
+}
 function rowOptions(): SubscribeOptions {
-  return FULL ? {} : { maxColumns: plotColumns($<HTMLCanvasElement>("waveform")), maxPixels: DEFAULT_MAX_PIXELS };
+  return FULL ? {} : { maxColumns: plotColumns($<HTMLCanvasElement>("waveform")), maxPixels: imagePixels() };
 }
 
 /** (Re-)subscribe a row: after a token change, so the access shown is the new identity's. */

@@ -238,10 +238,11 @@ describe("images through the server", () => {
   });
 
   it("draws an image the server subsampled (maxPixels) pixel for pixel", async () => {
-    // 2048 x 1100 uint8 (2.25 megapixels) is over the page's 2-megapixel budget: the server
-    // sends every 2nd row and column, 1024 x 550, and the page draws them as they came; a
-    // [0, 255] range maps each uint8 value to itself.
-    const id = "sim://image?width=2048&height=1100&dtype=uint8&rate=1";
+    // 1024 x 600 uint8 is more than the 512 x 512 screen pixels of the page's image canvas
+    // (device pixel ratio 1): the server sends every 2nd row and column, 512 x 300, and the page
+    // draws them as they came; a [0, 255] range maps each uint8 value to itself.
+    const [W2, H2] = [1024, 600];
+    const id = `sim://image?width=${W2}&height=${H2}&dtype=uint8&rate=1`;
     const wholeFrames: Uint8Array[] = [];
     const sub = client.subscribe([id], (st) => {
       if (st.value instanceof NdArray) wholeFrames.push(st.value.data as Uint8Array);
@@ -256,7 +257,7 @@ describe("images through the server", () => {
       await page.locator('[data-testid="image-high"]').dispatchEvent("change");
       await page.waitForFunction(() => {
         const s = (globalThis as unknown as { pvwireImage: { stats: { width: number; height: number; serverStep: number; step: number; high: number } } }).pvwireImage.stats;
-        return s.width === 1024 && s.height === 550 && s.serverStep === 2 && s.step === 1 && s.high === 255;
+        return s.width === 512 && s.height === 300 && s.serverStep === 2 && s.step === 1 && s.high === 255;
       }, null, { timeout: 20_000 });
       const red = Buffer.from(await page.evaluate(() => {
         const c = document.querySelector('[data-testid="image-canvas"]') as HTMLCanvasElement;
@@ -265,11 +266,11 @@ describe("images through the server", () => {
         for (let i = 0; i < d.length; i += 4) s += String.fromCharCode(d[i]!);
         return btoa(s);
       }), "base64");
-      expect(red.length).toBe(1024 * 550);
-      expect(await page.locator('[data-testid="image-stats"]').textContent()).toMatch(/^2048×1100 \(sent 1:2\) mono/);
+      expect(red.length).toBe(512 * 300);
+      expect(await page.locator('[data-testid="image-stats"]').textContent()).toMatch(/^1024×600 \(sent 1:2\) mono/);
       // The canvas is one of the whole frames this test received, every 2nd row and column.
       const matches = wholeFrames.filter((f) => {
-        for (let y = 0; y < 550; y++) for (let x = 0; x < 1024; x++) if (f[2 * y * 2048 + 2 * x] !== red[y * 1024 + x]) return false;
+        for (let y = 0; y < 300; y++) for (let x = 0; x < 512; x++) if (f[2 * y * W2 + 2 * x] !== red[y * 512 + x]) return false;
         return true;
       });
       expect(wholeFrames.length).toBeGreaterThan(0);
