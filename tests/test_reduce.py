@@ -14,12 +14,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pvwire.core import channel as channel_module
+from pvwire.core.hub import Hub
 from pvwire.core.reduce import Reduction, reduce_value
+from pvwire.model import CONN, META, TIME, VALUE
 from pvwire.upstream.sim import parse_sim
 from pvwire.upstream.sim_image import image_frame
 from pvwire.wire.tokens import TokenSigner
 from pvwire_client import Client
 
+from tests.hub_doubles import Client as HubClient
+from tests.hub_doubles import FakeBackend, attach
 from tests.server_process import ServerProcess
 
 RNG = np.random.default_rng(7)
@@ -193,3 +198,49 @@ def test_bad_reduction_options_are_refused_clearly(
     assert doc["data"] is None, json.dumps(doc)
     assert message in doc["errors"][0]["message"]
     assert doc["errors"][0]["extensions"]["code"] == "BAD_REQUEST"
+
+
+# --- the hub in memory (test-double backend, ticks by hand) ---------------------------------
+
+
+async def test_a_reduced_view_sends_value_and_metadata_together(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    whole, reduced = HubClient(hub), HubClient(hub)
+    attach(whole, hub, ["fake://a"])
+    attach(reduced, hub, ["fake://a"], max_columns=10)
+    assert len(hub.registry.views) == 2  # one view per distinct option set
+    backend.update("a", np.zeros(100))  # the first value (it carries the alarm too)
+    hub.ticker.tick()
+    whole.drain()
+    reduced.drain()
+    a = np.arange(100.0)
+    backend.update("a", a)
+    hub.ticker.tick()
+    [w] = whole.drain()[0][2][0][1]
+    [r] = reduced.drain()[0][2][0][1]
+    assert w[1] == VALUE | TIME and np.array_equal(w[2], a)
+    # The delta carries META as well, and the metadata says how the value was reduced.
+    assert r[1] == VALUE | TIME | META
+    assert np.array_equal(r[2], _expected_min_max(a, 10))
+    assert r[6]["reduced"] == {"method": "minmax", "from": [100]} and r[6]["units"] == "mm"
+
+
+async def test_a_failing_reduction_sends_the_whole_array_and_fails_nothing(
+    hub: Hub, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*_: object) -> None:
+        raise ValueError("reduction bug")
+
+    monkeypatch.setattr(channel_module, "reduce_value", boom)
+    whole, reduced = HubClient(hub), HubClient(hub)
+    attach(whole, hub, ["fake://a"])
+    attach(reduced, hub, ["fake://a"], max_columns=10)
+    a = np.arange(100.0)
+    backend.update("a", a)
+    hub.ticker.tick()
+    for c in (whole, reduced):
+        [e] = c.drain()[0][2][0][1]
+        assert e[1] & CONN == 0  # not FAILED
+        assert np.array_equal(e[2], a)
+    assert hub.ticker.stats.failures == {"reduction": 1}

@@ -229,7 +229,14 @@ class Channel:
             return _update_body(value, self.serial, self.seconds, self.nanoseconds)
         metadata = self.meta_wire
         if reduction is not None:
-            value, reduced = reduce_value(value, metadata, reduction)
+            try:
+                value, reduced = reduce_value(value, metadata, reduction)
+            except Exception:
+                # A reduction is a view's option: failing it must not fail the channel for
+                # the subscribers of whole arrays. That view gets the whole value instead.
+                log.exception("channel %s: reduction %s failed; sent whole", self.id, reduction)
+                self.listener.count_failure("reduction")
+                reduced = None
             if reduced is not None:
                 metadata = {**metadata, "reduced": reduced}
         return wire.encode_entry_body(
