@@ -270,6 +270,8 @@ class Client:
         *,
         max_rate: float = 0,
         mode: Literal["LATEST", "ALL"] = "LATEST",
+        max_columns: int = 0,
+        max_pixels: int = 0,
     ) -> AsyncGenerator[Update, None]:
         """Yield an Update per applied entry: a first one per channel, then its changes.
 
@@ -282,8 +284,13 @@ class Client:
         close codes, StreamRefused when the server refuses or ends this subscription alone, and
         Forbidden or Unauthenticated when (re-)registering is refused. Closing the iterator
         detaches.
+
+        ``max_columns`` and ``max_pixels`` ask the server to reduce big arrays for display
+        (PROTOCOL.md section 4.6): a 1-D array of more than ``2 * max_columns`` elements arrives
+        as the interleaved minimum and maximum of ``max_columns`` equal slices, an image of more
+        than ``max_pixels`` pixels subsampled; ``metadata["reduced"]`` then says so.
         """
-        stream, sub = await self._open(ids, max_rate, mode)
+        stream, sub = await self._open(ids, max_rate, mode, max_columns, max_pixels)
         # Per channel: what changed before its first update (None once that was yielded).
         held: list[set[str] | None] = [set() for _ in sub.states]
         try:
@@ -321,6 +328,8 @@ class Client:
         *,
         max_rate: float = 0,
         mode: Literal["LATEST", "ALL"] = "LATEST",
+        max_columns: int = 0,
+        max_pixels: int = 0,
     ) -> AsyncGenerator[Batch, None]:
         """Yield a Batch per frame: the channels it changed, merged into the monitor's states.
 
@@ -328,7 +337,7 @@ class Client:
         and a copy of the state per update (see :class:`~pvwire_client.batch.Batch`): for
         readers of many channels, e.g. 1,000 at 10 Hz.
         """
-        stream, sub = await self._open(ids, max_rate, mode, raw=True)
+        stream, sub = await self._open(ids, max_rate, mode, max_columns, max_pixels, raw=True)
         merger = BatchMerger(sub.states)
         try:
             while True:
@@ -347,11 +356,21 @@ class Client:
             await stream.remove(sub)
 
     async def _open(
-        self, ids: str | Iterable[str], max_rate: float, mode: str, *, raw: bool = False
+        self,
+        ids: str | Iterable[str],
+        max_rate: float,
+        mode: str,
+        max_columns: int = 0,
+        max_pixels: int = 0,
+        *,
+        raw: bool = False,
     ) -> tuple[_Stream, _Sub]:
         """Register the channels and attach their token on the shared stream."""
         id_list = [ids] if isinstance(ids, str) else list(ids)
-        options = {"maxRate": float(max_rate), "mode": mode}
+        options: dict[str, Any] = {"maxRate": float(max_rate), "mode": mode}
+        if max_columns or max_pixels:
+            # Sent only when asked for: a server without these options still serves the rest.
+            options.update(maxColumns=int(max_columns), maxPixels=int(max_pixels))
         reg = await self._register(id_list, options)
         sub = _Sub(id_list, options, reg, self.queue_size, raw=raw)
         if self._stream is None:

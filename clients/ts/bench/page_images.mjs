@@ -5,13 +5,19 @@
 //   npm run build && node bench/page_images.mjs [seconds]
 //
 // Cases: sim://image 1024x1024 and 2048x2048 uint16, and a 1,000,000-point float64 waveform on
-// the plot, each at 10 Hz, one at a time. Prints one JSON line per case; screenshots go to
-// bench/results/ at the repository root. Uses Debian's /usr/bin/chromium (PVWIRE_CHROMIUM).
+// the plot, each at 10 Hz, one at a time, each twice in the same run: as the page shows it by
+// default (arrays reduced by the server for display: min/max per plot column, images at most 2
+// megapixels; PROTOCOL.md section 4.6) and whole (`?full=1`). Prints one JSON line per case;
+// screenshots go to bench/results/ at the repository root. Uses Debian's /usr/bin/chromium
+// (PVWIRE_CHROMIUM). The `-worker` cases measure the other remedy in the same run: whole arrays
+// received and decoded by the client in a Web Worker, handed to the main thread by transfer, the
+// main thread only drawing (bench/worker_receive.ts). PVWIRE_BENCH_CASES=a,b runs only those.
 import { spawn } from "node:child_process";
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { createServer } from "node:net";
 import { join } from "node:path";
+import { build } from "esbuild";
 import { chromium } from "playwright-core";
 
 const ROOT = join(import.meta.dirname, "../../..");
@@ -55,6 +61,13 @@ function rendererCpuSeconds() {
   return ticks / 100; // USER_HZ
 }
 
+// The worker cases' script: bundled twice, the second carrying the first as the worker's source.
+const bundle = async (workerSource) => (await build({
+  entryPoints: [join(import.meta.dirname, "worker_receive.ts")], bundle: true, format: "iife", target: "es2022",
+  write: false, define: { WORKER_SOURCE: JSON.stringify(workerSource) }, logLevel: "warning",
+})).outputFiles[0].text;
+const workerPage = await bundle(await bundle(""));
+
 const port = await freePort();
 const server = spawn(PYTHON, ["-m", "pvwire.cli", "serve", "--loopback", "--port", String(port), "--send-budget", String(64 << 20), "--log-level", "warning"], { stdio: "inherit" });
 const url = `http://127.0.0.1:${port}`;
@@ -71,25 +84,40 @@ const browser = await chromium.launch({
 });
 mkdirSync(OUT, { recursive: true });
 const results = [];
-const cases = [
+const sizes = [
   { name: "image-1024-uint16", id: "sim://image?width=1024&height=1024&dtype=uint16&rate=10", image: true },
   { name: "image-2048-uint16", id: "sim://image?width=2048&height=2048&dtype=uint16&rate=10", image: true },
   { name: "waveform-1M-float64", id: "sim://waveform?length=1000000&rate=10", image: false },
 ];
+const ONLY = process.env.PVWIRE_BENCH_CASES?.split(",");
+const cases = sizes.flatMap((c) => [
+  { ...c, full: false }, { ...c, name: `${c.name}-full`, full: true },
+  ...(c.name === "image-1024-uint16" ? [] : [{ ...c, name: `${c.name}-worker`, worker: true }]),
+])
+  .filter((c) => !ONLY || ONLY.includes(c.name));
 try {
   for (const c of cases) {
     const page = await browser.newPage({ viewport: { width: 1400, height: 1400 } });
     const cdp = await page.context().newCDPSession(page);
     await cdp.send("Performance.enable");
-    const q = `pvs=${encodeURIComponent(c.id)}${c.image ? `&image=${encodeURIComponent(c.id)}` : ""}`;
-    await page.goto(`${url}/?${q}`);
+    const q = `pvs=${encodeURIComponent(c.id)}${c.image ? `&image=${encodeURIComponent(c.id)}` : ""}${c.full ? "&full=1" : ""}`;
+    if (c.worker) {
+      await page.goto(`${url}/healthz`); // any page of the server's origin
+      await page.setContent("<!doctype html><html><body></body></html>");
+      await page.addScriptTag({ content: workerPage });
+      await page.evaluate(([u, id]) => globalThis.pvwireWorkerStart(u, id), [url, c.id]);
+    } else {
+      await page.goto(`${url}/?${q}`);
+    }
     await sleep(WARMUP_S * 1000);
     const sample = async () => {
       const m = Object.fromEntries((await cdp.send("Performance.getMetrics")).metrics.map((x) => [x.name, x.value]));
       const s = await page.evaluate(() => {
+        const w = globalThis.pvwireWorkerStats;
+        if (w) return { received: w.received, drawn: w.drawn, drawMsTotal: w.drawMsTotal, waveformsDrawn: w.drawn, client: { entries: w.received, bytes: NaN } };
         const st = globalThis.pvwireImage.stats;
         const c = { ...globalThis.pvwire.stats };
-        return { received: st.received, drawn: st.drawn, drawMsTotal: st.drawMsTotal, client: c };
+        return { received: st.received, drawn: st.drawn, drawMsTotal: st.drawMsTotal, waveformsDrawn: globalThis.pvwireWaveform.drawn, client: c };
       });
       return { task: m.TaskDuration, script: m.ScriptDuration, cpu: rendererCpuSeconds(), t: performance.now(), ...s };
     };
@@ -99,19 +127,20 @@ try {
     const until = Date.now() + WINDOW_S * 1000;
     while (Date.now() < until) {
       await sleep(200);
-      if (c.image) draws.push(await page.evaluate(() => globalThis.pvwireImage.stats.drawMs));
+      if (c.image && !c.worker) draws.push(await page.evaluate(() => globalThis.pvwireImage.stats.drawMs));
     }
     draws.sort((x, y) => x - y);
     const b = await sample();
     const wall = (b.t - a.t) / 1000;
     // Frames: entries the client applied (one per frame: one channel on the page).
-    const received = c.image ? b.received - a.received : b.client.entries - a.client.entries;
+    const received = c.image || c.worker ? b.received - a.received : b.client.entries - a.client.entries;
     const row = {
       case: c.name,
       window_s: +wall.toFixed(2),
+      mb_per_frame: c.worker ? undefined : +((b.client.bytes - a.client.bytes) / Math.max(1, received) / 1e6).toFixed(3),
       received_per_s: +(received / wall).toFixed(2),
-      drawn_per_s: c.image ? +((b.drawn - a.drawn) / wall).toFixed(2) : undefined,
-      draw_ms_per_frame: c.image && b.drawn > a.drawn ? +((b.drawMsTotal - a.drawMsTotal) / (b.drawn - a.drawn)).toFixed(2) : undefined,
+      drawn_per_s: +(((c.image ? b.drawn - a.drawn : b.waveformsDrawn - a.waveformsDrawn)) / wall).toFixed(2),
+      draw_ms_per_frame: (c.image || c.worker) && b.drawn > a.drawn ? +((b.drawMsTotal - a.drawMsTotal) / (b.drawn - a.drawn)).toFixed(2) : undefined,
       main_thread_ms_per_frame: +(((b.task - a.task) * 1000) / Math.max(1, received)).toFixed(2),
       main_thread_busy_pct: +((100 * (b.task - a.task)) / wall).toFixed(1),
       script_ms_per_frame: +(((b.script - a.script) * 1000) / Math.max(1, received)).toFixed(2),

@@ -1,6 +1,6 @@
 // The pvwire demo page: one PvwireClient, one subscription per added channel (all on one
 // WebSocket), a live table, puts, a waveform plot and a one-minute strip chart on canvases.
-import { COLOR_MAPS, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type PvwireError, type Subscription, type TypedArray } from "../src/index.js";
+import { COLOR_MAPS, DEFAULT_MAX_PIXELS, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type PvwireError, type SubscribeOptions, type Subscription, type TypedArray } from "../src/index.js";
 import { niceTicks, placeTicks, timeTicks } from "./axes.js";
 
 const DEMO_PREFIX = "PVWIRE:DEMO:";
@@ -59,8 +59,15 @@ function formatValue(st: ChannelState): string {
     return m.units ? `${text} ${m.units}` : text;
   }
   if (typeof v === "string" || typeof v === "bigint") return String(v);
-  if (v instanceof NdArray) return `${v.dtype} image ${v.dims.join("×")}${typeof m.colorMode === "string" ? ` ${m.colorMode}` : ""}`;
-  if (ArrayBuffer.isView(v)) return `[${(v as TypedArray).length} values]${m.units ? ` ${m.units}` : ""}`;
+  const r = m.reduced;
+  if (v instanceof NdArray) {
+    const sent = r?.method === "subsample" ? ` (sent 1:${r.step ?? 1})` : "";
+    return `${v.dtype} image ${(r?.from ?? v.dims).join("×")}${typeof m.colorMode === "string" ? ` ${m.colorMode}` : ""}${sent}`;
+  }
+  if (ArrayBuffer.isView(v)) {
+    const n = r?.method === "minmax" ? `${r.from[0]} values, sent as min/max of ${(v as TypedArray).length / 2} columns` : `${(v as TypedArray).length} values`;
+    return `[${n}]${m.units ? ` ${m.units}` : ""}`;
+  }
   return JSON.stringify(v).slice(0, 60);
 }
 
@@ -98,11 +105,30 @@ function addChannel(name: string): void {
   $("channel-count").textContent = String(rows.size);
 }
 
+// Big arrays arrive reduced for display (PROTOCOL.md section 4.6): a waveform as the min/max of
+// each of the plot's pixel columns, an image subsampled to about the screen pixels its canvas
+// covers (512 CSS pixels wide: 512 x 512 at a device pixel ratio of 1). Receiving a whole 8 MB
+// frame cost this tab ~150 ms of main thread (headless Chromium, before any script ran): 4.6
+// frames/s of a 1,000,000-point waveform, 3.4 of a 2048 x 2048 image (bench/README.md).
+// ?full=1 subscribes to whole arrays (the waveform then is decimated here, the image by the view).
+const FULL = params.get("full") === "1";
+const PAD_X = 6;
+const PAD_Y = 10;
+const plotColumns = (canvas: HTMLCanvasElement) => Math.max(1, Math.floor(canvas.width - 2 * PAD_X));
+function imagePixels(): number {
+  const side = $("image").getBoundingClientRect().width * (globalThis.devicePixelRatio || 1);
+  return Math.min(DEFAULT_MAX_PIXELS, Math.max(256 * 256, Math.round(side * side)));
+}
+function rowOptions(): SubscribeOptions {
+  return FULL ? {} : { maxColumns: plotColumns($<HTMLCanvasElement>("waveform")), maxPixels: imagePixels() };
+}
+
 /** (Re-)subscribe a row: after a token change, so the access shown is the new identity's. */
 function subscribeRow(row: Row): void {
   row.sub?.unsubscribe();
   const { cells } = row;
   row.sub = client.subscribe([row.name], (st) => onUpdate(row.name, st), {
+    ...rowOptions(),
     onError: (e) => {
       cells.conn!.textContent = `ERROR: ${e.message}`;
       cells.conn!.className = "conn conn-FAILED";
@@ -241,9 +267,10 @@ let imageName = "";
 const imageStats = $("image-stats");
 const imageView = new ImageView($<HTMLCanvasElement>("image"), {
   onDraw: (s) => {
-    imageStats.textContent = `${s.width}×${s.height}${s.step > 1 ? ` (drawn 1:${s.step})` : ""} ${s.colorMode} · received ${s.receivedPerSecond}/s · drawn ${s.drawnPerSecond}/s · ` +
+    const sent = s.serverStep > 1 ? ` (sent 1:${s.serverStep})` : "";
+    imageStats.textContent = `${s.fullWidth}×${s.fullHeight}${sent}${s.step > 1 ? ` (drawn 1:${s.step})` : ""} ${s.colorMode} · received ${s.receivedPerSecond}/s · drawn ${s.drawnPerSecond}/s · ` +
       `latency ${s.latencyMs === undefined ? "–" : `${Math.round(s.latencyMs)} ms`} · draw ${s.drawMs.toFixed(1)} ms · range ${s.low}…${s.high}`;
-    Object.assign(imageStats.dataset, { received: String(s.received), drawn: String(s.drawn), drawMs: s.drawMs.toFixed(2), width: String(s.width), height: String(s.height), colorMode: s.colorMode });
+    Object.assign(imageStats.dataset, { received: String(s.received), drawn: String(s.drawn), drawMs: s.drawMs.toFixed(2), width: String(s.width), height: String(s.height), serverStep: String(s.serverStep), colorMode: s.colorMode });
   },
 });
 (globalThis as { pvwireImage?: ImageView }).pvwireImage = imageView; // for the browser tests
@@ -284,8 +311,6 @@ function selectStrip(name: string): void {
 }
 
 // ---- plots: the trace and grid on the canvas, tick labels and units as text beside it
-const PAD_X = 6;
-const PAD_Y = 10;
 
 interface Plot { canvas: HTMLCanvasElement; ctx: CanvasRenderingContext2D; xTicks: HTMLElement; yTicks: HTMLElement; yTitle: HTMLElement }
 
@@ -356,29 +381,36 @@ function drawWaveform(): void {
     axes(p, 0, 1, [], units);
     return;
   }
-  const n = data.length;
+  // A reduced waveform is already the min/max of each column, interleaved (PROTOCOL.md 4.6).
+  const reduced = st?.metadata.reduced?.method === "minmax" ? st.metadata.reduced : undefined;
+  const n = reduced ? reduced.from[0]! : data.length;
   const last = Math.max(1, n - 1);
-  const columns = Math.max(1, Math.floor(p.canvas.width - 2 * PAD_X));
+  const d = data as unknown as ArrayLike<number>;
   // Above two points per pixel column: min/max per column, computed in one pass that also gives
   // the y range, then one vertical stroke per column (~630 path segments for 1,000,000 points,
   // where a path through every point took longer than a frame).
-  const decimate = n > 2 * columns;
+  const columns = reduced ? data.length >> 1 : plotColumns(p.canvas);
+  const decimate = reduced !== undefined || n > 2 * columns;
   const colLo = decimate ? new Float64Array(columns) : undefined;
   const colHi = decimate ? new Float64Array(columns) : undefined;
   let lo: number;
   let hi: number;
   if (colLo && colHi) {
-    const d = data as unknown as ArrayLike<number>;
     lo = Infinity;
     hi = -Infinity;
     for (let c = 0; c < columns; c++) {
-      const to = Math.floor(((c + 1) * n) / columns);
       let cLo = Infinity;
       let cHi = -Infinity;
-      for (let i = Math.floor((c * n) / columns); i < to; i++) {
-        const v = d[i]!;
-        if (v < cLo) cLo = v;
-        if (v > cHi) cHi = v;
+      if (reduced) {
+        cLo = d[2 * c]!;
+        cHi = d[2 * c + 1]!;
+      } else {
+        const to = Math.floor(((c + 1) * n) / columns);
+        for (let i = Math.floor((c * n) / columns); i < to; i++) {
+          const v = d[i]!;
+          if (v < cLo) cLo = v;
+          if (v > cHi) cHi = v;
+        }
       }
       colLo[c] = cLo;
       colHi[c] = cHi;
@@ -396,8 +428,9 @@ function drawWaveform(): void {
   ctx.lineWidth = 1.5;
   ctx.beginPath();
   if (colLo && colHi) {
+    const width = p.canvas.width - 2 * PAD_X;
     for (let c = 0; c < columns; c++) {
-      const x = PAD_X + c + 0.5;
+      const x = PAD_X + ((c + 0.5) * width) / columns;
       const yLo = yAt(p, colLo[c]!, lo, hi);
       if (c === 0) ctx.moveTo(x, yLo); else ctx.lineTo(x, yLo);
       ctx.lineTo(x, yAt(p, colHi[c]!, lo, hi));
@@ -410,7 +443,14 @@ function drawWaveform(): void {
     }
   }
   ctx.stroke();
+  waveformStats.columns = columns;
+  waveformStats.reduced = reduced !== undefined;
+  waveformStats.drawn++;
 }
+
+/** For the bench and the browser tests: waveforms drawn, and how the last was drawn. */
+const waveformStats = { drawn: 0, columns: 0, reduced: false };
+(globalThis as { pvwireWaveform?: typeof waveformStats }).pvwireWaveform = waveformStats;
 
 function drawStrip(): void {
   const p = stripPlot;

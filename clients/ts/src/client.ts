@@ -62,6 +62,18 @@ export interface SubscribeOptions {
   maxRate?: number;
   mode?: "LATEST" | "ALL";
   /**
+   * Reduce 1-D arrays of more than 2 × maxColumns elements on the server to the minimum and
+   * maximum of each of maxColumns equal slices, interleaved `[min0, max0, min1, ...]` (PROTOCOL.md
+   * section 4.6): what a plot maxColumns pixels wide shows. `metadata.reduced` then gives the
+   * whole length. Default 0: whole arrays. LATEST mode only.
+   */
+  maxColumns?: number;
+  /**
+   * Subsample images of more pixels on the server, by a whole step per axis, to at most this
+   * many (at least 1,024); `metadata.reduced` gives the whole dims and the step. Default 0.
+   */
+  maxPixels?: number;
+  /**
    * Called when the subscription fails for good: unknown channel, access refused (GraphQL
    * FORBIDDEN, or stream code 4403), a token refused again after re-registering (4401, 4402).
    * The client's other subscriptions go on. Without it the client emits "error".
@@ -96,6 +108,15 @@ interface ClientEvents {
 }
 
 const WS_OPEN = 1;
+
+/** The GraphQL `SubscribeOptions`; the reduction only when asked for, so a server without it
+ * still serves the rest. */
+function subscribeOptions(o: SubscribeOptions): Record<string, unknown> {
+  const out: Record<string, unknown> = { maxRate: o.maxRate ?? 0, mode: o.mode ?? "LATEST" };
+  if (o.maxColumns) out.maxColumns = o.maxColumns;
+  if (o.maxPixels) out.maxPixels = o.maxPixels;
+  return out;
+}
 /** ERROR codes for a refused token (PROTOCOL.md section 7): register again, once. */
 const RENEW_CODES: readonly number[] = [CloseCode.BAD_TOKEN, CloseCode.TOKEN_EXPIRED];
 /** ERROR codes about one attachment's token: the DETACHED that follows reports them. */
@@ -254,7 +275,7 @@ export class PvwireClient {
   async register(ids: readonly string[], options: SubscribeOptions = {}): Promise<StreamRegistration> {
     const d = await this.graphql<{ subscribe: StreamRegistration }>(
       `mutation($ids: [String!]!, $o: SubscribeOptions) { subscribe(ids: $ids, options: $o) { token expiresAt streamPath channels { sid id access } } }`,
-      { ids, o: { maxRate: options.maxRate ?? 0, mode: options.mode ?? "LATEST" } },
+      { ids, o: subscribeOptions(options) },
     );
     return d.subscribe;
   }

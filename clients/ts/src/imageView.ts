@@ -12,6 +12,9 @@ import type { NdArray, TypedArray } from "./ndarray.js";
 import type { Metadata } from "./protocol.js";
 
 export type ColorMapName = "grey" | "viridis" | "inferno";
+/** `ImageViewOptions.maxPixels`' default; also what a page may ask the server for (`maxPixels`
+ * subscription option), so that the server sends the pixels the view would draw, no more. */
+export const DEFAULT_MAX_PIXELS = 2 * 1024 * 1024;
 export const COLOR_MAPS: readonly ColorMapName[] = ["grey", "viridis", "inferno"];
 /** `auto`: each frame's own minimum and maximum; a pair: a fixed display range. */
 export type DisplayRange = "auto" | readonly [number, number];
@@ -42,10 +45,17 @@ export interface ImageStats {
   /** Main-thread time of the last draw, ms, and of all draws. */
   drawMs: number;
   drawMsTotal: number;
+  /** The frame received (after the server's reduction, if any). */
   width: number;
   height: number;
   /** Drawn every `step`-th pixel of every `step`-th row (see `maxPixels`). */
   step: number;
+  /** The server sent every `serverStep`-th row and column (metadata `reduced`, PROTOCOL.md
+   * section 4.6; subscription option `maxPixels`); 1 for a whole frame. */
+  serverStep: number;
+  /** The upstream image's size: `width` and `height` unless the server reduced it. */
+  fullWidth: number;
+  fullHeight: number;
   colorMode: string;
   /** The display range of the last draw. */
   low: number;
@@ -181,6 +191,7 @@ export function renderFrame(out: Uint32Array, data: TypedArray, geometry: Return
 interface Pending {
   value: NdArray;
   colorMode: string;
+  reduced: Metadata["reduced"];
 }
 
 export class ImageView {
@@ -201,7 +212,7 @@ export class ImageView {
   private drawnInSecond = 0;
   readonly stats: ImageStats = {
     receivedPerSecond: 0, drawnPerSecond: 0, received: 0, drawn: 0, latencyMs: undefined, drawMs: 0, drawMsTotal: 0,
-    width: 0, height: 0, step: 1, colorMode: "", low: 0, high: 1,
+    width: 0, height: 0, step: 1, serverStep: 1, fullWidth: 0, fullHeight: 0, colorMode: "", low: 0, high: 1,
   };
 
   constructor(readonly canvas: HTMLCanvasElement, options: ImageViewOptions = {}) {
@@ -212,7 +223,7 @@ export class ImageView {
     this.map = colorMapTable(this.colorMapName);
     this.range = options.range ?? "auto";
     this.onDraw = options.onDraw;
-    this.maxPixels = options.maxPixels ?? 2 * 1024 * 1024;
+    this.maxPixels = options.maxPixels ?? DEFAULT_MAX_PIXELS;
     this.schedule = options.schedule ?? ((f) => requestAnimationFrame(f));
   }
 
@@ -244,7 +255,7 @@ export class ImageView {
     const now = Date.now();
     this.count(now, "received");
     if (time) this.stats.latencyMs = now - (time.seconds * 1000 + time.nanoseconds / 1e6);
-    this.pending = { value, colorMode: typeof metadata.colorMode === "string" ? metadata.colorMode : "mono" };
+    this.pending = { value, colorMode: typeof metadata.colorMode === "string" ? metadata.colorMode : "mono", reduced: metadata.reduced };
     this.last = this.pending;
     this.request();
   }
@@ -292,7 +303,7 @@ export class ImageView {
     this.pending = undefined;
     if (!p || this.closed) return;
     const t0 = performance.now();
-    const { value, colorMode } = p;
+    const { value, colorMode, reduced } = p;
     const geometry = imageGeometry(value.dims, colorMode);
     const { width, height } = geometry;
     if (width === 0 || height === 0 || value.data instanceof BigInt64Array || value.data instanceof BigUint64Array) return;
@@ -313,6 +324,10 @@ export class ImageView {
     s.width = width;
     s.height = height;
     s.step = step;
+    const whole = reduced?.method === "subsample" ? imageGeometry(reduced.from, colorMode) : geometry;
+    s.serverStep = reduced?.method === "subsample" ? (reduced.step ?? 1) : 1;
+    s.fullWidth = whole.width;
+    s.fullHeight = whole.height;
     s.colorMode = geometry.layout;
     s.low = low;
     s.high = high;

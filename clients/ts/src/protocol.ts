@@ -40,7 +40,23 @@ export interface Metadata {
   readonly writable?: boolean;
   /** Images: how the dims hold colour, `mono`, `RGB1`, `RGB2`, `RGB3` (section 4.5). */
   readonly colorMode?: string;
+  /** The value is reduced (subscription options `maxColumns`/`maxPixels`, section 4.6). */
+  readonly reduced?: Reduced;
   readonly [key: string]: unknown;
+}
+
+/**
+ * How a value was reduced (section 4.6). `minmax`: a 1-D array of `from[0]` elements sent as
+ * `[min0, max0, min1, max1, ...]` per column; `subsample`: an image of dims `from` sent with
+ * every `step`-th row and column.
+ */
+export interface Reduced {
+  /** `minmax` or `subsample` (a later server may add methods). */
+  readonly method: string;
+  /** The dims of the whole array. */
+  readonly from: readonly number[];
+  /** `subsample`: every `step`-th row and column. */
+  readonly step?: number;
 }
 
 /** One entry: sid, mask and exactly the fields the mask selects. */
@@ -115,6 +131,12 @@ const META_CHECKS: Record<string, (v: unknown, what: string) => unknown> = {
   display: limits, control: limits, alarm: limits, warning: limits,
   choices: (v, w) => arr(v, w).map((c, i) => str(c, `${w}[${i}]`)),
   writable: (v, w) => (typeof v === "boolean" ? v : fail(`${w} must be a boolean`, v)),
+  reduced: (v, w) => {
+    if (!isMap(v)) return fail(`${w} must be a map`, v);
+    const out: Record<string, unknown> = { ...v, method: str(v.method, `${w}.method`), from: arr(v.from, `${w}.from`).map((d, i) => uint(d, `${w}.from[${i}]`)) };
+    if (v.step !== undefined) out.step = uint(v.step, `${w}.step`);
+    return out;
+  },
 };
 
 function metadata(v: unknown, what: string): Metadata {

@@ -188,6 +188,98 @@ describe("images through the server", () => {
     expect(await page.locator('[data-testid="waveform-name"]').textContent()).toBe(id);
   });
 
+  /** Whole and reduced states of `id` by serial, side by side on one client, until both saw `count` updates. */
+  async function wholeAndReduced(id: string, options: { maxColumns?: number; maxPixels?: number }, count: number) {
+    const whole = new Map<number, ChannelState>();
+    const reduced = new Map<number, ChannelState>();
+    const keep = (m: Map<number, ChannelState>) => (st: ChannelState) => {
+      if (st.serial !== undefined && st.value !== undefined && st.value !== null && typeof st.value === "object") m.set(st.serial, st);
+    };
+    const a = client.subscribe([id], keep(whole));
+    const b = client.subscribe([id], keep(reduced), options);
+    try {
+      await until(() => whole.size >= count && reduced.size >= count, 30_000, `${count} whole and reduced updates of ${id}`);
+    } finally {
+      a.unsubscribe();
+      b.unsubscribe();
+    }
+    return { whole, reduced };
+  }
+
+  it("receives a waveform reduced by the server to the exact min/max of each column (maxColumns)", async () => {
+    const n = 100_003;
+    const { whole, reduced } = await wholeAndReduced(`sim://waveform?length=${n}&shape=noise&rate=10`, { maxColumns: 700 }, 4);
+    const serial = [...reduced.keys()].filter((k) => whole.has(k)).at(-1);
+    expect(serial).toBeDefined();
+    const full = whole.get(serial!)!.value as Float64Array;
+    const st = reduced.get(serial!)!;
+    const r = st.value as Float64Array;
+    expect(st.metadata.reduced).toEqual({ method: "minmax", from: [n] });
+    expect([full.length, r.length, r instanceof Float64Array]).toEqual([n, 1400, true]);
+    let wrong = 0;
+    for (let c = 0; c < 700; c++) {
+      const slice = full.subarray(Math.floor((c * n) / 700), Math.floor(((c + 1) * n) / 700));
+      if (r[2 * c] !== Math.min(...slice) || r[2 * c + 1] !== Math.max(...slice)) wrong++;
+    }
+    expect(wrong).toBe(0);
+  });
+
+  it("plots the reduced waveform by default and the whole one with ?full=1", async () => {
+    const id = "sim://waveform?length=1000000&rate=2";
+    for (const [query, reduced] of [["", true], ["&full=1", false]] as const) {
+      await page.goto(`${stack.url}/?pvs=${encodeURIComponent(id)}${query}`);
+      await page.waitForFunction(() => (globalThis as unknown as { pvwireWaveform: { drawn: number } }).pvwireWaveform.drawn > 1, null, { timeout: 15_000 });
+      const s = await page.evaluate(() => (globalThis as unknown as { pvwireWaveform: { columns: number; reduced: boolean } }).pvwireWaveform);
+      // 640-pixel canvas less 2 x 6 of padding: one min/max pair per pixel column either way.
+      expect(s).toMatchObject({ columns: 628, reduced });
+      const text = await page.locator('[data-testid="row"] [data-testid="value"]').first().textContent();
+      expect(text).toBe(reduced ? "[1000000 values, sent as min/max of 628 columns]" : "[1000000 values]");
+    }
+  });
+
+  it("draws an image the server subsampled (maxPixels) pixel for pixel", async () => {
+    // 1024 x 600 uint8 is more than the 512 x 512 screen pixels of the page's image canvas
+    // (device pixel ratio 1): the server sends every 2nd row and column, 512 x 300, and the page
+    // draws them as they came; a [0, 255] range maps each uint8 value to itself.
+    const [W2, H2] = [1024, 600];
+    const id = `sim://image?width=${W2}&height=${H2}&dtype=uint8&rate=1`;
+    const wholeFrames: Uint8Array[] = [];
+    const sub = client.subscribe([id], (st) => {
+      if (st.value instanceof NdArray) wholeFrames.push(st.value.data as Uint8Array);
+    });
+    try {
+      // This client sees the channel's current frame first: whatever the page draws, it has too.
+      await until(() => wholeFrames.length > 0, 20_000, "a whole frame");
+      await page.goto(`${stack.url}/?pvs=${encodeURIComponent(id)}&image=${encodeURIComponent(id)}`);
+      await page.locator('[data-testid="image-auto"]').uncheck();
+      await page.locator('[data-testid="image-low"]').fill("0");
+      await page.locator('[data-testid="image-high"]').fill("255");
+      await page.locator('[data-testid="image-high"]').dispatchEvent("change");
+      await page.waitForFunction(() => {
+        const s = (globalThis as unknown as { pvwireImage: { stats: { width: number; height: number; serverStep: number; step: number; high: number } } }).pvwireImage.stats;
+        return s.width === 512 && s.height === 300 && s.serverStep === 2 && s.step === 1 && s.high === 255;
+      }, null, { timeout: 20_000 });
+      const red = Buffer.from(await page.evaluate(() => {
+        const c = document.querySelector('[data-testid="image-canvas"]') as HTMLCanvasElement;
+        const d = c.getContext("2d")!.getImageData(0, 0, c.width, c.height).data;
+        let s = "";
+        for (let i = 0; i < d.length; i += 4) s += String.fromCharCode(d[i]!);
+        return btoa(s);
+      }), "base64");
+      expect(red.length).toBe(512 * 300);
+      expect(await page.locator('[data-testid="image-stats"]').textContent()).toMatch(/^1024×600 \(sent 1:2\) mono/);
+      // The canvas is one of the whole frames this test received, every 2nd row and column.
+      const matches = wholeFrames.filter((f) => {
+        for (let y = 0; y < 300; y++) for (let x = 0; x < 512; x++) if (f[2 * y * W2 + 2 * x] !== red[y * 512 + x]) return false;
+        return true;
+      });
+      expect(wholeFrames.length).toBeGreaterThan(0);
+      expect(matches.length).toBe(1);
+    } finally {
+      sub.unsubscribe();
+    }
+  });
+
   it("shows the demo's moving image by default, with frame rate and latency", async () => {
     await page.goto(`${stack.url}/`);
     await page.waitForFunction(() => {

@@ -3,7 +3,8 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   applyEntry, backoffDelay, CLOSE_CODES, CONNECTION_STATES, closeClass, decode, decodeNdArray, decodeServerMessage, encode, encodeNdArray, Ext,
-  initialState, isWritable, NdArray, ProtocolError, transition, TRANSITIONS, withAccess, type Access, type Encodable,
+  initialState, isWritable, NdArray, ProtocolError, PvwireClient, transition, TRANSITIONS, withAccess, type Access, type Encodable,
+  type WebSocketConstructor,
 } from "../src/index.js";
 
 const frame = (v: Encodable) => encode(v);
@@ -112,6 +113,9 @@ describe("message validation", () => {
     expect(() => decodeServerMessage(data([0, 16, 1, 7]))).toThrow(/reason must be a string/);
     expect(() => decodeServerMessage(data([0, 8, { units: 5 }]))).toThrow(/metadata.units must be a string/);
     expect(() => decodeServerMessage(data([0, 8, { display: [1] }]))).toThrow(/display must be \[low, high\]/);
+    expect(() => decodeServerMessage(data([0, 8, { reduced: { method: 1, from: [10] } }]))).toThrow(/metadata.reduced.method must be a string/);
+    expect(() => decodeServerMessage(data([0, 8, { reduced: { method: "minmax", from: [-1] } }]))).toThrow(/metadata.reduced.from\[0\]/);
+    expect(() => decodeServerMessage(data([0, 8, { reduced: "minmax" }]))).toThrow(/metadata.reduced must be a map/);
     expect(() => decodeServerMessage(data([-1, 0]))).toThrow(/sid must be an unsigned integer/);
     expect(() => decodeServerMessage(frame([0, 1, "s", 20]))).toThrow(/HELLO needs at least 6/);
     expect(() => decodeServerMessage(frame({ a: 1 }))).toThrow(ProtocolError);
@@ -230,5 +234,22 @@ describe("writable for this identity", () => {
     const read = withAccess(s, "READ");
     expect(read).toMatchObject({ access: "READ", writable: false, metadata: { units: "mm" } });
     expect(withAccess(read, "READ")).toBe(read);
+  });
+});
+
+describe("subscribe options", () => {
+  it("ask for a reduction only when given, and send it as the GraphQL SubscribeOptions", async () => {
+    const sent: unknown[] = [];
+    const fetch = async (_url: string, init: { body: string }) => {
+      sent.push((JSON.parse(init.body) as { variables: { o: unknown } }).variables.o);
+      return { ok: true, status: 200, json: async () => ({ data: { subscribe: { token: "t", expiresAt: 0, streamPath: "/stream", channels: [] } } }) };
+    };
+    const c = new PvwireClient("http://127.0.0.1:1", { WebSocket: class {} as unknown as WebSocketConstructor, fetch });
+    await c.register(["a"]);
+    await c.register(["a"], { maxColumns: 628, maxPixels: 262_144, maxRate: 5 });
+    expect(sent).toEqual([
+      { maxRate: 0, mode: "LATEST" },
+      { maxRate: 5, mode: "LATEST", maxColumns: 628, maxPixels: 262_144 },
+    ]);
   });
 });

@@ -25,6 +25,7 @@ from .. import __version__
 from ..access.identity import Identity
 from ..access.rules import Access
 from ..core.hub import Hub
+from ..core.reduce import MAX_COLUMNS, MIN_PIXELS
 from ..core.stats import HubSnapshot
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
@@ -271,6 +272,18 @@ class SubscribeOptions:
         "0 = every tick",
     )
     mode: StreamMode = StreamMode.LATEST
+    max_columns: int = strawberry.field(
+        default=0,
+        description="1-D arrays of more than 2 x maxColumns elements arrive as the minimum and "
+        "maximum of each of maxColumns equal slices, interleaved (metadata `reduced` says so "
+        "and gives the full length); 0 = whole arrays. LATEST mode only",
+    )
+    max_pixels: int = strawberry.field(
+        default=0,
+        description="images of more pixels arrive subsampled by a whole factor per axis to at "
+        "most maxPixels pixels (metadata `reduced` gives the full dims and the step); "
+        "0 = whole images. LATEST mode only",
+    )
 
 
 # --- conversions --------------------------------------------------------------------------------
@@ -521,6 +534,7 @@ class Mutation:
                 "maxRate must be between 0 (every tick) and 1000 Hz",
                 extensions={"code": "BAD_REQUEST"},
             )
+        _check_reduction(options)
         canonical = []
         for i in ids:
             try:
@@ -541,6 +555,8 @@ class Mutation:
             auth=identity.source,
             address=identity.address,
             not_after=identity.expires_at,
+            max_columns=options.max_columns,
+            max_pixels=options.max_pixels,
         )
         claims = hub.signer.verify(token)
         channels = []
@@ -560,6 +576,20 @@ class Mutation:
             stream_path="/stream",
             channels=channels,
         )
+
+
+def _check_reduction(options: SubscribeOptions) -> None:
+    def bad(message: str) -> GraphQLError:
+        return GraphQLError(message, extensions={"code": "BAD_REQUEST"})
+
+    if not 0 <= options.max_columns <= MAX_COLUMNS:
+        raise bad(f"maxColumns must be between 0 (whole arrays) and {MAX_COLUMNS}")
+    if options.max_pixels < 0 or 0 < options.max_pixels < MIN_PIXELS:
+        raise bad(f"maxPixels must be 0 (whole images) or at least {MIN_PIXELS}")
+    if (options.max_columns or options.max_pixels) and options.mode != StreamMode.LATEST:
+        # ALL mode keeps every update encoded as it came (for scripts); a display that reduces
+        # arrays wants the latest one.
+        raise bad("maxColumns and maxPixels need mode LATEST")
 
 
 def make_schema(max_depth: int, max_cost: int = 25_000) -> strawberry.Schema:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
 from ..upstream.base import Backend, Monitor
 from ..wire import codec as wire
+from .reduce import Reduction, reduce_value
 
 __all__ = ["ALL_MODE_LIMIT", "ChangeSink", "Channel", "DirtyListener"]
 
@@ -28,6 +31,7 @@ log = logging.getLogger("pvwire.channel")
 ALL_MODE_LIMIT = 1000
 
 _VALUE_TIME = VALUE | TIME
+_VALUE_META = VALUE | META
 _PLAIN = wire.PLAIN_TYPES
 _update_body = wire.encode_update_body
 
@@ -107,7 +111,8 @@ class Channel:
         self.views: list[tuple[ChangeSink, int]] = []  # (view, sid) pairs to notify at each tick
         self.all_views = 0  # ALL-mode views: only then is `history` kept
         self.history: list[wire.EntryBody] = []
-        self._cache: dict[int, wire.EntryBody] = {}
+        # Keyed by mask, or (mask, reduction) for the views that asked for a reduction.
+        self._cache: dict[int | tuple[int, Reduction], wire.EntryBody] = {}
         self.fault = ""  # why encoding failed; the channel stays FAILED until it reconnects
 
     # --- ChannelSink: called by the backend on the event loop, O(1) --------------------------
@@ -177,20 +182,32 @@ class Channel:
 
     # --- encoding -----------------------------------------------------------------------------
 
-    def body(self, mask: int, cache: bool = True) -> wire.EntryBody:
-        """The entry body for `mask` (limited to known fields), encoded once per state.
+    def body(
+        self, mask: int, cache: bool = True, reduction: Reduction | None = None
+    ) -> wire.EntryBody:
+        """The entry body for `mask` (limited to known fields), encoded once per state and
+        reduction.
+
+        With a reduction, an array channel's VALUE and META always travel together: the
+        metadata's `reduced` entry describes that value (PROTOCOL.md section 4.6), and a client
+        must never pair a reduced value with the metadata of another.
 
         Never raises: a state the encoder rejects fails this channel (see the module docstring).
         """
         mask &= self.known
-        body = self._cache.get(mask)
+        if reduction and mask & _VALUE_META and isinstance(self.value, np.ndarray):
+            mask |= _VALUE_META & self.known
+        else:
+            reduction = None
+        key: int | tuple[int, Reduction] = mask if reduction is None else (mask, reduction)
+        body = self._cache.get(key)
         if body is None:
             try:
-                body = self._encode(mask) if not self.fault else self._encode(mask | CONN)
+                body = self._encode(mask | CONN) if self.fault else self._encode(mask, reduction)
             except Exception as exc:
                 body = self._fail(mask, exc)
             if cache:
-                self._cache[mask] = body
+                self._cache[key] = body
         return body
 
     def _fail(self, mask: int, exc: Exception) -> wire.EntryBody:
@@ -202,24 +219,36 @@ class Channel:
         self.listener.count_failure("channel")
         return self._encode(mask | CONN)
 
-    def full_body(self) -> wire.EntryBody:
+    def full_body(self, reduction: Reduction | None = None) -> wire.EntryBody:
         """The entry a snapshot sends: everything known."""
-        return self.body(self.known)
+        return self.body(self.known, reduction=reduction)
 
-    def _encode(self, mask: int) -> wire.EntryBody:
+    def _encode(self, mask: int, reduction: Reduction | None = None) -> wire.EntryBody:
         value = self.value
         if mask == _VALUE_TIME and type(value) in _PLAIN:
             return _update_body(value, self.serial, self.seconds, self.nanoseconds)
+        metadata = self.meta_wire
+        if reduction is not None:
+            try:
+                value, reduced = reduce_value(value, metadata, reduction)
+            except Exception:
+                # A reduction is a view's option: failing it must not fail the channel for
+                # the subscribers of whole arrays. That view gets the whole value instead.
+                log.exception("channel %s: reduction %s failed; sent whole", self.id, reduction)
+                self.listener.count_failure("reduction")
+                reduced = None
+            if reduced is not None:
+                metadata = {**metadata, "reduced": reduced}
         return wire.encode_entry_body(
             mask,
-            value=self.value,
+            value=value,
             serial=self.serial,
             seconds=self.seconds,
             nanoseconds=self.nanoseconds,
             severity=self.severity,
             status=self.status,
             message=self.message,
-            metadata=self.meta_wire,
+            metadata=metadata,
             state=int(ConnState.FAILED if self.fault else self.state),
             reason=self.fault or self.reason,
         )

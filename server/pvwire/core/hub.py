@@ -27,6 +27,7 @@ from ..wire.session import FORBIDDEN, AttachRefused, Source
 from ..wire.tokens import Claims, TokenSigner
 from .clients import Client
 from .control import Control
+from .reduce import Reduction
 from .registry import Registry
 from .stats import ChannelSnapshot, ClientSnapshot, HubSnapshot
 from .tick import INTERNAL_ERROR, Ticker
@@ -128,7 +129,14 @@ class Hub:
         if denied:
             raise AttachRefused(FORBIDDEN, denied)
         return self.registry.open_view(
-            ViewKey(claims.ids, claims.mode, claims.max_rate), session, att
+            ViewKey(
+                claims.ids,
+                claims.mode,
+                claims.max_rate,
+                Reduction(claims.max_columns, claims.max_pixels),
+            ),
+            session,
+            att,
         )
 
     def close_view(self, view: Source, session: Client, att: int) -> None:

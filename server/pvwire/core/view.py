@@ -6,7 +6,8 @@ prefixes a few bytes of frame header to it. Per update and per extra client the 
 zero (DESIGN.md section 8: cost per extra client close to zero).
 
 `maxRate` is applied here: changes of a view that is not due yet stay merged in `pending` (latest
-value wins, the serial keeps the count) until it is.
+value wins, the serial keeps the count) until it is. So is the view's array reduction
+(`maxColumns`, `maxPixels`; core/reduce.py), through the channels' bodies, which cache it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..model import CONN, META
 from ..wire import codec as wire
 from .channel import Channel
+from .reduce import NO_REDUCTION, Reduction
 
 if TYPE_CHECKING:
     from .clients import Client
@@ -33,6 +35,7 @@ class ViewKey:
     ids: tuple[str, ...]
     mode: str  # "LATEST" or "ALL"
     max_rate: float  # Hz, 0 = every tick
+    reduction: Reduction = NO_REDUCTION  # LATEST mode only (the GraphQL layer refuses ALL)
 
 
 class View:
@@ -45,6 +48,7 @@ class View:
         "pending",
         "pending_all",
         "period",
+        "reduction",
         "tick_entries",
         "tick_masks",
     )
@@ -53,6 +57,7 @@ class View:
         self.key = key
         self.channels = channels  # index = sid
         self.all_mode = key.mode == "ALL"
+        self.reduction = key.reduction if key.reduction else None
         self.period = 1.0 / key.max_rate if key.max_rate > 0 else 0.0
         self.next_due = 0.0
         self.pending: dict[int, int] = {}  # sid -> merged field mask since the last emission
@@ -100,7 +105,9 @@ class View:
             self.pending_all = []
         else:
             channels = self.channels
-            entries = [wire.entry(sid, channels[sid].body(m)) for sid, m in self.pending.items()]
+            r = self.reduction
+            pending = self.pending.items()
+            entries = [wire.entry(sid, channels[sid].body(m, True, r)) for sid, m in pending]
         self.tick_entries = wire.entries_array(entries)
         self.tick_masks = self.pending
         self.pending = {}
@@ -116,11 +123,12 @@ class View:
     def entries_for(self, masks: dict[int, int]) -> bytes:
         """Entries for `masks` from the channels' current state (a session catching up)."""
         channels = self.channels
+        r = self.reduction
         return wire.entries_array(
-            [wire.entry(sid, channels[sid].body(m)) for sid, m in masks.items()]
+            [wire.entry(sid, channels[sid].body(m, True, r)) for sid, m in masks.items()]
         )
 
     def snapshot_entries(self) -> bytes:
         return wire.entries_array(
-            [wire.entry(sid, ch.full_body()) for sid, ch in enumerate(self.channels)]
+            [wire.entry(sid, ch.full_body(self.reduction)) for sid, ch in enumerate(self.channels)]
         )

@@ -55,6 +55,9 @@ class Claims:
     groups: tuple[str, ...] = ()
     auth: str = "anonymous"
     address: str = ""
+    # Array reduction (PROTOCOL.md section 4.6); 0 = off.
+    max_columns: int = 0
+    max_pixels: int = 0
 
 
 def _b64(data: bytes) -> str:
@@ -96,6 +99,8 @@ class TokenSigner:
         auth: str = "anonymous",
         address: str = "",
         not_after: float | None = None,
+        max_columns: int = 0,
+        max_pixels: int = 0,
     ) -> str:
         """A token for `ids`; it expires after `ttl`, or at `not_after` (the identity's own
         expiry, e.g. its JWT's) if that comes first."""
@@ -110,6 +115,11 @@ class TokenSigner:
             "iat": now,
             "exp": exp,
         }
+        # Only when asked for: tokens without a reduction stay byte for byte as they were.
+        if max_columns:
+            payload["maxColumns"] = max_columns
+        if max_pixels:
+            payload["maxPixels"] = max_pixels
         if user or auth != "anonymous" or address:
             payload.update(sub=user, grp=sorted(groups), src=auth, adr=address)
         body = _b64(zlib.compress(json.dumps(payload, separators=(",", ":")).encode()))
@@ -144,6 +154,8 @@ class TokenSigner:
                 groups=tuple(str(g) for g in payload.get("grp", ())),
                 auth=str(payload.get("src", "anonymous")),
                 address=str(payload.get("adr", "")),
+                max_columns=int(payload.get("maxColumns", 0)),
+                max_pixels=int(payload.get("maxPixels", 0)),
             )
         except (ValueError, KeyError, TypeError, zlib.error) as exc:
             raise TokenError(f"token payload unreadable: {exc}") from None
