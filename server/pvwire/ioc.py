@@ -99,7 +99,9 @@ class IocProcess:
         """The IOC's last lines of output, for error messages."""
         return "\n".join(self._output)
 
-    def start(self, timeout: float = 20.0) -> None:
+    def start(self, timeout: float = 60.0) -> None:
+        # 60 s: an IOC starts in about 1 s, but took more than 20 s on this 2-core machine with
+        # two test suites and a benchmark running (load average 11-17).
         if self.running:
             return
         macro_text = ",".join(f"{k}={v}" for k, v in self.macros.items())

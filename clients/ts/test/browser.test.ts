@@ -134,7 +134,7 @@ describe("demo page in Chromium", () => {
     mkdirSync(ARTIFACTS, { recursive: true });
     await gq.screenshot({ path: join(ARTIFACTS, "graphiql-offline.png") });
     await gq.close();
-  }, 30_000);
+  });
 
   it("labels the chart axes: index and units for the waveform, clock time and units for the strip chart", async () => {
     const ticks = (id: string) => page.locator(`[data-testid="${id}"] span`).allTextContents();
@@ -209,7 +209,7 @@ describe("demo page in Chromium", () => {
     expect(await nope.count()).toBe(1);
     mkdirSync(ARTIFACTS, { recursive: true });
     await page.locator('[data-testid="pv-table"]').screenshot({ path: join(ARTIFACTS, "demo-not-found.png") });
-  }, 40_000);
+  });
 
   // A channel's first value carries its alarm; a PVA setpoint's put box follows the access that
   // subscribe grants (PVA tells no access rights of its own).
@@ -225,12 +225,12 @@ describe("demo page in Chromium", () => {
     await sp.locator('[data-testid="put-button"]').click();
     await sp.locator('[data-testid="value"]', { hasText: `${target} mm` }).waitFor({ timeout: 30_000 });
     expect(await sp.locator('[data-testid="put-error"]').textContent()).toBe("");
-  }, 40_000);
+  });
 
   it("shows a dead IOC as DISCONNECTED", async () => {
     await stack.command("kill-ioc");
     await page.waitForFunction(() => document.querySelector('tr[data-pv$="COUNTER"] [data-testid="conn"]')?.textContent?.startsWith("DISCONNECTED"), null, { timeout: 30_000 });
     await page.screenshot({ path: join(ARTIFACTS, "demo-page-disconnected.png"), fullPage: true });
     await stack.command("start-ioc");
-  }, 40_000);
+  });
 });

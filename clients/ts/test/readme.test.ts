@@ -133,5 +133,5 @@ describe("README.md code blocks", () => {
     } finally {
       await browser.close();
     }
-  }, 60_000);
+  });
 });

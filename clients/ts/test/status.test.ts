@@ -129,7 +129,7 @@ describe("status page in Chromium", () => {
     expect(await clientRow("stream").count()).toBe(1);
     // WAVEFORM and MODE were the pvws client's alone: the hub closes them after its linger.
     await page.waitForFunction((id) => !document.querySelector(`#channels tr[data-channel="${id}"]`), `ca://${P}WAVEFORM`, { timeout: 20_000 });
-  }, 30_000);
+  });
 });
 
 describe("status page for someone who is not an administrator", () => {
@@ -153,5 +153,5 @@ describe("status page for someone who is not an administrator", () => {
       rmSync(profile, { recursive: true, force: true });
       await stack.stop();
     }
-  }, 60_000);
+  });
 });
