@@ -114,4 +114,69 @@ describe("fault recovery against the real server and demo IOC", () => {
     expect(latest(ids[2]!).value).toBeInstanceOf(Float64Array);
     off();
   }, 3 * BOUND_MS);
+
+  it("retries every few seconds through a long server outage and starts again from the base delay after a HELLO", async () => {
+    // random() = 1: every delay is the whole backoff window, so the schedule is exact.
+    const c = new PvwireClient(stack.url, { WebSocket: WebSocket as unknown as WebSocketConstructor, random: () => 1 });
+    const delays: number[] = [];
+    c.on("retry", (ms, _attempt, what) => { if (what === "connect") delays.push(ms); });
+    const values: number[] = [];
+    const s = c.subscribe(["sim://counter?rate=10"], (st) => { if (st.connection === "CONNECTED" && st.value != null) values.push(Date.now()); });
+    try {
+      await s.ready;
+      await stack.command("stop-server"); // 1012, then down
+      await until(() => delays.length >= 6, BOUND_MS, "six reconnect attempts");
+      // Doubling from 0.5 s, capped at 5 s (it grew to 30 s before: resumed 14-20 s after a 30 s outage).
+      expect(Math.max(...delays)).toBe(5_000);
+      expect(delays.slice(-2)).toEqual([5_000, 5_000]);
+      await stack.command("start-server");
+      const up = Date.now();
+      await until(() => c.state === "connected" && values.some((t) => t > up), BOUND_MS, "values after the restart");
+      report("server down 6 retries, from up to first value", values.find((t) => t > up)! - up);
+      // The HELLO restarted the count: the next outage's first retry is within 0.5 s again.
+      delays.length = 0;
+      await stack.command("kill-server"); // SIGKILL, a new server on the same port, a new key
+      const again = Date.now();
+      await until(() => values.some((t) => t > again), BOUND_MS, "values after the kill");
+      expect(delays[0]).toBe(500);
+    } finally {
+      c.close();
+    }
+  }, 3 * BOUND_MS);
+
+  it("registers again through an outage that begins as it re-registers, and resumes when the server is back", async () => {
+    let stopOnAsk = false;
+    const c = new PvwireClient(stack.url, {
+      WebSocket: WebSocket as unknown as WebSocketConstructor,
+      // Asked before each registration: the server goes down just as the client registers again.
+      getToken: async () => {
+        if (stopOnAsk) {
+          stopOnAsk = false;
+          await stack.command("stop-server");
+        }
+        return undefined;
+      },
+    });
+    const retries: number[] = [];
+    c.on("retry", (_ms, attempt, what) => { if (what === "register") retries.push(attempt); });
+    const errors: Error[] = [];
+    c.on("error", (e) => errors.push(e));
+    const values: number[] = [];
+    const s = c.subscribe(["sim://counter?rate=10"], (st) => { if (st.connection === "CONNECTED" && st.value != null) values.push(Date.now()); });
+    try {
+      await s.ready;
+      stopOnAsk = true;
+      await stack.command("kill-server"); // a new key: the old token is refused with 4401
+      await until(() => retries.length >= 3, BOUND_MS, "three retries to register again");
+      expect(s.closed).toBe(false);
+      expect(c.state).toBe("connecting"); // the socket is down too, and says so
+      await stack.command("start-server");
+      const up = Date.now();
+      await until(() => values.some((t) => t > up), BOUND_MS, "values after the server is back");
+      report("re-registration through an outage, from up to first value", values.find((t) => t > up)! - up);
+      expect(errors).toEqual([]);
+    } finally {
+      c.close();
+    }
+  }, 3 * BOUND_MS);
 });
