@@ -136,8 +136,8 @@ class Client:
         token: TokenSource = None,
         timeout: float = 3.0,
         reconnect_base: float = 0.5,
-        # A few seconds, not 30: after an outage the server is back within one short wait
-        # (a 30 s cap resumed 14-20 s after a 30 s outage, see bench/README.md).
+        # A few seconds, not 30: after a 30 s outage a 30 s cap left clients away for up to
+        # 23 s after the server was back, 5 s for at most 4.2 s (bench/README.md, bench.resume).
         reconnect_max: float = 5.0,
         queue_size: int = 1024,
         max_message_bytes: int = 256 * 2**20,

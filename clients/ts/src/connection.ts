@@ -25,7 +25,8 @@ export interface BackoffOptions {
   baseMs?: number;
   /**
    * Cap (ms). Default 5,000: a few seconds, so a client is back within one short wait of the
-   * server's return (a 30 s cap resumed 14-20 s after a 30 s outage, see bench/README.md).
+   * server's return (after a 30 s outage a 30 s cap left clients away for up to 23 s after the
+   * server was back, 5 s for at most 4.2 s: bench/README.md, bench/resume.py).
    */
   maxMs?: number;
 }
