@@ -2,7 +2,7 @@
  * PvwireClient: GraphQL calls (get, put, search) and subscriptions multiplexed over ONE shared
  * WebSocket, with reconnect/re-attach, token renewal and a heartbeat watchdog.
  */
-import { applyEntry, initialState, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
+import { applyEntry, initialState, linkLost, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
 import { closeClass, closeName, CloseCode } from "./closeCodes.js";
 import { backoffDelay, DEFAULT_BACKOFF, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
 import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
@@ -682,6 +682,30 @@ export class PvwireClient {
     }
     this.move("lost");
     this.scheduleReconnect();
+    this.markLost(`stream closed: ${code} ${closeName(code)}${reason ? ` (${reason})` : ""}`);
+  }
+
+  /**
+   * The socket is gone and a reconnect is scheduled: every connected channel shows DISCONNECTED
+   * with the close as its reason, each listener told once per channel, so a display does not show
+   * values that no longer update as live. A further failed attempt says nothing new (the
+   * channels are already DISCONNECTED); the snapshots after the re-attach restore the state.
+   * Called after the reconnect is scheduled: a listener that throws is reported as an error and
+   * cannot stop the reconnect or the other channels' notices.
+   */
+  private markLost(reason: string): void {
+    for (const sub of [...this.subs]) {
+      for (let sid = 0; sid < sub.states.length && !sub.closed; sid++) {
+        const next = linkLost(sub.states[sid]!, reason);
+        if (next === undefined) continue;
+        sub.states[sid] = next;
+        try {
+          sub.listener(next, ["connection"]);
+        } catch (err) {
+          this.emit("error", err instanceof PvwireError ? err : new PvwireError(`subscription listener failed: ${String(err)}`));
+        }
+      }
+    }
   }
 
   private scheduleReconnect(): void {

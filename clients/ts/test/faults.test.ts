@@ -2,7 +2,8 @@
 // and restarted, the IOC frozen (SIGSTOP) past CA's echo timeout then resumed, the server
 // SIGKILLed and restarted on the same port with its default random token key (old tokens are
 // refused with 4401 and the client re-registers). The client resumes each time with a full
-// snapshot and no action from the application. Recovery times are printed for the report; only
+// snapshot and no action from the application; while the server is down every channel shows
+// DISCONNECTED with its last value. Recovery times are printed for the report; only
 // generous bounds are asserted.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
@@ -114,6 +115,53 @@ describe("fault recovery against the real server and demo IOC", () => {
     expect(latest(ids[2]!).value).toBeInstanceOf(Float64Array);
     off();
   }, 3 * BOUND_MS);
+
+  it("shows every channel DISCONNECTED, value kept, while the server is down, and restores them from the snapshot after the restart", async () => {
+    const c = new PvwireClient(stack.url, { WebSocket: WebSocket as unknown as WebSocketConstructor });
+    const seen = new Map<string, { t: number; state: ChannelState; changed: readonly string[] }[]>();
+    const s = c.subscribe(ids, (st, changed) => {
+      const h = seen.get(st.id) ?? [];
+      h.push({ t: Date.now(), state: st, changed });
+      seen.set(st.id, h);
+    });
+    let attempts = 0;
+    c.on("retry", (_ms, _attempt, what) => { if (what === "connect") attempts++; });
+    const now = (id: string): ChannelState | undefined => s.channels.find((ch) => ch.id === id);
+    const live = (id: string): boolean => now(id)?.connection === "CONNECTED" && now(id)?.value != null;
+    try {
+      await s.ready;
+      await until(() => ids.every(live), BOUND_MS, "every channel connected with a value");
+      const stopping = Date.now();
+      await stack.command("stop-server"); // 1012, then down until start-server
+      await until(() => ids.every((id) => now(id)?.connection === "DISCONNECTED"), BOUND_MS, "every channel DISCONNECTED");
+      expect(c.state).toBe("connecting");
+      // Several failed attempts while the server is down say nothing new: one notice per channel.
+      await until(() => attempts >= 3, BOUND_MS, "three reconnect attempts");
+      for (const id of ids) {
+        const after = seen.get(id)!.filter((u) => u.t >= stopping && u.state.connection !== "CONNECTED");
+        expect(after).toHaveLength(1);
+        const [lost] = after;
+        expect(lost!.changed).toEqual(["connection"]);
+        expect(lost!.state.connection).toBe("DISCONNECTED");
+        expect(lost!.state.reason).toMatch(/^stream closed: \d+ [A-Z_]+/);
+        // The last value stays, shown as stale: the update before the notice carried it.
+        const before = seen.get(id)!.at(-2)!.state;
+        expect(before.connection).toBe("CONNECTED");
+        expect(lost!.state.value).toEqual(before.value);
+        expect(lost!.state.time).toEqual(before.time);
+        expect(now(id)).toBe(lost!.state);
+      }
+      const stale = now(ids[CA]!)!.value as number;
+      await stack.command("start-server");
+      const up = Date.now();
+      await until(() => c.state === "connected" && ids.every((id) => live(id) && seen.get(id)!.some((u) => u.t >= up && u.state.connection === "CONNECTED")), BOUND_MS, "every channel CONNECTED after the restart");
+      for (const id of ids) expect(now(id)!.reason).toBe("");
+      // Fresh values, not the stale ones: the IOC counted on while the server was down.
+      await until(() => (now(ids[CA]!)!.value as number) > stale, BOUND_MS, "the CA counter past its stale value");
+    } finally {
+      c.close();
+    }
+  }, 4 * BOUND_MS);
 
   it("retries every few seconds through a long server outage and starts again from the base delay after a HELLO", async () => {
     // random() = 1: every delay is the whole backoff window, so the schedule is exact.
