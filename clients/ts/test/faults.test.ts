@@ -108,6 +108,15 @@ describe("fault recovery against the real server and demo IOC", () => {
     const done = Math.max(...ids.map((id) => firstFresh(id, up)));
     report("server kill, from new server up", done - up);
     report("server kill, from kill", done - killed);
+    // Between the kill (1006, no close frame) and the snapshot every channel showed DISCONNECTED,
+    // its last value kept.
+    for (const id of ids) {
+      const h = history.get(id)!;
+      const i = h.findIndex((s) => s.t >= killed && s.connection === "DISCONNECTED");
+      expect(i).toBeGreaterThan(0);
+      expect(h[i]!.value).toEqual(h[i - 1]!.value);
+      expect(h.slice(i + 1).some((s) => s.connection === "CONNECTED")).toBe(true);
+    }
     const mark = Date.now();
     await until(() => freshSince(ids[CA]!, mark, 3), 30_000, "counter advancing");
     expect(client.stats.connects).toBeGreaterThan(connectsBefore);
