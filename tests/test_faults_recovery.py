@@ -248,3 +248,55 @@ async def test_server_killed_and_restarted_under_load(
             await watch.close()
     finally:
         server.stop()
+
+
+async def test_registering_again_waits_out_a_server_that_is_down(
+    fault_ioc: IocProcess, record_property: Callable[[str, object], None]
+) -> None:
+    """The server restarts with a new random key, so the monitor must register again (4401);
+    the server dies again just as the client asks (the token source is asked first) and stays
+    down for several retries. The monitor waits with the reconnect backoff and resumes with a
+    snapshot once the server is back on the same port, with no action of the application."""
+    server = make_server(fault_ioc, None)
+    ids = [CA, SIM]
+    retries = 3
+    asked = 0
+    kill_on_ask: int | None = None
+
+    async def token() -> str:
+        nonlocal asked
+        asked += 1
+        if asked == kill_on_ask:
+            await asyncio.to_thread(server.kill)  # down while the client registers again
+        return ""  # anonymous
+
+    await asyncio.to_thread(server.start)
+    try:
+        async with Client(server.url, token=token) as client:
+            watch = Watch(client, ids)
+            await all_complete(watch, ids)
+            server.kill()
+            await watch.until(
+                "stream lost", lambda: all(watch.latest[i].state == DISCONNECTED for i in ids), 30
+            )
+            kill_on_ask = asked + 1
+            await asyncio.to_thread(server.start)  # same port, a new key: old tokens refused
+            await watch.until(
+                f"{retries} retries to register again",
+                lambda: kill_on_ask is not None and asked >= kill_on_ask + retries,
+                RECOVERY_BOUND,
+            )
+            # The monitor is still open and shows the outage.
+            assert all(watch.latest[i].state == DISCONNECTED for i in ids), watch
+            await asyncio.to_thread(server.start)
+            up = time.monotonic()
+            t = await watch.until(
+                "every channel resumed",
+                lambda: all(watch.fresh_since(i, up, 1) and watch.complete(i) for i in ids),
+                RECOVERY_BOUND,
+            )
+            report(record_property, "register_again_after_outage_from_up", t - up)
+            assert watch.latest[CA].metadata.get("units") == "counts"  # a full snapshot
+            await watch.close()
+    finally:
+        server.stop()

@@ -156,6 +156,27 @@ async def test_every_image_kind_arrives_with_its_pixels_dims_and_colour_mode(
         assert s.metadata.get("type") == type_name, (name, s.metadata)
 
 
+async def test_graphql_metadata_names_each_frames_colour_mode(
+    client: Client, image_server: tuple[ServerProcess, dict[str, SharedPV]]
+) -> None:
+    """The control plane tells the same colorMode as the stream: a raw GraphQL query over HTTP,
+    then the client's info() and get(), which ask for it."""
+    ids = [f"pva://{n}" for n in FRAMES]
+    query = (
+        "query($ids: [String!]!) { channels(ids: $ids, timeout: 10) { id metadata { colorMode } } }"
+    )
+    doc = await asyncio.to_thread(image_server[0].graphql, query, {"ids": ids})
+    assert "errors" not in doc, doc
+    served = {c["id"]: c["metadata"]["colorMode"] for c in doc["data"]["channels"]}
+    assert served == {f"pva://{n}": mode for n, (_, _, mode, _) in FRAMES.items()}
+    for name in ("IMG:RGB1", "IMG:RGB3", "IMG:U16"):
+        mode = FRAMES[name][2]
+        assert (await client.info(f"pva://{name}"))["colorMode"] == mode, name
+        assert (await client.get(f"pva://{name}")).metadata["colorMode"] == mode, name
+    # A channel that is no image has no colour mode: the key is absent, not "mono".
+    assert "colorMode" not in (await client.info("sim://sine"))
+
+
 async def test_a_new_frame_with_another_colour_mode_updates_the_metadata(
     client: Client, image_server: tuple[ServerProcess, dict[str, SharedPV]]
 ) -> None:

@@ -345,3 +345,49 @@ async def test_unanswered_attach_times_out_and_reconnects(fake_factory: Any) -> 
     async with asyncio.timeout(10):
         await first_closed.wait()
     assert closes == [4000] and fake.connections == 2
+
+
+async def test_backoff_restarts_after_a_hello_and_grows_while_refused(fake_factory: Any) -> None:
+    # Connections 2-4 are closed before HELLO (1013, as an overloaded server refuses): the
+    # backoff grows. Connection 5 reaches HELLO, so the outage after it starts again from 0.
+    async def script(ws: ServerConnection, n: int) -> None:
+        if n in (2, 3, 4):
+            await ws.close(1013, "try again")
+            return
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, n * 10, n * 10)]]))
+        if n in (1, 5):
+            await ws.close(1012, "restart")
+        else:
+            await ws.wait_closed()
+
+    _, client = await fake_factory(script)
+    attempts: list[int] = []
+    backoff = client._backoff
+
+    def recording(attempt: int) -> float:
+        attempts.append(attempt)
+        return backoff(attempt)
+
+    client._backoff = recording  # type: ignore[method-assign]
+    seen = []
+    async with asyncio.timeout(30):
+        async for u in client.monitor("a"):
+            seen.append(u.channel.value)
+            if u.channel.value == 60 and u.channel.connected:
+                break
+    assert attempts == [0, 1, 2, 3, 0]
+    assert seen[-1] == 60
+
+
+async def test_backoff_defaults_are_the_typescript_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.5 s doubling, capped at 5 s (PROTOCOL.md section 8; clients/ts DEFAULT_BACKOFF)."""
+    import pvwire_client.client as module
+
+    monkeypatch.setattr(module.random, "uniform", lambda low, high: high)  # the whole window
+    async with Client("http://127.0.0.1:1") as client:
+        assert [client._backoff(a) for a in range(6)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]

@@ -123,6 +123,10 @@ class Client:
     token as a string, or a callable (plain or async) returning the current one, called before
     each GraphQL request and each re-registration of a monitor. Default: the ``PVWIRE_TOKEN``
     environment variable; ``token=""`` is anonymous even when that is set.
+
+    Reconnects, and re-registrations the server could not answer, wait a full-jitter backoff:
+    ``random(0, min(reconnect_max, reconnect_base * 2**attempt))``, the attempt count starting
+    again after each HELLO (PROTOCOL.md section 8).
     """
 
     def __init__(
@@ -132,8 +136,9 @@ class Client:
         token: TokenSource = None,
         timeout: float = 3.0,
         reconnect_base: float = 0.5,
-        reconnect_max: float = 30.0,
-        reconnect_reset: float = 30.0,
+        # A few seconds, not 30: after a 30 s outage a 30 s cap left clients away for up to
+        # 23 s after the server was back, 5 s for at most 4.2 s (bench/README.md, bench.resume).
+        reconnect_max: float = 5.0,
         queue_size: int = 1024,
         max_message_bytes: int = 256 * 2**20,
         request_timeout: float = 30.0,
@@ -144,7 +149,6 @@ class Client:
         self.timeout = timeout
         self.reconnect_base = reconnect_base
         self.reconnect_max = reconnect_max
-        self.reconnect_reset = reconnect_reset
         self.queue_size = queue_size
         self.max_message_bytes = max_message_bytes
         # Section 2.7: a stream request (ATTACH, DETACH) unanswered this long means the
@@ -258,6 +262,10 @@ class Client:
         data = await self._graphql(gql.Q_SERVER, {})
         return dict(data["server"])
 
+    def _backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry ``attempt`` (0 first): full jitter, capped."""
+        return random.uniform(0, min(self.reconnect_max, self.reconnect_base * 2**attempt))
+
     async def _register(self, ids: Sequence[str], options: dict[str, Any]) -> Registration:
         data = await self._graphql(gql.M_SUBSCRIBE, {"ids": list(ids), "options": options})
         return Registration.from_json(data["subscribe"])
@@ -280,7 +288,8 @@ class Client:
         its ``changed`` names everything known by then. A cold channel's snapshot (still
         connecting, no value) is not yielded: a reader expects a value, not an empty state.
         Survives reconnects (channels show DISCONNECTED meanwhile, then a fresh snapshot) and
-        re-registers once when the server refuses its token; raises StreamClosed on terminal
+        re-registers once when the server refuses its token, retrying with the reconnect
+        backoff for as long as the server cannot be reached; raises StreamClosed on terminal
         close codes, StreamRefused when the server refuses or ends this subscription alone, and
         Forbidden or Unauthenticated when (re-)registering is refused. Closing the iterator
         detaches.
@@ -459,7 +468,6 @@ class _Stream:
 
     async def _run(self) -> None:
         attempt = 0
-        loop = asyncio.get_running_loop()
         while not self.closing:
             await self.wanted.wait()
             if self.closing:
@@ -475,16 +483,18 @@ class _Stream:
             except (OSError, InvalidHandshake, TimeoutError) as e:
                 self._lost(f"cannot connect: {e}")
             else:
-                started = loop.time()
+                self.hello = None
                 code, reason = await self._session(ws)
-                if loop.time() - started >= self.client.reconnect_reset:
+                if self.hello is not None:
+                    # The server answered: the next loss starts a new outage, whose first retry
+                    # comes within reconnect_base. A server refusing before HELLO (1013
+                    # TRY_AGAIN, an overloaded proxy) keeps the backoff growing.
                     attempt = 0
                 if self.closing:
                     break
                 self._closed(code, reason)
             if self.subs:
-                limit = min(self.client.reconnect_max, self.client.reconnect_base * 2**attempt)
-                await asyncio.sleep(random.uniform(0, limit))
+                await asyncio.sleep(self.client._backoff(attempt))
                 attempt += 1
 
     def _closed(self, code: int, reason: str) -> None:
@@ -567,12 +577,19 @@ class _Stream:
                 sub.att = None
 
     async def _attach(self, sub: _Sub) -> None:
-        ws = self.ws
-        if ws is None or sub.att is not None or sub.attach_req is not None or sub.registering:
+        if self.ws is None or sub.att is not None or sub.attach_req is not None or sub.registering:
             return
-        # Section 7: an expired token is re-registered through GraphQL.
-        expired = sub.reg.expires_at < time.time() + 1
-        if expired and (not await self._reregister(sub) or ws is not self.ws):
+        if sub.reg.expires_at < time.time() + 1:
+            # Section 7: an expired token is re-registered through GraphQL first, in a task of
+            # its own: the reader goes on meanwhile (heartbeats, the other monitors' data).
+            sub.registering = True
+            self._spawn(self._renew(sub))
+            return
+        await self._send_attach(sub)
+
+    async def _send_attach(self, sub: _Sub) -> None:
+        ws = self.ws
+        if ws is None or sub.att is not None or sub.attach_req is not None:
             return
         req = self._req()
         sub.attach_req = req
@@ -581,13 +598,34 @@ class _Stream:
         await ws.send(encode_attach(req, sub.reg.token))
 
     async def _reregister(self, sub: _Sub) -> bool:
-        """A fresh token for ``sub`` (the token source is asked again); False if it ended."""
+        """A fresh token for ``sub`` (the token source is asked again); False if it ended.
+
+        An unreachable server (down, restarting, a proxy answering 502/503) is waited for with
+        the reconnect backoff, for as long as the monitor is open: the subscription is the
+        user's, an outage must not end it. Any other failure ends this monitor alone.
+        """
         sub.registering = True
+        attempt = 0
         try:
-            reg = await self.client._register(sub.ids, sub.options)
-        except Exception as e:  # a PvwireError, or the application's token source failing
-            self._fail(sub, e)
-            return False
+            while True:
+                try:
+                    reg = await self.client._register(sub.ids, sub.options)
+                    break
+                except ServerUnavailable as e:
+                    if sub not in self.subs or self.closing:
+                        return False
+                    delay = self.client._backoff(attempt)
+                    if attempt == 0:
+                        sub.queue.put_nowait(("lost", f"cannot register again: {e}"))
+                    log.warning(
+                        "pvwire: registering %d channel(s) again failed (%s); retry %d in %.1f s",
+                        len(sub.ids), e, attempt + 1, delay,
+                    )  # fmt: skip
+                    attempt += 1
+                    await asyncio.sleep(delay)
+                except Exception as e:  # a PvwireError, or the application's token source failing
+                    self._fail(sub, e)
+                    return False
         finally:
             sub.registering = False
         if sub not in self.subs:
@@ -596,10 +634,11 @@ class _Stream:
         return True
 
     async def _renew(self, sub: _Sub) -> None:
-        """Register again and attach the new token (the answer to ERROR 4401/4402)."""
+        """Register again and attach the new token (the answer to ERROR 4401/4402, or a token
+        known to be expired); without a connection now, the next HELLO attaches it."""
         if await self._reregister(sub) and self.ready:
             with contextlib.suppress(ConnectionClosed, OSError):  # the reader reconnects
-                await self._attach(sub)
+                await self._send_attach(sub)
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro)
@@ -698,6 +737,7 @@ class _Stream:
             # Expired, or signed with a key the server no longer has (a restart without a
             # shared key): register again with a fresh identity token, once.
             sub.renewed = True
+            sub.registering = True
             self._spawn(self._renew(sub))
         elif msg.code == closecodes.TOO_MANY_CHANNELS:
             self._fail(sub, TooManyChannels(f"attach refused: {msg.code} {msg.message}"))

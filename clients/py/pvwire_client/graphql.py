@@ -30,7 +30,7 @@ __all__ = [
 
 _META = (
     "type count description units precision form display { low high } control { low high }"
-    " alarm { low high } warning { low high } choices writable"
+    " alarm { low high } warning { low high } choices colorMode writable"
 )
 CHANNEL_FIELDS = (
     "id value time { seconds nanoseconds } alarm { severity status message } connection"

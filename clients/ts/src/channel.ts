@@ -124,6 +124,18 @@ export function applyEntry(prev: ChannelState, e: Entry, baseline = false): [Cha
   return [next, changed];
 }
 
+/**
+ * The state once the link to the server is lost, or undefined when there is nothing new to say
+ * (not connected: still connecting, already DISCONNECTED, FAILED or NOT_FOUND). The channel keeps
+ * its last value, time, alarm and metadata and shows DISCONNECTED with `reason` (PROTOCOL.md
+ * sections 3 and 8): the value is stale, not live. The Python client marks its channels the same
+ * way; the snapshot after the re-attach restores the true state.
+ */
+export function linkLost(s: ChannelState, reason: string): ChannelState | undefined {
+  if (s.connection !== "CONNECTED") return undefined;
+  return applyEntry(s, { sid: s.sid, mask: Mask.CONN, state: CONNECTION_STATES.indexOf("DISCONNECTED"), reason })[0];
+}
+
 /** The timestamp as a Date (millisecond resolution). */
 export function toDate(t: Timestamp): Date {
   return new Date(t.seconds * 1000 + Math.floor(t.nanoseconds / 1e6));

@@ -2,9 +2,9 @@
  * PvwireClient: GraphQL calls (get, put, search) and subscriptions multiplexed over ONE shared
  * WebSocket, with reconnect/re-attach, token renewal and a heartbeat watchdog.
  */
-import { applyEntry, initialState, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
+import { applyEntry, initialState, linkLost, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
 import { closeClass, closeName, CloseCode } from "./closeCodes.js";
-import { backoffDelay, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
+import { backoffDelay, DEFAULT_BACKOFF, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
 import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
 import {
   CHANNEL_FIELDS, graphqlRequest, type Channel, type FetchLike, type PutResult, type StreamRegistration,
@@ -103,6 +103,12 @@ export interface ClientStats {
 
 interface ClientEvents {
   state: (state: ConnectionState) => void;
+  /**
+   * A retry was scheduled: the socket's reconnect (`what` "connect") or a subscription's
+   * re-registration the server could not answer (`what` "register"), `delayMs` from now, the
+   * `attempt`-th since the last HELLO (or since that registration began failing).
+   */
+  retry: (delayMs: number, attempt: number, what: "connect" | "register") => void;
   error: (error: PvwireError) => void;
   hello: (hello: Extract<ServerMessage, { kind: "HELLO" }>) => void;
 }
@@ -139,6 +145,11 @@ class Sub implements Subscription {
   /** A token was refused (4401/4402) and the subscription registered again; reset by ATTACHED,
    * so a server that refuses every token causes one retry, not a loop. */
   renewed = false;
+  /** Registered at least once: a later registration that cannot reach the server is retried. */
+  registeredOnce = false;
+  /** Failed re-registrations in a row, and the timer of the next one. */
+  renewAttempt = 0;
+  renewTimer: ReturnType<typeof setTimeout> | undefined;
   /** Access granted per sid by the last registration. */
   access: (Access | undefined)[] = [];
   readonly ready: Promise<void>;
@@ -181,7 +192,6 @@ export class PvwireClient {
   private nextReq = 1;
   private lastSeq = 0;
   private attempt = 0;
-  private connectedAt = 0;
   private heartbeatMs = 15_000;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
   private watchdog: ReturnType<typeof setTimeout> | undefined;
@@ -191,7 +201,9 @@ export class PvwireClient {
   private pings = new Map<number, { sent: number; resolve: (ms: number) => void; reject: (e: PvwireError) => void }>();
   /** Time-outs of requests sent on the current socket and not answered yet, by req (or nonce). */
   private requestTimers = new Map<number, ReturnType<typeof setTimeout>>();
-  private listeners: { [K in keyof ClientEvents]: Set<ClientEvents[K]> } = { state: new Set(), error: new Set(), hello: new Set() };
+  private listeners: { [K in keyof ClientEvents]: Set<ClientEvents[K]> } = { state: new Set(), retry: new Set(), error: new Set(), hello: new Set() };
+  /** Listening to the browser's `online` and `visibilitychange` while a reconnect waits. */
+  private wakeListening = false;
   private streamPath = "/stream";
   /** The last ERROR that answered no request, for a DETACHED that may follow it at once. */
   private notice: Extract<ServerMessage, { kind: "ERROR" }> | undefined;
@@ -206,7 +218,7 @@ export class PvwireClient {
     if (!f) throw new PvwireError("no fetch implementation: pass options.fetch");
     this.WS = WS;
     this.fetchFn = f;
-    this.backoff = { baseMs: 500, maxMs: 30_000, resetAfterMs: 30_000, ...options.backoff };
+    this.backoff = { ...DEFAULT_BACKOFF, ...options.backoff };
     this.random = options.random ?? Math.random;
   }
 
@@ -313,7 +325,11 @@ export class PvwireClient {
   /** Close the socket and end every subscription. */
   close(): void {
     this.closedByUser = true;
-    for (const sub of [...this.subs]) sub.closed = true;
+    this.listenForWake(false);
+    for (const sub of [...this.subs]) {
+      sub.closed = true;
+      clearTimeout(sub.renewTimer);
+    }
     this.subs.clear();
     this.byAtt.clear();
     this.pending.clear();
@@ -335,6 +351,7 @@ export class PvwireClient {
   _unsubscribe(sub: Sub): void {
     if (sub.closed) return;
     sub.closed = true;
+    clearTimeout(sub.renewTimer);
     this.subs.delete(sub);
     if (sub.att !== undefined) {
       this.byAtt.delete(sub.att);
@@ -372,9 +389,13 @@ export class PvwireClient {
   private async renew(sub: Sub): Promise<void> {
     if (sub.registering || sub.closed) return;
     sub.registering = true;
+    clearTimeout(sub.renewTimer);
+    sub.renewTimer = undefined;
     try {
       const reg = await this.register(sub.ids, sub.options);
       if (sub.closed) return;
+      sub.registeredOnce = true;
+      sub.renewAttempt = 0;
       sub.token = reg.token;
       sub.expiresAt = reg.expiresAt * 1000;
       sub.access = [];
@@ -384,10 +405,15 @@ export class PvwireClient {
       this.streamPath = reg.streamPath || "/stream";
     } catch (err) {
       const e = err instanceof PvwireError ? err : new PvwireError(String(err));
-      // While reconnecting, a failed registration is most likely the server being down: retry
-      // with the socket's backoff. A first registration that fails is the app's error.
-      if (sub.isReady && !sub.closed && e.code === "NETWORK") {
-        this.dropSocket("re-registration failed", CloseCode.TRY_AGAIN);
+      // Registering again while the server cannot be reached (down, restarting, a proxy's
+      // 502/503 page) is retried with the reconnect backoff for as long as the subscription is
+      // open: an outage must not end it. This subscription alone waits; the socket and the
+      // others go on. A first registration that fails is the application's error.
+      if (sub.registeredOnce && !sub.closed && (e.code === "NETWORK" || e.code === "HTTP")) {
+        const attempt = sub.renewAttempt++;
+        const delay = backoffDelay(attempt, this.backoff, this.random);
+        sub.renewTimer = setTimeout(() => { sub.renewTimer = undefined; void this.renew(sub); }, delay);
+        this.emit("retry", delay, attempt + 1, "register");
       } else {
         this.fail(sub, e);
       }
@@ -409,6 +435,7 @@ export class PvwireClient {
 
   private attach(sub: Sub): void {
     if (sub.closed || sub.token === undefined || sub.att !== undefined || [...this.pending.values()].includes(sub)) return;
+    if (sub.registering || sub.renewTimer !== undefined) return; // a fresh token is on its way
     if (sub.renewable && sub.expiresAt < Date.now() + 1000) {
       sub.token = undefined;
       void this.renew(sub);
@@ -440,6 +467,7 @@ export class PvwireClient {
 
   private open(): void {
     this.retryTimer = undefined;
+    this.listenForWake(false);
     this.move("open");
     this.lastSeq = 0;
     this.localClose = undefined;
@@ -532,7 +560,9 @@ export class PvwireClient {
         }
         this.heartbeatMs = msg.heartbeatMs;
         this.armWatchdog(2 * msg.heartbeatMs + 1000);
-        this.connectedAt = Date.now();
+        // The server answered: its next loss starts a new outage, first retry within baseMs.
+        // A server refusing before HELLO (1013 TRY_AGAIN) keeps the backoff growing.
+        this.attempt = 0;
         this.move("hello");
         this.emit("hello", msg);
         for (const sub of this.subs) {
@@ -659,8 +689,6 @@ export class PvwireClient {
     this.pending.clear();
     for (const sub of this.subs) sub.att = undefined;
     this.byAtt.clear();
-    if (this.connectedAt && Date.now() - this.connectedAt >= this.backoff.resetAfterMs) this.attempt = 0;
-    this.connectedAt = 0;
     if (this.closedByUser) return;
 
     const local = this.localClose !== undefined;
@@ -675,6 +703,30 @@ export class PvwireClient {
     }
     this.move("lost");
     this.scheduleReconnect();
+    this.markLost(`stream closed: ${code} ${closeName(code)}${reason ? ` (${reason})` : ""}`);
+  }
+
+  /**
+   * The socket is gone and a reconnect is scheduled: every connected channel shows DISCONNECTED
+   * with the close as its reason, each listener told once per channel, so a display does not show
+   * values that no longer update as live. A further failed attempt says nothing new (the
+   * channels are already DISCONNECTED); the snapshots after the re-attach restore the state.
+   * Called after the reconnect is scheduled: a listener that throws is reported as an error and
+   * cannot stop the reconnect or the other channels' notices.
+   */
+  private markLost(reason: string): void {
+    for (const sub of [...this.subs]) {
+      for (let sid = 0; sid < sub.states.length && !sub.closed; sid++) {
+        const next = linkLost(sub.states[sid]!, reason);
+        if (next === undefined) continue;
+        sub.states[sid] = next;
+        try {
+          sub.listener(next, ["connection"]);
+        } catch (err) {
+          this.emit("error", err instanceof PvwireError ? err : new PvwireError(`subscription listener failed: ${String(err)}`));
+        }
+      }
+    }
   }
 
   private scheduleReconnect(): void {
@@ -682,8 +734,41 @@ export class PvwireClient {
       this.move("closed");
       return;
     }
-    const delay = backoffDelay(this.attempt++, this.backoff, this.random);
+    const attempt = this.attempt++;
+    const delay = backoffDelay(attempt, this.backoff, this.random);
     clearTimeout(this.retryTimer);
     this.retryTimer = setTimeout(() => this.open(), delay);
+    this.listenForWake(true);
+    this.emit("retry", delay, attempt + 1, "connect");
+  }
+
+  /**
+   * In a browser, the network coming back (`online`) or the page shown again
+   * (`visibilitychange`; browsers throttle timers of hidden tabs to once a minute or less) cuts a
+   * waiting reconnect short: retry now, within one base delay of jitter so a control room's
+   * screens do not all arrive in the same millisecond.
+   */
+  private readonly wake = (): void => {
+    const doc = (globalThis as { document?: { visibilityState?: string } }).document;
+    if (this.retryTimer === undefined || doc?.visibilityState === "hidden") return;
+    clearTimeout(this.retryTimer);
+    this.attempt = 0;
+    this.retryTimer = setTimeout(() => this.open(), backoffDelay(0, this.backoff, this.random));
+  };
+
+  private listenForWake(on: boolean): void {
+    if (on === this.wakeListening) return;
+    this.wakeListening = on;
+    type Target = { addEventListener(type: string, fn: () => void): void; removeEventListener(type: string, fn: () => void): void };
+    const g = globalThis as { document?: Target } & Partial<Target>;
+    // `online` fires at the window, `visibilitychange` at the document; Node has neither.
+    const targets: [Target | undefined, string][] = [
+      [typeof g.addEventListener === "function" ? (g as Target) : undefined, "online"],
+      [g.document, "visibilitychange"],
+    ];
+    for (const [target, type] of targets) {
+      if (on) target?.addEventListener(type, this.wake);
+      else target?.removeEventListener(type, this.wake);
+    }
   }
 }

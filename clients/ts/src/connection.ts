@@ -23,13 +23,21 @@ export function transition(state: ConnectionState, event: ConnectionEvent): Conn
 export interface BackoffOptions {
   /** First retry at most this late (ms). Default 500. */
   baseMs?: number;
-  /** Cap (ms). Default 30,000. */
+  /**
+   * Cap (ms). Default 5,000: a few seconds, so a client is back within one short wait of the
+   * server's return (after a 30 s outage a 30 s cap left clients away for up to 23 s after the
+   * server was back, 5 s for at most 4.2 s: bench/README.md, bench/resume.py).
+   */
   maxMs?: number;
-  /** A connection that stayed up this long resets the attempt count (ms). Default 30,000. */
-  resetAfterMs?: number;
 }
 
-/** Full jitter: random(0, min(max, base * 2^attempt)) (PROTOCOL.md section 8). */
+/** The defaults, shared with the Python client (PROTOCOL.md section 8). */
+export const DEFAULT_BACKOFF: Readonly<Required<BackoffOptions>> = { baseMs: 500, maxMs: 5_000 };
+
+/**
+ * Full jitter: random(0, min(max, base * 2^attempt)) (PROTOCOL.md section 8). `attempt` counts
+ * the retries since the last HELLO: a server that answered starts the next outage from 0.
+ */
 export function backoffDelay(attempt: number, o: Required<BackoffOptions>, random: () => number): number {
   return random() * Math.min(o.maxMs, o.baseMs * 2 ** attempt);
 }

@@ -41,7 +41,7 @@ function httpCode(status: number): string {
 }
 
 const LIMITS = "{ low high }";
-export const METADATA_FIELDS = `{ type count description units precision form display ${LIMITS} control ${LIMITS} alarm ${LIMITS} warning ${LIMITS} choices writable }`;
+export const METADATA_FIELDS = `{ type count description units precision form display ${LIMITS} control ${LIMITS} alarm ${LIMITS} warning ${LIMITS} choices colorMode writable }`;
 export const CHANNEL_FIELDS = `{ id value display time { seconds nanoseconds iso } alarm { severity status message } connection metadata ${METADATA_FIELDS} error errorCode }`;
 
 /** GraphQL `Limits`: sides are null when not set. */
@@ -50,7 +50,9 @@ export interface GqlLimits { low: number | null; high: number | null }
 export interface GqlMetadata {
   type: string | null; count: number | null; description: string | null; units: string | null;
   precision: number | null; form: string | null; display: GqlLimits | null; control: GqlLimits | null;
-  alarm: GqlLimits | null; warning: GqlLimits | null; choices: string[] | null; writable: boolean;
+  alarm: GqlLimits | null; warning: GqlLimits | null; choices: string[] | null;
+  /** Images: how the array's dims hold colour (`mono`, `RGB1`, `RGB2`, `RGB3`...), PROTOCOL.md section 4.5. */
+  colorMode: string | null; writable: boolean;
 }
 
 /** A channel read through GraphQL (`get`). Arrays arrive as JSON lists. */

@@ -5,7 +5,7 @@ export { applyEntry, CONNECTION_STATES, initialState, isWritable, SEVERITIES, to
 export type { Access, AlarmState, ChangedField, ChannelConnection, ChannelState, Severity, Timestamp } from "./channel.js";
 export { CLOSE_CODES, CloseCode, closeClass, closeName } from "./closeCodes.js";
 export type { CloseClass } from "./closeCodes.js";
-export { backoffDelay, transition, TRANSITIONS } from "./connection.js";
+export { backoffDelay, DEFAULT_BACKOFF, transition, TRANSITIONS } from "./connection.js";
 export type { BackoffOptions, ConnectionEvent, ConnectionState } from "./connection.js";
 export { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
 export type { Channel, PutResult, StreamRegistration, GqlLimits, GqlMetadata } from "./graphql.js";

@@ -2,7 +2,8 @@
 // the real server and demo IOC: loads, values change, a put from the page reaches the IOC, the
 // waveform canvas draws, charts have labelled axes, an unknown alarm is not shown as an alarm, a
 // refused put shows its error in its row, error rows do not reflow the table, an unknown PV says
-// "not found", a dead IOC shows as DISCONNECTED. Saves screenshots in test-artifacts/.
+// "not found", a dead IOC shows as DISCONNECTED, and so does every live channel while the server is
+// down. Saves screenshots in test-artifacts/.
 import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -233,4 +234,28 @@ describe("demo page in Chromium", () => {
     await page.screenshot({ path: join(ARTIFACTS, "demo-page-disconnected.png"), fullPage: true });
     await stack.command("start-ioc");
   });
+
+  it("shows every live channel DISCONNECTED, last value struck through, while the server is down, and live again after the restart", async () => {
+    await page.waitForFunction(() => document.querySelector('tr[data-pv$="COUNTER"]')?.getAttribute("data-connection") === "CONNECTED", null, { timeout: 60_000 });
+    const live = await page.locator('tr[data-connection="CONNECTED"]').evaluateAll((trs) => trs.map((tr) => tr.getAttribute("data-pv")!));
+    expect(live).toEqual(expect.arrayContaining([expect.stringMatching(/DEMO:COUNTER$/), expect.stringMatching(/DEMO:SINE$/)]));
+    await stack.command("stop-server"); // 1012, then down until start-server
+    try {
+      await page.waitForFunction((names) => names.every((name) => {
+        const tr = document.querySelector(`tr[data-pv="${name}"]`);
+        const value = tr?.querySelector('[data-testid="value"]')?.textContent ?? "";
+        return tr?.getAttribute("data-connection") === "DISCONNECTED" && tr.classList.contains("disconnected") && value !== "" && value !== "–";
+      }), live, { timeout: 60_000 });
+      expect(await cellText(`${P}COUNTER`, "conn")).toMatch(/^DISCONNECTED \(stream closed: \d+ [A-Z_]+/);
+      expect(await row(`${P}COUNTER`).locator('[data-testid="value"]').evaluate((td) => getComputedStyle(td).textDecorationLine)).toBe("line-through");
+      expect(await page.locator('[data-testid="conn-state"]').textContent()).not.toBe("connected");
+      mkdirSync(ARTIFACTS, { recursive: true });
+      await page.screenshot({ path: join(ARTIFACTS, "demo-page-server-down.png"), fullPage: true });
+    } finally {
+      await stack.command("start-server");
+    }
+    await page.waitForFunction((names) => names.every((name) => document.querySelector(`tr[data-pv="${name}"]`)?.getAttribute("data-connection") === "CONNECTED"), live, { timeout: 60_000 });
+    await page.locator('[data-testid="conn-state"]', { hasText: "connected" }).waitFor({ timeout: 60_000 });
+    expect(await row(`${P}COUNTER`).evaluate((tr) => tr.classList.contains("disconnected"))).toBe(false);
+  }, 180_000);
 });

@@ -120,15 +120,40 @@ describe("PvwireClient with a fake server", () => {
   it("reconnects after 1012 and re-attaches, snapshot making the state whole", async () => {
     const s = await fakeServer();
     const c = client(s);
-    const values: unknown[] = [];
-    const sub = c.subscribe(["A", "B"], (st) => st.sid === 0 && values.push(st.value));
+    const seen: [string, unknown, string][] = [];
+    const sub = c.subscribe(["A", "B"], (st) => st.sid === 0 && seen.push([st.connection, st.value, st.reason]));
     await sub.ready;
-    await until(() => values.length === 2);
+    await until(() => seen.length === 2);
     for (const ws of s.sockets) ws.close(1012, "restart");
-    await until(() => values.length === 4);
+    await until(() => seen.length === 5);
+    // Shown DISCONNECTED with its last value while the socket is down, once; then the snapshot.
+    expect(seen).toEqual([
+      ["CONNECTED", 1.5, ""], ["CONNECTED", 10, ""],
+      ["DISCONNECTED", 10, "stream closed: 1012 RESTART (restart)"],
+      ["CONNECTED", 1.5, ""], ["CONNECTED", 10, ""],
+    ]);
+    expect(sub.channels.map((ch) => ch.connection)).toEqual(["CONNECTED", "CONNECTED"]);
     expect(s.connections).toBe(2);
     expect(s.tokens).toEqual(["tok-1", "tok-1"]);
     expect(c.state).toBe("connected");
+  });
+
+  it("reports a listener that throws on the loss notice as an error, and still tells the other channels and reconnects", async () => {
+    const s = await fakeServer();
+    const c = client(s);
+    const errors: Error[] = [];
+    c.on("error", (e) => errors.push(e));
+    const lost: number[] = [];
+    const sub = c.subscribe(["A", "B"], (st) => {
+      if (st.connection !== "DISCONNECTED") return;
+      lost.push(st.sid);
+      if (st.sid === 0) throw new Error("display broke");
+    });
+    await sub.ready;
+    for (const ws of s.sockets) ws.close(1012, "restart");
+    await until(() => s.connections === 2 && sub.channels.every((ch) => ch.connection === "CONNECTED"));
+    expect(lost).toEqual([0, 1]);
+    expect(errors.map((e) => e.message)).toEqual(["subscription listener failed: Error: display broke"]);
   });
 
   it("declares a silent connection dead after 2 × heartbeat + 1 s", async () => {

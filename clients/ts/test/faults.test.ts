@@ -2,7 +2,8 @@
 // and restarted, the IOC frozen (SIGSTOP) past CA's echo timeout then resumed, the server
 // SIGKILLed and restarted on the same port with its default random token key (old tokens are
 // refused with 4401 and the client re-registers). The client resumes each time with a full
-// snapshot and no action from the application. Recovery times are printed for the report; only
+// snapshot and no action from the application; while the server is down every channel shows
+// DISCONNECTED with its last value. Recovery times are printed for the report; only
 // generous bounds are asserted.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
@@ -107,11 +108,132 @@ describe("fault recovery against the real server and demo IOC", () => {
     const done = Math.max(...ids.map((id) => firstFresh(id, up)));
     report("server kill, from new server up", done - up);
     report("server kill, from kill", done - killed);
+    // Between the kill (1006, no close frame) and the snapshot every channel showed DISCONNECTED,
+    // its last value kept.
+    for (const id of ids) {
+      const h = history.get(id)!;
+      const i = h.findIndex((s) => s.t >= killed && s.connection === "DISCONNECTED");
+      expect(i).toBeGreaterThan(0);
+      expect(h[i]!.value).toEqual(h[i - 1]!.value);
+      expect(h.slice(i + 1).some((s) => s.connection === "CONNECTED")).toBe(true);
+    }
     const mark = Date.now();
     await until(() => freshSince(ids[CA]!, mark, 3), 30_000, "counter advancing");
     expect(client.stats.connects).toBeGreaterThan(connectsBefore);
     expect(errors).toEqual([]);
     expect(latest(ids[2]!).value).toBeInstanceOf(Float64Array);
     off();
+  }, 3 * BOUND_MS);
+
+  it("shows every channel DISCONNECTED, value kept, while the server is down, and restores them from the snapshot after the restart", async () => {
+    const c = new PvwireClient(stack.url, { WebSocket: WebSocket as unknown as WebSocketConstructor });
+    const seen = new Map<string, { t: number; state: ChannelState; changed: readonly string[] }[]>();
+    const s = c.subscribe(ids, (st, changed) => {
+      const h = seen.get(st.id) ?? [];
+      h.push({ t: Date.now(), state: st, changed });
+      seen.set(st.id, h);
+    });
+    let attempts = 0;
+    c.on("retry", (_ms, _attempt, what) => { if (what === "connect") attempts++; });
+    const now = (id: string): ChannelState | undefined => s.channels.find((ch) => ch.id === id);
+    const live = (id: string): boolean => now(id)?.connection === "CONNECTED" && now(id)?.value != null;
+    try {
+      await s.ready;
+      await until(() => ids.every(live), BOUND_MS, "every channel connected with a value");
+      const stopping = Date.now();
+      await stack.command("stop-server"); // 1012, then down until start-server
+      await until(() => ids.every((id) => now(id)?.connection === "DISCONNECTED"), BOUND_MS, "every channel DISCONNECTED");
+      expect(c.state).toBe("connecting");
+      // Several failed attempts while the server is down say nothing new: one notice per channel.
+      await until(() => attempts >= 3, BOUND_MS, "three reconnect attempts");
+      for (const id of ids) {
+        const after = seen.get(id)!.filter((u) => u.t >= stopping && u.state.connection !== "CONNECTED");
+        expect(after).toHaveLength(1);
+        const [lost] = after;
+        expect(lost!.changed).toEqual(["connection"]);
+        expect(lost!.state.connection).toBe("DISCONNECTED");
+        expect(lost!.state.reason).toMatch(/^stream closed: \d+ [A-Z_]+/);
+        // The last value stays, shown as stale: the update before the notice carried it.
+        const before = seen.get(id)!.at(-2)!.state;
+        expect(before.connection).toBe("CONNECTED");
+        expect(lost!.state.value).toEqual(before.value);
+        expect(lost!.state.time).toEqual(before.time);
+        expect(now(id)).toBe(lost!.state);
+      }
+      const stale = now(ids[CA]!)!.value as number;
+      await stack.command("start-server");
+      const up = Date.now();
+      await until(() => c.state === "connected" && ids.every((id) => live(id) && seen.get(id)!.some((u) => u.t >= up && u.state.connection === "CONNECTED")), BOUND_MS, "every channel CONNECTED after the restart");
+      for (const id of ids) expect(now(id)!.reason).toBe("");
+      // Fresh values, not the stale ones: the IOC counted on while the server was down.
+      await until(() => (now(ids[CA]!)!.value as number) > stale, BOUND_MS, "the CA counter past its stale value");
+    } finally {
+      c.close();
+    }
+  }, 4 * BOUND_MS);
+
+  it("retries every few seconds through a long server outage and starts again from the base delay after a HELLO", async () => {
+    // random() = 1: every delay is the whole backoff window, so the schedule is exact.
+    const c = new PvwireClient(stack.url, { WebSocket: WebSocket as unknown as WebSocketConstructor, random: () => 1 });
+    const delays: number[] = [];
+    c.on("retry", (ms, _attempt, what) => { if (what === "connect") delays.push(ms); });
+    const values: number[] = [];
+    const s = c.subscribe(["sim://counter?rate=10"], (st) => { if (st.connection === "CONNECTED" && st.value != null) values.push(Date.now()); });
+    try {
+      await s.ready;
+      await stack.command("stop-server"); // 1012, then down
+      await until(() => delays.length >= 6, BOUND_MS, "six reconnect attempts");
+      // Doubling from 0.5 s, capped at 5 s (it grew to 30 s before: up to 17.7 s away after a 30 s outage).
+      expect(Math.max(...delays)).toBe(5_000);
+      expect(delays.slice(-2)).toEqual([5_000, 5_000]);
+      await stack.command("start-server");
+      const up = Date.now();
+      await until(() => c.state === "connected" && values.some((t) => t > up), BOUND_MS, "values after the restart");
+      report("server down 6 retries, from up to first value", values.find((t) => t > up)! - up);
+      // The HELLO restarted the count: the next outage's first retry is within 0.5 s again.
+      delays.length = 0;
+      await stack.command("kill-server"); // SIGKILL, a new server on the same port, a new key
+      const again = Date.now();
+      await until(() => values.some((t) => t > again), BOUND_MS, "values after the kill");
+      expect(delays[0]).toBe(500);
+    } finally {
+      c.close();
+    }
+  }, 3 * BOUND_MS);
+
+  it("registers again through an outage that begins as it re-registers, and resumes when the server is back", async () => {
+    let stopOnAsk = false;
+    const c = new PvwireClient(stack.url, {
+      WebSocket: WebSocket as unknown as WebSocketConstructor,
+      // Asked before each registration: the server goes down just as the client registers again.
+      getToken: async () => {
+        if (stopOnAsk) {
+          stopOnAsk = false;
+          await stack.command("stop-server");
+        }
+        return undefined;
+      },
+    });
+    const retries: number[] = [];
+    c.on("retry", (_ms, attempt, what) => { if (what === "register") retries.push(attempt); });
+    const errors: Error[] = [];
+    c.on("error", (e) => errors.push(e));
+    const values: number[] = [];
+    const s = c.subscribe(["sim://counter?rate=10"], (st) => { if (st.connection === "CONNECTED" && st.value != null) values.push(Date.now()); });
+    try {
+      await s.ready;
+      stopOnAsk = true;
+      await stack.command("kill-server"); // a new key: the old token is refused with 4401
+      await until(() => retries.length >= 3, BOUND_MS, "three retries to register again");
+      expect(s.closed).toBe(false);
+      expect(c.state).toBe("connecting"); // the socket is down too, and says so
+      await stack.command("start-server");
+      const up = Date.now();
+      await until(() => values.some((t) => t > up), BOUND_MS, "values after the server is back");
+      report("re-registration through an outage, from up to first value", values.find((t) => t > up)! - up);
+      expect(errors).toEqual([]);
+    } finally {
+      c.close();
+    }
   }, 3 * BOUND_MS);
 });

@@ -131,6 +131,11 @@ describe("images through the server", () => {
     }
   });
 
+  it("GraphQL reads name the colour mode as the stream does", async () => {
+    const [rgb, lz4, sine] = await client.get([`${P}IMAGE:RGB`, `${P}IMAGE:LZ4`, "sim://sine"], 10);
+    expect([rgb!.metadata.colorMode, lz4!.metadata.colorMode, sine!.metadata.colorMode]).toEqual(["RGB1", "mono", null]);
+  });
+
   /** The page's image canvas pixels (RGBA) once it shows a w x h frame with the given range. */
   async function canvasPixels(image: string, low: number, high: number): Promise<number[]> {
     await page.goto(`${stack.url}/?pvs=${encodeURIComponent(image)}&image=${encodeURIComponent(image)}`);

@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
-  applyEntry, backoffDelay, CLOSE_CODES, CONNECTION_STATES, closeClass, decode, decodeNdArray, decodeServerMessage, encode, encodeNdArray, Ext,
+  applyEntry, backoffDelay, CLOSE_CODES, DEFAULT_BACKOFF, CONNECTION_STATES, closeClass, decode, decodeNdArray, decodeServerMessage, encode, encodeNdArray, Ext,
   initialState, isWritable, NdArray, ProtocolError, PvwireClient, transition, TRANSITIONS, withAccess, type Access, type Encodable,
   type WebSocketConstructor,
 } from "../src/index.js";
@@ -37,10 +37,11 @@ describe("connection state machine", () => {
     expect(Object.keys(TRANSITIONS).sort()).toEqual(["connected", "connecting", "disconnected"]);
   });
   it("backs off with full jitter, capped", () => {
-    const o = { baseMs: 500, maxMs: 30_000, resetAfterMs: 30_000 };
+    const o = { baseMs: 500, maxMs: 5_000 };
     expect(backoffDelay(0, o, () => 0.999)).toBeCloseTo(499.5);
     expect(backoffDelay(3, o, () => 0.5)).toBe(2000);
-    expect(backoffDelay(20, o, () => 1)).toBe(30_000);
+    expect(backoffDelay(20, o, () => 1)).toBe(5_000);
+    expect(DEFAULT_BACKOFF).toEqual(o); // the Python client's defaults too (PROTOCOL.md section 8)
     expect(backoffDelay(5, o, () => 0)).toBe(0);
   });
 });

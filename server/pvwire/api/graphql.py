@@ -102,6 +102,10 @@ class Metadata:
     alarm: Limits | None
     warning: Limits | None
     choices: list[str] | None
+    color_mode: str | None = strawberry.field(
+        description="images: how the array's dims hold colour (mono, RGB1, RGB2, RGB3, or another"
+        " areaDetector mode name); PROTOCOL.md section 4.5"
+    )
     writable: bool = strawberry.field(
         description="pvwire's write rules allow puts and the upstream server grants write access"
     )
@@ -342,6 +346,7 @@ def _metadata(meta: ModelMetadata) -> Metadata:
         alarm=_limits(meta.alarm),
         warning=_limits(meta.warning),
         choices=list(meta.choices) if meta.choices is not None else None,
+        color_mode=meta.color_mode,
         writable=bool(meta.writable),
     )
 

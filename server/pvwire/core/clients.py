@@ -27,10 +27,16 @@ class Client(Protocol):
     def queued_bytes(self) -> int: ...
 
     conflated: int
-    frames_sent: int
-    bytes_sent: int
     connected_at: float
-    close_request: tuple[int, str] | None
+
+    @property
+    def frames_sent(self) -> int: ...
+
+    @property
+    def bytes_sent(self) -> int: ...
+
+    @property
+    def close_request(self) -> tuple[int, str] | None: ...
 
     @property
     def attachments(self) -> Mapping[int, object]: ...

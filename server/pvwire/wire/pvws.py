@@ -35,8 +35,7 @@ import numpy as np
 import orjson
 
 from ..model import VALUE, ConnState, Metadata
-from .codes import SLOW
-from .outbox import Outbox
+from .flow import FlowControl
 from .session import SessionLimits
 from .tokens import Claims
 
@@ -347,7 +346,6 @@ class PvwsSession:
         self.rates = rates  # (scalar, array) maxRate in Hz; 0 = every tick
         self._host = host
         self._encoder = encoder
-        self._wake = wake
         self._clock = clock
         self._wall = wall
         self.connected_at = clock()
@@ -360,14 +358,12 @@ class PvwsSession:
         self.claims: dict[int, Claims] = {}
         self.channel_count = 0
         self._next_att = 1
-        self._out: Outbox[str] = Outbox(clock, wake)
-        self.behind = False
+        self._flow: FlowControl[str] = FlowControl(
+            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up
+        )
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
         self._reopen: list[_Pv] = []
-        self.close_request: tuple[int, str] | None = None
-        self.frames_sent = 0
-        self.bytes_sent = 0
         self.conflated = 0
         self.bad_messages = 0
 
@@ -376,10 +372,7 @@ class PvwsSession:
     def receive(self, text: str) -> list[Ping | Write]:
         """Handle one client message; returns what the endpoint must do (pings, writes)."""
         self.last_client_message_ms = round(self._wall() * 1000)
-        if self.close_request:
-            return []
-        if self.queued_bytes > 2 * self.limits.send_budget:
-            self.request_close(SLOW, "client sends requests but does not read the answers")
+        if self.close_request or self._flow.flooded():
             return []
         try:
             return self._handle(text)
@@ -482,8 +475,7 @@ class PvwsSession:
         atts, self._tick = self._tick, []
         if self.close_request:
             return
-        if self.behind or self.queued_bytes >= self.limits.send_budget:
-            self.behind = True
+        if self._flow.merging():
             pending = self._pending
             for att in atts:
                 if att in pending:
@@ -545,44 +537,50 @@ class PvwsSession:
 
     @property
     def queued_bytes(self) -> int:
-        return self._out.queued_bytes
+        return self._flow.queued_bytes
+
+    @property
+    def behind(self) -> bool:
+        return self._flow.behind
+
+    @property
+    def frames_sent(self) -> int:
+        return self._flow.frames_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._flow.bytes_sent
+
+    @property
+    def close_request(self) -> tuple[int, str] | None:
+        return self._flow.close_request
 
     def next_text(self) -> str | None:
-        return self._out.pop()
+        return self._flow.pop()
 
     def sent(self, nbytes: int) -> None:
-        self._out.sent(nbytes)
-        self.frames_sent += 1
-        self.bytes_sent += nbytes
         self.last_message_sent_ms = round(self._wall() * 1000)
-        if self.behind and self.queued_bytes < self.limits.send_budget // 2:
-            pending, self._pending = list(self._pending), {}
-            self.behind = False
-            self._send_updates(pending)
+        self._flow.sent(nbytes)
+
+    def _catch_up(self) -> None:
+        """The PVs changed while behind, each sent once from its channel's current state."""
+        pending, self._pending = list(self._pending), {}
+        self._send_updates(pending)
 
     def housekeeping(self, now: float) -> None:
-        if self.close_request:
-            return
-        stalled = self._out.stalled_for(now)
-        if stalled > self.limits.stall_timeout:
-            self.request_close(
-                SLOW,
-                f"client read nothing for {stalled:.0f} s with {self.queued_bytes} bytes queued",
-            )
+        self._flow.closing_slow(now)
 
     def request_close(self, code: int, reason: str) -> None:
-        if self.close_request is None:
-            self.close_request = (code, reason.encode()[:123].decode(errors="ignore"))
-            self._wake()
+        self._flow.request_close(code, reason)
 
     def close(self) -> None:
         for pv in list(self.pvs.values()):
             self._release(pv)
         self.pvs.clear()
-        self._out.clear()
+        self._flow.clear()
 
     def _queue_text(self, text: str) -> None:
-        self._out.push(text)
+        self._flow.push(text)
 
 
 class _BadMessage(Exception):

@@ -5,12 +5,12 @@ incoming message, sends what `next_frame()` returns and reports each completed s
 and closes the socket when `close_request` is set. The hub drives it at every tick
 (`collect` + `flush_tick`) and once a second (`housekeeping`).
 
-Flow control (PROTOCOL.md section 9): frames are queued while the bytes queued stay under
-`send_budget`. Past it the session is *behind*: it stops queueing and merges the changes it would
-have sent per channel (latest value wins, the serial keeps the count). When the writer has drained
-below the budget, one catch-up DATA carries the merged changes. A queue that makes no progress for
-`stall_timeout` closes the connection with 4008 SLOW. Nothing here ever waits for the client, so a
-slow client cannot delay the tick or anyone else.
+Flow control (PROTOCOL.md section 9, `flow.py`): frames are queued while the bytes queued stay
+under `send_budget`. Past it the session is *behind*: it stops queueing and merges the changes it
+would have sent per channel (latest value wins, the serial keeps the count). When the writer has
+drained below half the budget, one catch-up DATA carries the merged changes. A queue that makes no
+progress for `stall_timeout` closes the connection with 4008 SLOW. Nothing here ever waits for the
+client, so a slow client cannot delay the tick or anyone else.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import codec as wire
-from .codes import BAD_MESSAGE, FORBIDDEN, SLOW, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
-from .outbox import Outbox
+from .codes import BAD_MESSAGE, FORBIDDEN, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
+from .flow import FlowControl
 from .tokens import Claims, TokenError
 
 __all__ = ["FORBIDDEN", "AttachRefused", "Session", "SessionHost", "SessionLimits"]
@@ -85,7 +85,6 @@ class Session:
         self.address = address
         self.limits = limits
         self._host = host
-        self._wake = wake
         self._clock = clock
         self.connected_at = clock()
         self.attachments: dict[int, Source] = {}
@@ -93,14 +92,12 @@ class Session:
         self.channel_count = 0
         self._next_att = 1
         self._seq = 0
-        self._out: Outbox[bytes] = Outbox(clock, wake)
-        self.behind = False
+        self._flow: FlowControl[bytes] = FlowControl(
+            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up
+        )
         self._pending: dict[int, dict[int, int]] = {}  # att -> sid -> merged mask while behind
         self._tick_groups: list[tuple[int, Source]] = []
-        self.close_request: tuple[int, str] | None = None
-        # Counters for `server` stats and metrics.
-        self.frames_sent = 0
-        self.bytes_sent = 0
+        # Counters for `server` stats and metrics (frames and bytes sent: the flow control's).
         self.conflated = 0  # entries merged away while behind
         self.errors_sent = 0
         self._queue_frame(hello)
@@ -109,12 +106,7 @@ class Session:
 
     def receive(self, data: bytes) -> None:
         """Handle one client message. Errors are answered, never raised."""
-        if self.close_request:
-            return
-        if self.queued_bytes > 2 * self.limits.send_budget:
-            # Every request queues an answer: a client that sends but does not read would grow
-            # the queue without bound.
-            self.request_close(SLOW, "client sends requests but does not read the answers")
+        if self.close_request or self._flow.flooded():
             return
         try:
             msg = wire.decode_client_message(data)
@@ -215,8 +207,7 @@ class Session:
         groups, self._tick_groups = self._tick_groups, []
         if not groups or self.close_request:
             return
-        if self.behind or self.queued_bytes >= self.limits.send_budget:
-            self.behind = True
+        if self._flow.merging():
             for att, view in groups:
                 pending = self._pending.setdefault(att, {})
                 for sid, mask in view.tick_masks.items():
@@ -237,7 +228,6 @@ class Session:
             if pending:
                 groups.append((att, self.attachments[att].entries_for(pending)))
         self._pending.clear()
-        self.behind = False
         if groups:
             self._queue_frame(wire.encode_data(self._next_seq(), groups))
 
@@ -245,48 +235,51 @@ class Session:
 
     @property
     def queued_bytes(self) -> int:
-        return self._out.queued_bytes
+        return self._flow.queued_bytes
+
+    @property
+    def behind(self) -> bool:
+        return self._flow.behind
+
+    @property
+    def frames_sent(self) -> int:
+        return self._flow.frames_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._flow.bytes_sent
+
+    @property
+    def close_request(self) -> tuple[int, str] | None:
+        return self._flow.close_request
 
     def next_frame(self) -> bytes | None:
         """The next message to send, or None. It stays counted as queued until `sent()`."""
-        return self._out.pop()
+        return self._flow.pop()
 
     def sent(self, nbytes: int) -> None:
         """The writer finished sending a frame of `nbytes`."""
-        self._out.sent(nbytes)
-        self.frames_sent += 1
-        self.bytes_sent += nbytes
-        if self.behind and self.queued_bytes < self.limits.send_budget // 2:
-            self._catch_up()
+        self._flow.sent(nbytes)
 
     def housekeeping(self, now: float) -> None:
         """Once a second: close a stalled client; keep an idle one alive."""
-        if self.close_request:
+        if self._flow.closing_slow(now):
             return
-        stalled = self._out.stalled_for(now)
-        if stalled > self.limits.stall_timeout:
-            self.request_close(
-                SLOW,
-                f"client read nothing for {stalled:.0f} s with {self.queued_bytes} bytes queued",
-            )
-        elif not self.queued_bytes and now - self._out.last_send >= self.limits.heartbeat:
+        if not self.queued_bytes and now - self._flow.last_send >= self.limits.heartbeat:
             self._queue_frame(wire.HEARTBEAT)
 
     def request_close(self, code: int, reason: str) -> None:
-        if self.close_request is None:
-            # Close reasons are limited to 123 bytes by RFC 6455.
-            self.close_request = (code, reason.encode()[:123].decode(errors="ignore"))
-            self._wake()
+        self._flow.request_close(code, reason)
 
     def close(self) -> None:
         """The connection is gone: release every attachment. Idempotent."""
         for att, view in list(self.attachments.items()):
             self._release(att, view)
         self.attachments.clear()
-        self._out.clear()
+        self._flow.clear()
 
     def _queue_frame(self, frame: bytes) -> None:
-        self._out.push(frame)
+        self._flow.push(frame)
 
     def _next_seq(self) -> int:
         self._seq += 1
