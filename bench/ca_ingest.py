@@ -11,12 +11,15 @@ by more than one is counted as missing (merged or lost upstream of the callback)
 Modes:
 - `aioca`: the floor, aioca's `camonitor` (FORMAT_TIME) with a trivial callback (as floor.py).
 - `preemptive`: a preemptive libca context (aioca's way); the ctypes event callback unpacks the
-  DBR_TIME_DOUBLE with one `struct.unpack_from` and appends it to a batch; the loop is woken
+  DBR_TIME_DOUBLE with one `struct` call and appends it to a batch; the loop is woken
   (`call_soon_threadsafe`) only when the batch was empty.
 - `polled`: a libca context created with preemptive callbacks disabled; `ca_add_fd_registration`
   names its wake-up socket, the loop watches it (`add_reader`) and calls `ca_pend_event(1e-12)`
-  (`ca_poll`) when readable; the same callback, then the loop drains the batch right after the
-  poll returns: no cross-thread wake-up.
+  (`ca_poll`) when readable; libca's receive thread runs the same callback meanwhile, and the loop
+  drains the batch right after the poll returns: no cross-thread wake-up.
+- `preemptive-pin`, `polled-pin`: the same, and the first callback on each libca thread takes one
+  `PyGILState_Ensure` reference it never gives back, so ctypes stops creating and deleting a
+  Python thread state around every callback (the server gives it back at thread exit).
 - `pvwire`: pvwire's CaBackend monitors into a counting sink (all of pvwire's CA ingest).
 """
 
