@@ -4,10 +4,12 @@ and the Python thread states kept for libca's threads."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
 from aioca import DBE_ALARM, DBE_VALUE, FORMAT_TIME
+from epicscorelibs.ca import cadef
 from pvwire.ioc import IocProcess
 from pvwire.upstream import ca_channel
 from pvwire.upstream.ca_channel import CaChannel
@@ -83,6 +85,34 @@ async def test_the_loop_thread_polls_its_own_context() -> None:
     driver = ca_channel._driver()
     assert driver.polled
     assert ca_channel._local.fds  # libca named its wake-up socket
+
+
+def test_a_thread_whose_context_is_preemptive_keeps_it() -> None:
+    """A thread where aioca (or anyone) made a preemptive context first: results are posted."""
+    result: list[Any] = []
+
+    async def use_it() -> None:
+        chan = CaChannel("PVW:LONG")
+        try:
+            assert await chan.wait_connected(TIMEOUT)
+            result.append((ca_channel._driver().polled, await _first_update(chan)))
+        finally:
+            chan.close()
+
+    def thread() -> None:
+        cadef.ca_context_create(1)  # ca_enable_preemptive_callback
+        try:
+            asyncio.run(use_it())
+        finally:
+            cadef.ca_context_destroy()
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and result
+    polled, (value, secs, _nsec, _severity, _status) = result[0]
+    assert polled is False
+    assert type(value) is int and secs > 1_600_000_000
 
 
 async def test_a_libca_thread_that_ends_gives_its_thread_state_back(
