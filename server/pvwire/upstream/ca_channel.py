@@ -13,9 +13,10 @@ a libca context of its own with preemptive callbacks DISABLED: libca's receive t
 our callbacks only while the loop thread is inside `ca_pend_event`, which it calls when libca's
 wake-up socket (learnt from `ca_add_fd_registration`) turns readable. So a whole batch of updates
 is handed over with no cross-thread wake-up of the loop and no contention for the GIL. Measured
-(bench/ca_ingest.py, 1,000 counters at 10 Hz): aioca's camonitor 34 us per update, this path with
-the conversion below 4 us. A thread that already has a preemptive context (aioca made it first)
-keeps it, and results reach the loop with one `call_soon_threadsafe` per batch.
+(bench/ca_ingest.py, 1,000 and 2,000 counters at 10 Hz): aioca's camonitor 31-46 us per update,
+a bare callback on this path 3.2-3.9 us, pvwire's whole CA ingest 5.7-7.8 us. A thread that
+already has a preemptive context (aioca made it first) keeps it, and results reach the loop with
+one `call_soon_threadsafe` per batch.
 
 Most of aioca's cost per update was not the DBR conversion but ctypes creating and deleting a
 Python thread state for every callback on a libca thread (~13 us here): the first callback on
