@@ -231,7 +231,7 @@ async def child(mode: str, names: list[str], duration: float, out: str) -> None:
     with contextlib.suppress(TimeoutError):  # reported: `never` = PVs with no first update
         await asyncio.wait_for(tally.all_seen.wait(), 60)
     connect_s = time.monotonic() - t_sub
-    await asyncio.sleep(2.0)  # settle
+    await asyncio.sleep(min(2.0, duration))  # settle
     tally.counting = True
     cpu0, t0, main0 = time.process_time(), time.monotonic(), time.thread_time()
     await asyncio.sleep(duration)
@@ -268,29 +268,34 @@ def main() -> None:
         names = json.loads(Path(names_file).read_text())
         uvloop.run(child(mode, names, a.duration, out))
         return
+    rows = run(a.pvs, a.duration, a.rounds, a.modes.split(","))
+    print(json.dumps(rows))
+
+
+def run(pvs: int, duration: float, rounds: int, modes: list[str]) -> list[dict[str, Any]]:
+    """Every mode in its own child process, `rounds` times; one row per child, printed too."""
     from pvwire.ioc import IocProcess
 
-    from .harness import write_db
+    from .harness import _bench_env, write_db
 
-    modes = a.modes.split(",")
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.db"
-        names = write_db(db, a.pvs, waveform=False)
+        names = write_db(db, pvs, waveform=False)
         names_file = Path(tmp) / "names.json"
         names_file.write_text(json.dumps(names))
         ioc = IocProcess([db])
         ioc.start()
-        env = {**os.environ, **ioc.ports.client_env()}
-        rows: list[dict[str, Any]] = []
+        env = {**_bench_env(), **ioc.ports.client_env()}
         try:
-            for r in range(a.rounds):
+            for r in range(rounds):
                 floor = None
                 for mode in modes:
                     out = Path(tmp) / f"{mode}-{r}.json"
                     subprocess.run(
-                        [sys.executable, "-m", "bench.ca_ingest", "--duration", str(a.duration),
+                        [sys.executable, "-m", "bench.ca_ingest", "--duration", str(duration),
                          "--child", mode, str(names_file), str(out)],
-                        env=env, check=True, timeout=a.duration + 180,
+                        env=env, check=True, timeout=duration + 180,
                     )  # fmt: skip
                     res = json.loads(out.read_text())
                     if mode == "aioca":
@@ -300,7 +305,7 @@ def main() -> None:
                     res["load"] = os.getloadavg()[0]
                     rows.append(res)
                     print(
-                        f"round {r} {mode:10} cpu {res['cpu_pct']:5.1f} %  "
+                        f"round {r} {mode:14} cpu {res['cpu_pct']:5.1f} %  "
                         f"{res['us_per_update']:6.2f} µs/update (loop thread "
                         f"{res['main_us_per_update']:5.2f})  updates {res['updates']:7d}  "
                         f"missing {res['missing']:5d}  subscribe {res['connect_s']:.1f} s  "
@@ -310,7 +315,7 @@ def main() -> None:
                     )
         finally:
             ioc.stop()
-        print(json.dumps(rows))
+    return rows
 
 
 if __name__ == "__main__":
