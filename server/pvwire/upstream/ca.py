@@ -1,16 +1,16 @@
-"""Channel Access backend (`ca://NAME`), built on aioca.
+"""Channel Access backend (`ca://NAME`), on libca (aioca's bindings, constants and errors).
 
 Each monitored channel holds two CA subscriptions on the same channel: one for values
 (DBR_TIME, DBE_VALUE|DBE_ALARM) and one for properties (DBR_CTRL with count 1, DBE_PROPERTY) so a
 change of EGU, limits or enum labels reaches clients without re-sending values. DESC is not part
 of any DBR type, so it is read once per connection from `NAME.DESC`.
 
-Channels are pvwire's own (ca_channel.py, on aioca's libca context and DBR conversion): callbacks
-run directly on the event loop thread, batched per loop iteration, so the value callback does O(1)
-work and creates no task or future. A monitor clears and re-creates its channel shortly after a
-disconnect, so it comes back on libca's fast search timer instead of its 10 s disconnect
-governor; gets and puts of unmonitored names borrow a channel from a small pool that clears it
-after use.
+Channels are pvwire's own (ca_channel.py: a libca context polled from the event loop, scalar
+values unpacked in one call): callbacks run on the event loop thread, batched per poll, so the
+value callback does O(1) work and creates no task or future. A monitor clears and re-creates its
+channel shortly after a disconnect, so it comes back on libca's fast search timer instead of its
+10 s disconnect governor; gets and puts of unmonitored names borrow a channel from a small pool
+that clears it after use.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class CaMonitor:
             sub.close()
         self._subs = []
 
-    # -- aioca callbacks (event loop thread) ---------------------------------------------------
+    # -- subscription callbacks (event loop thread) -----------------------------------------------
 
     # aioca ends a subscription whose callback raises: each callback contains its own failures
     # to this channel (FAILED with the reason) and a later good update recovers it.
@@ -295,29 +295,27 @@ class CaMonitor:
         except Exception as exc:
             self._guard.fail(exc)
 
-    def _value(self, value: Any) -> None:
+    def _value(self, update: Any) -> None:
+        """`update`: (value, seconds, nanoseconds, severity, status), or CANothing."""
         if self._connected:
             # Hot path: one upstream update, one sink call.
-            if isinstance(value, CANothing):
+            if isinstance(update, CANothing):
                 self._on_disconnect()
                 return
-            secs, nsec = value.raw_stamp
-            status = value.status
-            # aioca merges updates that arrive while the event loop is busy, and counts them.
+            value, secs, nsec, severity, status = update
+            # Updates that arrive while one waits for the loop are merged, and counted.
             dropped = self._subs[0].dropped_callbacks
             skipped = dropped - self._dropped_seen
             self._dropped_seen = dropped
             plain = self._convert(value)
             if self._guard.failed:
                 self._guard.recover()
-            self._sink.on_update(
-                plain, secs, nsec, value.severity, status, _status_name(status), skipped
-            )
+            self._sink.on_update(plain, secs, nsec, severity, status, _status_name(status), skipped)
             return
-        if isinstance(value, CANothing):
+        if isinstance(update, CANothing):
             self._pending = None
             return
-        self._pending = value
+        self._pending = update
         self._maybe_ready()
 
     def _ctrl(self, ctrl: Any) -> None:
@@ -380,18 +378,16 @@ class CaMonitor:
         """Report CONNECTED and the held value once metadata has gone out (base.py's order)."""
         if self._connected or self._pending is None or self._meta is None:
             return
-        value, self._pending = self._pending, None
+        (value, secs, nsec, severity, status), self._pending = self._pending, None
         plain = self._convert(value)  # raises before CONNECTED if the value cannot be sent
         self._connected = True
         self._guard.failed = False
         self._sink.on_connection(ConnState.CONNECTED)
-        secs, nsec = value.raw_stamp
-        status = value.status
-        self._sink.on_update(plain, secs, nsec, value.severity, status, _status_name(status))
+        self._sink.on_update(plain, secs, nsec, severity, status, _status_name(status))
 
 
 class CaBackend(Backend):
-    """`ca://` channels on pvwire's own libca channels (aioca's context and DBR conversion)."""
+    """`ca://` channels on pvwire's own libca channels (ca_channel.py)."""
 
     scheme = "ca"
 

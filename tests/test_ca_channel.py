@@ -1,0 +1,136 @@
+"""ca_channel.py against the real test IOC: the polled libca context, the scalar DBR_TIME unpacking
+and the Python thread states kept for libca's threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from aioca import DBE_ALARM, DBE_VALUE, FORMAT_TIME
+from epicscorelibs.ca import cadef
+from pvwire.ioc import IocProcess
+from pvwire.upstream import ca_channel
+from pvwire.upstream.ca_channel import CaChannel
+
+pytestmark = pytest.mark.ioc
+
+TIMEOUT = 10.0
+
+
+async def _first_update(chan: CaChannel) -> Any:
+    got: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def on_value(update: Any) -> None:
+        if not got.done():
+            got.set_result(update)
+
+    sub = chan.subscribe(on_value, DBE_VALUE | DBE_ALARM, FORMAT_TIME, 0)
+    try:
+        return await asyncio.wait_for(got, TIMEOUT)
+    finally:
+        sub.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "dbf", "kind"),
+    [
+        ("PVW:AO", 6, float),  # DBR_TIME_DOUBLE
+        ("PVW:FLOAT1", 2, float),  # DBR_TIME_FLOAT, a one-element waveform
+        ("PVW:LONG", 5, int),  # DBR_TIME_LONG
+        ("PVW:MBBO", 3, int),  # DBR_TIME_ENUM: the index
+        ("PVW:AO.PREC", 1, int),  # DBR_TIME_SHORT
+        ("PVW:AO.PACT", 4, int),  # DBR_TIME_CHAR (DBF_UCHAR)
+    ],
+)
+async def test_scalar_updates_unpack_as_aioca_converts_them(
+    name: str, dbf: int, kind: type
+) -> None:
+    chan = CaChannel(name)
+    try:
+        assert await chan.wait_connected(TIMEOUT)
+        assert chan.field_type == dbf and chan.element_count == 1
+        value, secs, nsec, severity, status = await _first_update(chan)
+        # aioca's own DBR conversion of the same record (these records do not change).
+        ref = await chan.get(None, FORMAT_TIME, 0, TIMEOUT)
+    finally:
+        chan.close()
+    assert type(value) is kind
+    assert value == ref
+    assert (secs, nsec) == ref.raw_stamp
+    assert (severity, status) == (ref.severity, ref.status)
+
+
+async def test_other_updates_carry_aiocas_value_and_its_time() -> None:
+    for name in ("PVW:STR", "PVW:WF"):
+        chan = CaChannel(name)
+        try:
+            assert await chan.wait_connected(TIMEOUT)
+            value, secs, nsec, severity, status = await _first_update(chan)
+        finally:
+            chan.close()
+        assert (secs, nsec) == value.raw_stamp
+        assert (severity, status) == (value.severity, value.status)
+        assert secs > 1_600_000_000
+
+
+async def test_the_loop_thread_polls_its_own_context() -> None:
+    chan = CaChannel("PVW:COUNTER")
+    try:
+        assert await chan.wait_connected(TIMEOUT)
+        await _first_update(chan)
+    finally:
+        chan.close()
+    driver = ca_channel._driver()
+    assert driver.polled
+    assert ca_channel._local.fds  # libca named its wake-up socket
+
+
+def test_a_thread_whose_context_is_preemptive_keeps_it() -> None:
+    """A thread where aioca (or anyone) made a preemptive context first: results are posted."""
+    result: list[Any] = []
+
+    async def use_it() -> None:
+        chan = CaChannel("PVW:LONG")
+        try:
+            assert await chan.wait_connected(TIMEOUT)
+            result.append((ca_channel._driver().polled, await _first_update(chan)))
+        finally:
+            chan.close()
+
+    def thread() -> None:
+        cadef.ca_context_create(1)  # ca_enable_preemptive_callback
+        try:
+            asyncio.run(use_it())
+        finally:
+            cadef.ca_context_destroy()
+
+    t = threading.Thread(target=thread)
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and result
+    polled, (value, secs, _nsec, _severity, _status) = result[0]
+    assert polled is False
+    assert type(value) is int and secs > 1_600_000_000
+
+
+async def test_a_libca_thread_that_ends_gives_its_thread_state_back(
+    epics_env: IocProcess,
+) -> None:
+    loop = asyncio.get_running_loop()
+    chan = CaChannel("PVW:COUNTER")
+    try:
+        assert await chan.wait_connected(TIMEOUT)
+        await _first_update(chan)
+        kept = set(ca_channel._pinned)
+        assert kept  # the circuit's receive thread keeps its thread state between callbacks
+        await loop.run_in_executor(None, epics_env.stop)
+        # The circuit to the IOC closes and its receive thread ends, giving its state back.
+        async with asyncio.timeout(30):
+            while kept <= ca_channel._pinned:
+                await asyncio.sleep(0.05)
+    finally:
+        chan.close()
+        if not epics_env.running:
+            await loop.run_in_executor(None, epics_env.start)
