@@ -142,7 +142,7 @@ async def test_conflated_updates_are_counted_from_the_serials(server_url: str) -
     assert got[-1][1] - got[0][1] == got[-1][0] - got[0][0]
 
 
-async def test_all_mode_batches_merge_every_entry_of_a_frame_and_conflate_nothing(
+async def test_all_mode_batches_merge_every_entry_of_a_frame_and_lose_none(
     server_url: str,
 ) -> None:
     async with Client(server_url) as c:
@@ -150,7 +150,10 @@ async def test_all_mode_batches_merge_every_entry_of_a_frame_and_conflate_nothin
         it = c.monitor_batches("ca://PVW:COUNTER", max_rate=2, mode="ALL")
         got = await value_batches(it, 6)
     steps = [b[0] - a[0] for a, b in itertools.pairwise(got)]
-    assert max(steps) > 1 and got[-1][2] == got[0][2] == 0
+    assert max(steps) > 1
+    # Every counter step is in the serial. Not asserted: no conflation at all, because a server
+    # loop stalled for 100 ms or more (load average 8 on a 2-core machine) lets the CA backend
+    # merge two updates of the IOC, which is counted as conflated and is correct.
     assert got[-1][1] - got[0][1] == sum(steps)
 
 
