@@ -50,8 +50,9 @@ pop = ClientMonitor.pop
 
 # Updates pvxs queues per subscription, at the IOC and here, before it merges the newest into the
 # last one (a missing update). pvxs's default is 4: 400 ms of a 10 Hz PV, less than a loaded
-# loop fell behind at 2,000 PVs (loop lag 0.5 s: 8,550 missing of 280,000 with 4, measured).
-# The queue holds Values only while the loop is behind; pvxs frees their arrays once popped.
+# loop fell behind at 2,000 PVs (loop lag 0.5 s: 8,550 missing of 280,000 with 4; 0 in five runs
+# with 16 up to a load average of 6, bench/README.md). The queue holds Values only while the loop
+# is behind; pvxs frees their arrays once popped. An IOC keeps as many per slow subscription.
 QUEUE_SIZE = 16
 _REQUEST = RawContext.makeRequest(f"record[queueSize={QUEUE_SIZE}]field()")
 
