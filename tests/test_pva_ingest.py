@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pvwire.ioc import IocProcess
 from pvwire.model import ConnState
-from pvwire.upstream import pva
+from pvwire.upstream import pva, pva_ingest
 from pvwire.upstream.pva import PvaBackend
 
 from tests.conftest import RecordingSink
@@ -116,6 +116,27 @@ async def test_a_backlog_larger_than_one_drain_is_delivered_in_order(
         await sink.wait(lambda: len(sink.updates) >= before + 6, timeout=10.0)
         values = [u.value for u in sink.updates]
         assert all(b > a for a, b in itertools.pairwise(values))
+    finally:
+        mon.close()
+        await backend.close()
+
+
+async def test_a_loop_held_for_a_second_loses_no_update_of_a_10_hz_counter() -> None:
+    # pvxs merges the newest update into the last queued one once a subscription's queue is
+    # full (4 by default: 0.4 s of this counter). pva_ingest asks for QUEUE_SIZE (16): a loop
+    # held for 1 s (10 updates) must still see every counter value.
+    assert pva_ingest.QUEUE_SIZE >= 16
+    backend = PvaBackend()
+    sink = RecordingSink()
+    mon = backend.monitor("PVW:COUNTER", sink)
+    try:
+        await sink.wait(lambda: len(sink.updates) >= 2)
+        time.sleep(1.0)  # hold the loop (not a synchronisation): the FIFO queues ~10 updates
+        before = len(sink.updates)
+        await sink.wait(lambda: len(sink.updates) >= before + 15, timeout=20.0)
+        values = [u.value for u in sink.updates]
+        steps = {b - a for a, b in itertools.pairwise(values)}
+        assert steps == {1.0}, f"counter steps {sorted(steps)}: an update was merged or lost"
     finally:
         mon.close()
         await backend.close()
