@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pvwire.app import make_backends
+from pvwire.config import Settings
 from pvwire.ioc import IocProcess
 from pvwire.model import ConnState
 from pvwire.upstream import pva, pva_ingest
@@ -140,3 +142,12 @@ async def test_a_loop_held_for_a_second_loses_no_update_of_a_10_hz_counter() -> 
     finally:
         mon.close()
         await backend.close()
+
+
+async def test_the_queue_size_setting_reaches_every_monitor_request() -> None:
+    app_backends = make_backends(Settings(pva_queue_size=3, sim_enabled=False))
+    backend = app_backends["pva"]
+    assert isinstance(backend, PvaBackend)
+    assert backend.woken()._request.todict()["record"]["_options"] == {"queueSize": "3"}
+    with pytest.raises(ValueError, match="at least 1"):
+        pva_ingest.WokenQueue(asyncio.get_running_loop(), 0)

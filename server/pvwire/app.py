@@ -49,7 +49,11 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     from .upstream.pva import PvaBackend
     from .upstream.sim import SimBackend, SimLimits
 
-    backends: dict[str, Backend] = {"ca": CaBackend(), "pva": PvaBackend(), "loc": LocBackend()}
+    backends: dict[str, Backend] = {
+        "ca": CaBackend(),
+        "pva": PvaBackend(settings.pva_queue_size),
+        "loc": LocBackend(),
+    }
     if settings.sim_enabled:
         limits = SimLimits(
             max_rate=settings.sim_max_rate,

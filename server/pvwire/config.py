@@ -55,6 +55,7 @@ class Settings:
     allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
     cors_origins: list[str] = field(default_factory=list)
     get_timeout_s: float = 3.0
+    pva_queue_size: int = 16  # updates pvxs queues per PVA monitor, here and at the IOC
     sim_enabled: bool = True  # sim:// channels (demo, tests, benchmarks); off at a facility
     sim_max_rate: float = 1000.0  # Hz per sim channel
     sim_max_length: int = 2048 * 2048  # elements per sim waveform or image

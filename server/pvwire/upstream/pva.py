@@ -38,7 +38,7 @@ from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Va
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 from .ntndarray import color_mode, decode_ntndarray, frame_dtype
-from .pva_ingest import WokenQueue, pop
+from .pva_ingest import QUEUE_SIZE, WokenQueue, pop
 from .values import CallbackGuard, long_string, wire_value
 
 _PLAIN_TYPES = frozenset((int, float, str))
@@ -418,8 +418,9 @@ class PvaBackend(Backend):
 
     scheme = "pva"
 
-    def __init__(self) -> None:
+    def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
         self._ctx: Context | None = None
+        self._queue_size = queue_size
         # Per channel name, what a put needs: its type and enum labels, learned from monitors
         # and gets. A name in here has answered at least once, so a later get timeout means
         # "slow or gone" (ChannelTimeout) rather than "never found" (ChannelNotFound).
@@ -437,7 +438,7 @@ class PvaBackend(Backend):
     def woken(self) -> WokenQueue:
         """The monitors' wake-up queue, polled on the running loop (the first monitor's)."""
         if self._woken is None:
-            self._woken = WokenQueue(asyncio.get_running_loop())
+            self._woken = WokenQueue(asyncio.get_running_loop(), self._queue_size)
         return self._woken
 
     def remember(self, name: str, shape: _Shape, meta: Metadata) -> None:

@@ -52,9 +52,9 @@ pop = ClientMonitor.pop
 # last one (a missing update). pvxs's default is 4: 400 ms of a 10 Hz PV, less than a loaded
 # loop fell behind at 2,000 PVs (loop lag 0.5 s: 8,550 missing of 280,000 with 4; 0 in five runs
 # with 16 up to a load average of 6, bench/README.md). The queue holds Values only while the loop
-# is behind; pvxs frees their arrays once popped. An IOC keeps as many per slow subscription.
+# is behind; pvxs frees their arrays once popped. An IOC keeps as many per slow subscription
+# (setting `pva_queue_size`: a site whose PVA images are large may want fewer).
 QUEUE_SIZE = 16
-_REQUEST = RawContext.makeRequest(f"record[queueSize={QUEUE_SIZE}]field()")
 
 
 class Drainable(Protocol):
@@ -65,10 +65,13 @@ class Drainable(Protocol):
 class WokenQueue:
     """Subscriptions whose FIFO has something, appended by pvxs's threads, drained on the loop."""
 
-    __slots__ = ("_handle", "_loop", "_open", "_woken")
+    __slots__ = ("_handle", "_loop", "_open", "_request", "_woken")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue_size: int = QUEUE_SIZE) -> None:
+        if queue_size < 1:
+            raise ValueError(f"PVA queue size must be at least 1, got {queue_size}")
         self._loop = loop
+        self._request = RawContext.makeRequest(f"record[queueSize={queue_size}]field()")
         self._woken: deque[Drainable] = deque()  # append and popleft are atomic under the GIL
         self._open = 0
         self._handle: asyncio.TimerHandle | None = None
@@ -76,7 +79,7 @@ class WokenQueue:
     def subscribe(self, ctx: RawContext, name: str, sub: Drainable) -> ClientMonitor:
         """Open a raw subscription whose wake-ups queue `sub`. Pair with `closed()`."""
         mon = ClientMonitor(
-            ctx._ctxt, name, handler=partial(self._woken.append, sub), pvRequest=_REQUEST
+            ctx._ctxt, name, handler=partial(self._woken.append, sub), pvRequest=self._request
         )
         self._open += 1
         if self._handle is None:
