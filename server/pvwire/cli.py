@@ -48,8 +48,14 @@ def start_demo_ioc(prefix: str, ports: IocPorts | None = None) -> IocProcess:
         "import epicscorelibs.ioc as _e; "
         f"_ = [_e.iocshCmd(c.encode()) for _ in range({DEMO_SAMPLES}) for c in {commands!r}]"
     )
-    ioc.execute(f"import pvwire.demo_images as _i; _i.serve({prefix!r}, {ioc.ports.pva_broadcast})")
+    serve_demo_images(ioc, prefix)
     return ioc
+
+
+def serve_demo_images(ioc: IocProcess, prefix: str) -> None:
+    """Start the demo images' p4p server in the IOC's process: again after each IOC restart, as
+    a restarted IOC process serves its records only."""
+    ioc.execute(f"import pvwire.demo_images as _i; _i.serve({prefix!r}, {ioc.ports.pva_broadcast})")
 
 
 def _settings(args: argparse.Namespace) -> Any:

@@ -1,6 +1,6 @@
 // The pvwire demo page: one PvwireClient, one subscription per added channel (all on one
 // WebSocket), a live table, puts, a waveform plot and a one-minute strip chart on canvases.
-import { COLOR_MAPS, DEFAULT_MAX_PIXELS, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type PvwireError, type SubscribeOptions, type Subscription, type TypedArray } from "../src/index.js";
+import { COLOR_MAPS, DEFAULT_MAX_PIXELS, drawStaleMarker, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type PvwireError, type SubscribeOptions, type Subscription, type TypedArray } from "../src/index.js";
 import { niceTicks, placeTicks, timeTicks } from "./axes.js";
 
 const DEMO_PREFIX = "PVWIRE:DEMO:";
@@ -208,21 +208,33 @@ function unknownSeverity(): HTMLElement {
   return span;
 }
 
+/** Why what a channel's row and widgets show is stale (its connection state), or null when live.
+ * A channel still connecting for the first time shows nothing yet, so nothing is stale. */
+function staleReason(st: ChannelState | undefined): string | null {
+  if (!st || st.connection === "CONNECTED") return null;
+  if (st.connection === "CONNECTING" && st.alarm === undefined && st.value === undefined) return null;
+  return st.connection;
+}
+
 function renderSeverity(cell: HTMLElement, st: ChannelState): void {
   const sev = st.alarm?.severity;
+  // Not connected: the last alarm says nothing about now. Control-room convention (Phoebus, EDM):
+  // the connection state in the invalid/disconnected style, never the last (green) severity.
+  const stale = staleReason(st);
   // Rebuild only when the alarm changed: most updates carry a new value, not a new alarm.
-  const key = sev === undefined ? "" : `${sev}|${st.alarm!.message}`;
+  const key = stale !== null ? `conn|${stale}` : sev === undefined ? "" : `${sev}|${st.alarm!.message}`;
   const shown = cell.firstElementChild as HTMLElement | null;
   if (shown?.dataset.key === key) return;
-  if (sev === undefined) {
+  if (stale === null && sev === undefined) {
     cell.replaceChildren(unknownSeverity());
     return;
   }
   const span = document.createElement("span");
-  span.className = `sev sev-${sev}`;
+  span.className = stale !== null ? "sev sev-disconnected" : `sev sev-${sev}`;
   span.dataset.key = key;
-  span.textContent = sev;
-  if (st.alarm?.message && st.alarm.message !== sev) span.title = st.alarm.message;
+  span.textContent = stale ?? sev!;
+  if (stale !== null) span.title = sev === undefined ? connectionText(st) : `${connectionText(st)}; last alarm ${sev}`;
+  else if (st.alarm?.message && st.alarm.message !== sev) span.title = st.alarm.message;
   cell.replaceChildren(span);
 }
 
@@ -256,6 +268,7 @@ function onUpdate(name: string, st: ChannelState): void {
     if (!imageName && (wantedImage === undefined ? true : name === wantedImage)) selectImage(name);
     if (name === imageName) imageView.update(v, st.metadata, st.time);
   }
+  if (name === imageName) imageView.setStale(staleReason(st));
   if (typeof v === "number" && st.metadata.type !== "enum" && !stripName) selectStrip(name);
   if (name === stripName && typeof v === "number") strip.push([Date.now(), v]);
 }
@@ -299,6 +312,7 @@ function selectImage(name: string): void {
   $("image-name").textContent = name;
   const st = rows.get(name)?.state;
   if (st?.value instanceof NdArray) imageView.update(st.value, st.metadata, st.time);
+  imageView.setStale(staleReason(st));
 }
 
 function selectStrip(name: string): void {
@@ -367,14 +381,31 @@ function range(values: ArrayLike<number>): [number, number] {
   return [lo, hi];
 }
 
+/** Mark a plot stale while its channel is not connected (drawn over the plot just drawn), and say
+ * so on the canvas's data-stale (for the tests). */
+function markStale(p: Plot, reason: string | null): void {
+  if (reason !== null) drawStaleMarker(p.ctx, reason);
+  if (p.canvas.dataset.stale === (reason ?? undefined)) return;
+  if (reason === null) delete p.canvas.dataset.stale;
+  else p.canvas.dataset.stale = reason;
+}
+
 let waveformShown: unknown = null; // the value last drawn: a full pass only for a new value
+let waveformStale: string | null = null;
 
 function drawWaveform(): void {
-  const p = waveformPlot;
   const st = rows.get(waveformName)?.state;
+  const stale = staleReason(st);
+  if (st?.value === waveformShown && stale === waveformStale) return;
+  waveformShown = st?.value;
+  waveformStale = stale;
+  traceWaveform(st);
+  markStale(waveformPlot, stale);
+}
+
+function traceWaveform(st: ChannelState | undefined): void {
+  const p = waveformPlot;
   const v = st?.value;
-  if (v === waveformShown) return;
-  waveformShown = v;
   const data = v instanceof NdArray ? v.data : ArrayBuffer.isView(v) ? (v as TypedArray) : undefined;
   const units = st?.metadata.units ?? "";
   if (!data || data instanceof BigInt64Array || data instanceof BigUint64Array) {
@@ -484,6 +515,7 @@ function frame(now: number): void {
   if (now - stripDrawnAt >= STRIP_REDRAW_MS) {
     stripDrawnAt = now;
     drawStrip();
+    markStale(stripPlot, staleReason(rows.get(stripName)?.state));
   }
   requestAnimationFrame(frame);
 }

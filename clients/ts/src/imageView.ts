@@ -188,6 +188,32 @@ export function renderFrame(out: Uint32Array, data: TypedArray, geometry: Return
   }
 }
 
+/** The stale marker's label colour: control rooms' "disconnected/invalid" magenta (Phoebus, EDM). */
+export const STALE_COLOR = "#c800c8";
+
+/**
+ * Mark what a canvas shows as stale: dim it, and write `reason` (e.g. `DISCONNECTED`) in white on
+ * a magenta label in its middle. Drawn over the last picture, so the next draw of a fresh picture
+ * clears it. The label's size follows the canvas's own pixels (an image canvas is frame-sized).
+ */
+export function drawStaleMarker(ctx: CanvasRenderingContext2D, reason: string): void {
+  const { width, height } = ctx.canvas;
+  ctx.save();
+  ctx.fillStyle = "rgba(128, 128, 128, 0.6)";
+  ctx.fillRect(0, 0, width, height);
+  const size = Math.max(10, Math.round(Math.min(width, height) / 10));
+  ctx.font = `bold ${size}px sans-serif`;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "middle";
+  const boxWidth = Math.min(width, ctx.measureText(reason).width + size);
+  const boxHeight = Math.round(size * 1.8);
+  ctx.fillStyle = STALE_COLOR;
+  ctx.fillRect(Math.round((width - boxWidth) / 2), Math.round((height - boxHeight) / 2), Math.round(boxWidth), boxHeight);
+  ctx.fillStyle = "#fff";
+  ctx.fillText(reason, width / 2, height / 2, width);
+  ctx.restore();
+}
+
 interface Pending {
   value: NdArray;
   colorMode: string;
@@ -207,6 +233,7 @@ export class ImageView {
   private readonly onDraw: ((stats: ImageStats) => void) | undefined;
   private readonly maxPixels: number;
   private closed = false;
+  private staleReason: string | null = null;
   private second = 0;
   private receivedInSecond = 0;
   private drawnInSecond = 0;
@@ -243,6 +270,24 @@ export class ImageView {
 
   setRange(range: DisplayRange): void {
     this.range = range;
+    this.redraw();
+  }
+
+  /** Why the image shown is stale (e.g. `DISCONNECTED`), or null when it is live. */
+  get stale(): string | null {
+    return this.staleReason;
+  }
+
+  /**
+   * Mark the image shown as stale (its channel is not connected: `reason`, e.g. the connection
+   * state `DISCONNECTED`), or live again (`null`). While stale the last frame stays, dimmed under
+   * a magenta label saying `reason`, and the canvas carries `data-stale="reason"` (for CSS).
+   */
+  setStale(reason: string | null): void {
+    if (reason === this.staleReason) return;
+    this.staleReason = reason;
+    if (reason === null) delete this.canvas.dataset.stale;
+    else this.canvas.dataset.stale = reason;
     this.redraw();
   }
 
@@ -320,6 +365,7 @@ export class ImageView {
     const [low, high] = this.range === "auto" ? minMax(value.data, width * height * planes) : this.range;
     renderFrame(this.pixels!, value.data, geometry, low, high, this.map, step);
     this.ctx.putImageData(this.image, 0, 0);
+    if (this.staleReason !== null) drawStaleMarker(this.ctx, this.staleReason);
     const s = this.stats;
     s.width = width;
     s.height = height;

@@ -2,8 +2,8 @@
 // the real server and demo IOC: loads, values change, a put from the page reaches the IOC, the
 // waveform canvas draws, charts have labelled axes, an unknown alarm is not shown as an alarm, a
 // refused put shows its error in its row, error rows do not reflow the table, an unknown PV says
-// "not found", a dead IOC shows as DISCONNECTED, and so does every live channel while the server is
-// down. Saves screenshots in test-artifacts/.
+// "not found", a dead IOC shows as DISCONNECTED (alarm badge and stale image and plots), and so
+// does every live channel while the server is down. Saves screenshots in test-artifacts/.
 import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -196,9 +196,12 @@ describe("demo page in Chromium", () => {
     await nope.waitFor({ timeout: 30_000 });
     // Wait for the server's first state of this channel (CONNECTING, or NOT_FOUND), then look.
     await page.locator(`tr[data-pv="${P}NOPE"][data-connection]`).waitFor({ timeout: 30_000 });
-    const severity = nope.locator('[data-testid="severity"]');
-    expect(await severity.textContent()).toBe("–");
-    expect(await severity.locator(".sev").count()).toBe(0);
+    // One look at both (NOT_FOUND may arrive in between): still connecting, a dash; once not
+    // found, the connection state (next test); never an alarm severity.
+    const seen = await nope.evaluate((tr) => ({ conn: tr.getAttribute("data-connection"), text: tr.querySelector('[data-testid="severity"]')!.textContent, badges: tr.querySelectorAll('[data-testid="severity"] .sev').length }));
+    expect(seen.text).not.toMatch(/NO_ALARM|MINOR|MAJOR|INVALID|UNKNOWN/);
+    if (seen.conn === "CONNECTING") expect(seen).toEqual({ conn: "CONNECTING", text: "–", badges: 0 });
+    else expect(seen).toEqual({ conn: "NOT_FOUND", text: "NOT_FOUND", badges: 1 });
     expect(await page.locator('[data-testid="severity"]', { hasText: /^\s*UNKNOWN\s*$/ }).count()).toBe(0);
   });
 
@@ -207,6 +210,8 @@ describe("demo page in Chromium", () => {
     const nope = page.locator(`tr[data-pv="${P}NOPE"]`);
     await nope.locator('[data-testid="conn"]', { hasText: /not found/i }).waitFor({ timeout: 30_000 });
     expect(await nope.locator('[data-testid="conn"]').getAttribute("class")).toContain("conn-NOT_FOUND");
+    // Its badge says so in the disconnected style, not an alarm severity.
+    await nope.locator('[data-testid="severity"] .sev-disconnected', { hasText: "NOT_FOUND" }).waitFor({ timeout: 30_000 });
     expect(await nope.count()).toBe(1);
     mkdirSync(ARTIFACTS, { recursive: true });
     await page.locator('[data-testid="pv-table"]').screenshot({ path: join(ARTIFACTS, "demo-not-found.png") });
@@ -228,12 +233,61 @@ describe("demo page in Chromium", () => {
     expect(await sp.locator('[data-testid="put-error"]').textContent()).toBe("");
   });
 
-  it("shows a dead IOC as DISCONNECTED", async () => {
-    await stack.command("kill-ioc");
-    await page.waitForFunction(() => document.querySelector('tr[data-pv$="COUNTER"] [data-testid="conn"]')?.textContent?.startsWith("DISCONNECTED"), null, { timeout: 30_000 });
-    await page.screenshot({ path: join(ARTIFACTS, "demo-page-disconnected.png"), fullPage: true });
-    await stack.command("start-ioc");
+  // Control-room convention (Phoebus, EDM): a disconnected PV never shows its last (green) alarm,
+  // and every widget showing it is visibly stale until it is connected again.
+  const CANVASES = ["image-canvas", "waveform-canvas", "strip-canvas"];
+  const staleMarks = () => page.evaluate((ids) => ids.map((id) => (document.querySelector(`[data-testid="${id}"]`) as HTMLCanvasElement).dataset.stale ?? null), CANVASES);
+  /** The pixel just inside the top of the stale marker's label (drawStaleMarker), as [r, g, b]. */
+  const labelPixel = (id: string) => page.locator(`[data-testid="${id}"]`).evaluate((c: HTMLCanvasElement) => {
+    const size = Math.max(10, Math.round(Math.min(c.width, c.height) / 10));
+    const d = c.getContext("2d")!.getImageData(Math.floor(c.width / 2), Math.floor(c.height / 2 - 0.75 * size), 1, 1).data;
+    return [d[0], d[1], d[2]];
   });
+  const MAGENTA = [200, 0, 200]; // STALE_COLOR
+  const badge = (name: string) => row(name).locator('[data-testid="severity"] .sev');
+
+  async function expectStale(): Promise<void> {
+    await page.waitForFunction((ids) => ids.every((id) => (document.querySelector(`[data-testid="${id}"]`) as HTMLElement).dataset.stale === "DISCONNECTED"), CANVASES, { timeout: 60_000 });
+    for (const id of CANVASES) expect(await labelPixel(id)).toEqual(MAGENTA);
+    await row(`${P}COUNTER`).locator('[data-testid="severity"] .sev-disconnected', { hasText: "DISCONNECTED" }).waitFor({ timeout: 60_000 });
+    expect(await badge(`${P}COUNTER`).textContent()).toBe("DISCONNECTED");
+    expect(await badge(`${P}COUNTER`).evaluate((el) => getComputedStyle(el).backgroundColor)).toBe("rgb(200, 0, 200)");
+    expect(await page.locator('tr.disconnected [data-testid="severity"] .sev-NO_ALARM').count()).toBe(0);
+  }
+
+  async function expectLive(): Promise<void> {
+    try {
+      await page.waitForFunction((ids) => ids.every((id) => (document.querySelector(`[data-testid="${id}"]`) as HTMLElement).dataset.stale === undefined), CANVASES, { timeout: 60_000 });
+    } catch (e) {
+      const rows = await page.locator("tr[data-pv]").evaluateAll((trs) => trs.map((tr) => `${tr.getAttribute("data-pv")}=${tr.getAttribute("data-connection")}`));
+      throw new Error(`still stale: ${JSON.stringify(await staleMarks())}; rows ${rows.join(" ")}; ${String(e)}`);
+    }
+    // The image is redrawn without the marker; a plot redrawn by the next animation frame.
+    for (const id of CANVASES) await page.waitForFunction(([id, m]) => {
+      const c = document.querySelector(`[data-testid="${id}"]`) as HTMLCanvasElement;
+      const size = Math.max(10, Math.round(Math.min(c.width, c.height) / 10));
+      const d = c.getContext("2d")!.getImageData(Math.floor(c.width / 2), Math.floor(c.height / 2 - 0.75 * size), 1, 1).data;
+      return !(d[0] === m[0] && d[1] === m[1] && d[2] === m[2]);
+    }, [id, MAGENTA] as const, { timeout: 60_000 });
+    await page.waitForFunction(() => {
+      const sev = document.querySelector('tr[data-pv$="COUNTER"] [data-testid="severity"] .sev');
+      return sev !== null && !sev.classList.contains("sev-disconnected") && /^(NO_ALARM|MINOR|MAJOR|INVALID)$/.test(sev.textContent ?? "");
+    }, null, { timeout: 60_000 });
+  }
+
+  it("shows a dead IOC as DISCONNECTED: the alarm badge says so, the image and plots are marked stale until it is back", async () => {
+    await page.waitForFunction(() => (document.querySelector('[data-testid="image-stats"]') as HTMLElement).dataset.drawn !== undefined, null, { timeout: 60_000 });
+    expect(await staleMarks()).toEqual([null, null, null]);
+    await stack.command("kill-ioc");
+    try {
+      await page.waitForFunction(() => document.querySelector('tr[data-pv$="COUNTER"] [data-testid="conn"]')?.textContent?.startsWith("DISCONNECTED"), null, { timeout: 60_000 });
+      await expectStale();
+      await page.screenshot({ path: join(ARTIFACTS, "demo-page-disconnected.png"), fullPage: true });
+    } finally {
+      await stack.command("start-ioc");
+    }
+    await expectLive();
+  }, 180_000);
 
   it("shows every live channel DISCONNECTED, last value struck through, while the server is down, and live again after the restart", async () => {
     await page.waitForFunction(() => document.querySelector('tr[data-pv$="COUNTER"]')?.getAttribute("data-connection") === "CONNECTED", null, { timeout: 60_000 });
@@ -249,6 +303,7 @@ describe("demo page in Chromium", () => {
       expect(await cellText(`${P}COUNTER`, "conn")).toMatch(/^DISCONNECTED \(stream closed: \d+ [A-Z_]+/);
       expect(await row(`${P}COUNTER`).locator('[data-testid="value"]').evaluate((td) => getComputedStyle(td).textDecorationLine)).toBe("line-through");
       expect(await page.locator('[data-testid="conn-state"]').textContent()).not.toBe("connected");
+      await expectStale();
       mkdirSync(ARTIFACTS, { recursive: true });
       await page.screenshot({ path: join(ARTIFACTS, "demo-page-server-down.png"), fullPage: true });
     } finally {
@@ -257,5 +312,6 @@ describe("demo page in Chromium", () => {
     await page.waitForFunction((names) => names.every((name) => document.querySelector(`tr[data-pv="${name}"]`)?.getAttribute("data-connection") === "CONNECTED"), live, { timeout: 60_000 });
     await page.locator('[data-testid="conn-state"]', { hasText: "connected" }).waitFor({ timeout: 60_000 });
     expect(await row(`${P}COUNTER`).evaluate((tr) => tr.classList.contains("disconnected"))).toBe(false);
+    await expectLive();
   }, 180_000);
 });

@@ -2,7 +2,7 @@
 
 Prints one JSON line `{"url": ..., "prefix": ..., ...}` when both are ready, then reads commands
 from stdin, one per line, and answers each with one JSON line:
-  kill-ioc | start-ioc | restart-server | stop-server | start-server
+  kill-ioc | start-ioc (with the demo's images) | restart-server | stop-server | start-server
   kill-server (SIGKILL, then a new server on the same port) | freeze-ioc (SIGSTOP) | resume-ioc
 At EOF on stdin (the test process ended, even by a crash) everything is torn down.
 PVWIRE_SERVER_CMD (default `-m pvwire.cli`) replaces the server's module/script, for debugging.
@@ -28,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pvwire.cli import DEMO_IMAGES, DEMO_PREFIX, demo_write_rules, start_demo_ioc
+from pvwire.cli import DEMO_IMAGES, DEMO_PREFIX, demo_write_rules, serve_demo_images, start_demo_ioc
 from pvwire.ioc import IocProcess, free_port
 
 PREFIX = DEMO_PREFIX
@@ -164,6 +164,8 @@ def main() -> None:
                     ioc.stop()
                 elif cmd == "start-ioc":
                     ioc.start()
+                    if not db:
+                        serve_demo_images(ioc, PREFIX)
                 elif cmd == "restart-server":
                     server.stop()
                     server.start()
