@@ -218,13 +218,14 @@ async def test_sim_image_moves_its_pattern_by_whole_columns(client: Client) -> N
         assert np.array_equal(frame, np.roll(image_frame(params, 0), -(serial - 1) * step, axis=1))
 
 
-def _message_of(a: np.ndarray[Any, Any]) -> bytes:
-    """The buffer a numpy view ends in: for a large frame, the received WebSocket message."""
+def _message_of(a: np.ndarray[Any, Any]) -> bytearray:
+    """The buffer a numpy view ends in: for a large frame, the buffer the transport received the
+    WebSocket message into."""
     base: object = a
     while isinstance(base, np.ndarray):
         base = base.base
     assert isinstance(base, memoryview), f"the array owns its memory ({type(base).__name__})"
-    assert isinstance(base.obj, bytes)
+    assert isinstance(base.obj, bytearray)
     return base.obj
 
 
