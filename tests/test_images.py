@@ -256,6 +256,6 @@ async def test_a_4_megapixel_frame_is_a_read_only_view_of_the_received_message(
         assert a.shape == (2048, 2048) and a.dtype == np.uint16
         message = _message_of(a)
         # The whole SNAPSHOT or DATA message, not a copy of the ext payload alone.
-        assert message[:2] in (b"\x94\x02", b"\x93\x03") and len(message) > a.nbytes + 10
+        assert bytes(message[:2]) in (b"\x94\x02", b"\x93\x03") and len(message) > a.nbytes + 10
         assert np.shares_memory(a, np.frombuffer(message, np.uint8))
         assert not a.flags.writeable
