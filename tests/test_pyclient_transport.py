@@ -303,3 +303,15 @@ async def test_wss_carries_a_large_message_into_one_buffer() -> None:
         got = await asyncio.wait_for(ws.recv(), 10)
         assert isinstance(got, bytearray) and got == payload
         await ws.close()
+
+
+async def test_a_server_hanging_up_during_the_handshake_is_a_handshake_error() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    srv = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        with pytest.raises(HandshakeError, match="closed during handshake"):
+            await _open(f"ws://127.0.0.1:{port}/stream")
