@@ -5,7 +5,7 @@ Why not ``websockets``: its reader appends socket chunks to a bytearray, slices 
 it and converts the slice to bytes, three copies of every message (8 MB each for a 4-megapixel
 uint16 frame). Here an :class:`asyncio.BufferedProtocol` hands the transport a slice of a
 bytearray allocated at the message's size from the frame header, so ``recv_into`` writes the
-payload where it stays: one frame-sized buffer instead of three, and 3.4 ms of client CPU per
+payload where it stays: one frame-sized buffer instead of three, and 3.4-3.7 ms of client CPU per
 such frame instead of 7-19 ms (bench/pyclient_transport.py). Small frames (headers, control
 frames, messages under 64 KiB) go through a 64 KiB staging buffer and are copied out of it.
 
