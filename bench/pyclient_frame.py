@@ -46,7 +46,7 @@ def _viewed(a: np.ndarray[Any, Any]) -> str:
         base = base.base
     if isinstance(base, memoryview):
         base = base.obj
-    if not isinstance(base, bytes):
+    if not isinstance(base, bytes | bytearray):
         return type(base).__name__
     if base[:2] in (b"\x93\x03", b"\x94\x02"):  # DATA, SNAPSHOT
         return "the WebSocket message"

@@ -6,7 +6,7 @@ The real runs: bench/README.md, "Images and big arrays".
 
 from __future__ import annotations
 
-from bench import big_arrays, codecs, pyclient_frame
+from bench import big_arrays, codecs, pyclient_frame, pyclient_transport
 
 
 def test_big_arrays_sweep_tiny() -> None:
@@ -31,3 +31,9 @@ def test_pyclient_frame_tiny() -> None:
     got = pyclient_frame.measure(64, 3)
     assert got["frames"] == 4 and got["frame_MB"] == 64 * 64 * 2 / 1e6
     assert len(got["peak_python_memory_per_frame_in_frames"]) == 3
+
+
+def test_pyclient_transport_tiny() -> None:
+    got = pyclient_transport.measure(64, 2, rounds=1)
+    assert set(got["transports"]) == {"websockets", "transport"}
+    assert all(t["frames"] == 2 for t in got["transports"].values())

@@ -129,7 +129,7 @@ def test_importing_the_command_leaves_out_numpy_httpx_and_asyncio() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(ast.literal_eval(out.stdout))
     assert "pvwire_client.cli" in loaded
-    assert not loaded & {"numpy", "httpx", "asyncio", "websockets", "msgpack"}
+    assert not loaded & {"numpy", "httpx", "asyncio", "h11", "msgpack", "pvwire_client.transport"}
 
 
 def test_monitor_reports_each_problem_once_and_remembers_who_is_missing() -> None:

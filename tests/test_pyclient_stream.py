@@ -290,7 +290,14 @@ async def test_two_monitors_share_one_websocket(fake_factory: Any) -> None:
     assert fake.connections == 1
 
 
-async def test_malformed_message_closes_with_1002_and_reconnects(fake_factory: Any) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [pack([3, 2, [[1, [[0, 64]]]]]), "a text message"],  # reserved mask bit; PROTOCOL.md 1
+    ids=["reserved-mask-bit", "text"],
+)
+async def test_malformed_message_closes_with_1002_and_reconnects(
+    fake_factory: Any, bad: bytes | str
+) -> None:
     closes: list[int | None] = []
     first_closed = asyncio.Event()
 
@@ -300,7 +307,7 @@ async def test_malformed_message_closes_with_1002_and_reconnects(fake_factory: A
         await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
         await ws.send(pack([2, 1, 1, [full(0, n, n)]]))
         if n == 1:
-            await ws.send(pack([3, 2, [[1, [[0, 64]]]]]))  # reserved mask bit
+            await ws.send(bad)
         await ws.wait_closed()
         closes.append(ws.close_code)
         if n == 1:

@@ -14,7 +14,7 @@ Example::
     asyncio.run(main())
 
 Names are imported on first use (PEP 562), so ``import pvwire_client.cli`` does not pay for
-httpx, websockets and numpy unless the command needs them.
+httpx, h11 and numpy unless the command needs them.
 """
 
 from __future__ import annotations

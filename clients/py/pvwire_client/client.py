@@ -19,9 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, overload
 
 import httpx
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
-from websockets.typing import Subprotocol
 
 from . import closecodes
 from . import graphql as gql
@@ -30,6 +27,7 @@ from .control import DEFAULT_URL
 from .errors import PvwireError, ServerUnavailable, StreamClosed, StreamRefused, TooManyChannels
 from .graphql import PutResult, Registration
 from .state import DISCONNECTED, ChannelState
+from .transport import Connection, ConnectionClosed, HandshakeError, connect
 from .wire import (
     CONN,
     Attached,
@@ -51,7 +49,7 @@ __all__ = ["DEFAULT_URL", "Batch", "Client", "TokenSource", "Update"]
 
 log = logging.getLogger("pvwire_client")
 
-SUBPROTOCOL = Subprotocol("pvwire.v1")
+SUBPROTOCOL = "pvwire.v1"
 # ERROR codes for an ATTACH whose token the server refused (section 7): re-register once.
 _RENEW_CODES = {closecodes.BAD_TOKEN, closecodes.TOKEN_EXPIRED}
 
@@ -395,7 +393,7 @@ class _Stream:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.subs: list[_Sub] = []
-        self.ws: ClientConnection | None = None
+        self.ws: Connection | None = None
         self.ready = False  # HELLO received on self.ws: new subs attach at once
         self.closing = False
         self.wanted = asyncio.Event()
@@ -476,11 +474,10 @@ class _Stream:
                 ws = await connect(
                     self._url(),
                     subprotocols=[SUBPROTOCOL],
-                    compression=None,  # section 1: per-message deflate MUST NOT be negotiated
                     max_size=self.client.max_message_bytes,
                     open_timeout=10,
                 )
-            except (OSError, InvalidHandshake, TimeoutError) as e:
+            except (OSError, HandshakeError, TimeoutError) as e:
                 self._lost(f"cannot connect: {e}")
             else:
                 self.hello = None
@@ -511,7 +508,7 @@ class _Stream:
         for sub in self.subs:
             sub.queue.put_nowait(("lost", reason))
 
-    async def _session(self, ws: ClientConnection) -> tuple[int, str]:
+    async def _session(self, ws: Connection) -> tuple[int, str]:
         """Run one connection until it closes; return the close code and reason."""
         self.ws, self.ready, self.seq = ws, False, 0
         self.by_req.clear()
@@ -551,12 +548,8 @@ class _Stream:
                         closecodes.HEARTBEAT_TIMEOUT, self._silence(watchdog)
                     ) from None
                 await self._dispatch(decode_message(_binary(data)))
-        except ConnectionClosed as e:
-            if e.rcvd is not None:
-                return e.rcvd.code, e.rcvd.reason
-            if e.sent is not None:
-                return e.sent.code, e.sent.reason
-            return closecodes.ABNORMAL, ""
+        except ConnectionClosed as e:  # the code received, else the one sent, else 1006
+            return e.code, e.reason
         except _Reconnect as e:
             await ws.close(e.code, e.reason)
             return e.code, e.reason
@@ -754,7 +747,7 @@ class _Stream:
             sub.queue.put_nowait(item)
 
 
-def _binary(data: str | bytes) -> bytes:
+def _binary(data: str | bytearray) -> bytearray:
     if isinstance(data, str):
         raise ProtocolError("text WebSocket message (the stream is binary MessagePack only)")
     return data

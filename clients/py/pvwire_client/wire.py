@@ -214,7 +214,7 @@ VIEW_ARRAYS_FROM = 64 * 1024
 _VIEW_MAX_ITEMS = 256
 
 
-def decode_message(data: bytes, *, views: bool | None = None) -> Message:
+def decode_message(data: bytes | bytearray, *, views: bool | None = None) -> Message:
     """Decode one server message (one binary WebSocket message), validating it completely.
 
     ndarrays of at least 64 KiB in a message of at least 256 KiB are read-only views over
@@ -238,7 +238,7 @@ def decode_message(data: bytes, *, views: bool | None = None) -> Message:
     return fn(obj)
 
 
-def _unpack(data: bytes, views: bool | None) -> Any:
+def _unpack(data: bytes | bytearray, views: bool | None) -> Any:
     if views is None:
         views = len(data) >= VIEWS_FROM
         budget: int | None = _VIEW_MAX_ITEMS
