@@ -33,7 +33,6 @@ from bench.big_arrays import RATE, RESULTS
 from bench.coniql import ConiqlServer, coniql_python
 from bench.harness import Child, ProcWatch, Server
 
-
 PVWIRE_CLIENT = "bench.big_arrays_client"
 CONIQL_CLIENT = "bench.coniql_client"
 SEND_BUDGET = 64 << 20  # as bench.harness for 8 MB frames

@@ -76,20 +76,23 @@ class Tally:
 
 
 async def _read(ws: Any, tally: Tally) -> None:
-    async for raw in ws:
-        now = time.time()
-        msg = orjson.loads(raw)
-        kind = msg.get("type")
-        if kind == "next":
-            ch = msg["payload"]["data"]["subscribeChannel"]
-            value = (ch.get("value") or {}).get("float")
-            stamp = (ch.get("time") or {}).get("seconds")
-            if value is not None and stamp is not None:
-                tally.update(int(msg["id"]), value, stamp, now)
-        elif kind == "error":
-            tally.errors.append(str(msg.get("payload"))[:200])
-        if now > tally.window[1]:
-            return
+    try:
+        async for raw in ws:
+            now = time.time()
+            msg = orjson.loads(raw)
+            kind = msg.get("type")
+            if kind == "next":
+                ch = msg["payload"]["data"]["subscribeChannel"]
+                value = (ch.get("value") or {}).get("float")
+                stamp = (ch.get("time") or {}).get("seconds")
+                if value is not None and stamp is not None:
+                    tally.update(int(msg["id"]), value, stamp, now)
+            elif kind == "error":
+                tally.errors.append(str(msg.get("payload"))[:200])
+            if now > tally.window[1]:
+                return
+    except websockets.ConnectionClosed as exc:
+        tally.errors.append(f"connection lost: {exc}"[:200])
 
 
 async def counters(spec: dict[str, Any]) -> dict[str, Any]:
@@ -97,12 +100,15 @@ async def counters(spec: dict[str, Any]) -> dict[str, Any]:
     tally = Tally(len(ids))
     deadline = float(spec["deadline"])
     ws_url = spec["url"].replace("http", "ws", 1) + "/ws"
-    async with websockets.connect(
+    # No keepalive pings: a browser, Coniql's usual client, sends none, and a Coniql that is
+    # behind answers them late (the client would drop the connection, 1011, at 2,000 PVs).
+    ws = await websockets.connect(
         ws_url,
         subprotocols=["graphql-transport-ws"],  # type: ignore[list-item]
         max_size=None,
-        close_timeout=2,
-    ) as ws:
+        ping_interval=None,
+    )
+    try:
         await ws.send(json.dumps({"type": "connection_init"}))
         await ws.recv()  # connection_ack
         for i, pv in enumerate(ids):
@@ -119,6 +125,9 @@ async def counters(spec: dict[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(reader, max(0.5, min(deadline, tally.window[1]) - time.time()))
         reader.cancel()
+    finally:
+        # No closing handshake: a Coniql that is behind would answer it after its backlog.
+        ws.transport.abort()
     return tally.result()
 
 

@@ -421,9 +421,8 @@ def _run_coniql(
     child = Child("bench.coniql_client", spec, env, tmp)
     try:
         child.wait_ready(time.time() + CONIQL_READY_S + 60)
-        watch = ProcWatch(
-            {"coniql": [coniql.pid], "client": [child.proc.pid], "ioc": [ioc.pid()] if ioc else []}
-        )
+        ioc_pids = [pid] if ioc and (pid := ioc.pid()) else []
+        watch = ProcWatch({"coniql": [coniql.pid], "client": [child.proc.pid], "ioc": ioc_pids})
         t0 = time.time() + sc.warmup
         t1 = t0 + sc.duration
         child.go(t0, t1)
@@ -452,7 +451,9 @@ def _run_coniql(
         "coniql_lat_p50_ms": r["lat_p50_ms"],
         "coniql_lat_p99_ms": r["lat_p99_ms"],
         "coniql_errors": r["errors"],
-        "coniql_us_per_update": watch.cpu_pct["coniql"] / 100.0 / per_s * 1e6 if per_s else math.nan,
+        "coniql_us_per_update": (
+            watch.cpu_pct["coniql"] / 100.0 / per_s * 1e6 if per_s else math.nan
+        ),
     }
     say(
         f"coniql {out['coniql_cpu']:.1f}% cpu, {r['received']} of {nominal} received, "

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--client-procs", type=int, help="load-client processes (default auto)")
     p.add_argument("--no-floor", action="store_true", help="skip the aioca/p4p floor")
     p.add_argument("--coniql", action=argparse.BooleanOptionalAction,
-                   help="also run Coniql 0.4.2 (default: for the 1,000 and 2,000 PV scenarios)")  # fmt: skip
+                   help="also run Coniql 0.4.2 (default: with 1,000 and 2,000 PVs)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="py-spy the server during the window")
     p.add_argument("--tick-ms", type=float, help="server tick (default: server's 20 ms)")
     p.add_argument("--save", action="store_true", help="write bench/results/NAME.json")
