@@ -38,10 +38,13 @@ def scenarios() -> dict[str, Scenario]:
         out[name] = Scenario(name, pvs=1000, clients=k, floor=False)
     # Across cores: the same load on 1 and 2 workers (`--workers`, one port). Fan-out: every
     # worker opens the same 1,000 monitors; many PVs: clients on disjoint slices of 2,000.
+    # Each pair back to back, so the two runs of a ratio see the same load on the machine.
     for w in (1, 2):
         args = ["--workers", str(w)] if w > 1 else []
         name = f"fanout-20x1000-w{w}"
         out[name] = Scenario(name, pvs=1000, clients=20, floor=False, extra_args=args)
+    for w in (1, 2):
+        args = ["--workers", str(w)] if w > 1 else []
         name = f"ca-8x250-w{w}"
         out[name] = Scenario(
             name, pvs=2000, clients=8, per_client=250, shared=False, floor=False, extra_args=args
