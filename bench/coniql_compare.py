@@ -110,7 +110,7 @@ def _row(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--waveform", type=int, default=1_000_000)
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.save:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "coniql_compare.json").write_text(json.dumps(rows, indent=1))
+    return rows
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The real runs: bench/README.md, "Images and big arrays".
 
 from __future__ import annotations
 
-from bench import big_arrays, codecs, pyclient_frame
+from bench import big_arrays, codecs, coniql_compare, pyclient_frame
 
 
 def test_big_arrays_sweep_tiny() -> None:
@@ -31,3 +31,15 @@ def test_pyclient_frame_tiny() -> None:
     got = pyclient_frame.measure(64, 3)
     assert got["frames"] == 4 and got["frame_MB"] == 64 * 64 * 2 / 1e6
     assert len(got["peak_python_memory_per_frame_in_frames"]) == 3
+
+
+def test_coniql_compare_tiny() -> None:
+    """pvwire and Coniql (from `make coniql`'s .venv-coniql) on the same tiny arrays."""
+    args = ["--duration", "1", "--waveform", "1000", "--image", "32", "--clients", "1"]
+    rows = coniql_compare.main(args)
+    assert [(r["system"], r["pv"]) for r in rows] == [
+        ("pvwire", "BENCH:WF"), ("coniql-0.4.2", "BENCH:WF"),
+        ("pvwire", "BENCH:IMG"), ("coniql-0.4.2", "BENCH:IMG"),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["min_frames_per_client"] > 0 and r["MB_per_s"] > 0 and not r["errors"], r
