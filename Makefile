@@ -11,7 +11,7 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium haproxy graphiql clean runtime-lock
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium haproxy graphiql clean runtime-lock coniql
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
@@ -42,6 +42,15 @@ chromium:
 haproxy:
 	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
+# Coniql 0.4.2, the server pvwire is compared with in bench/, in a virtual environment of its own
+# (its pins clash with pvwire's: graphql-core, strawberry); bench/coniql.py finds it here.
+CONIQL_VENV := .venv-coniql
+coniql: $(CONIQL_VENV)/.installed
+$(CONIQL_VENV)/.installed: bench/coniql.lock
+	test -x $(CONIQL_VENV)/bin/python || $(PYTHON) -m venv $(CONIQL_VENV)
+	$(CONIQL_VENV)/bin/python -m pip install -q -r bench/coniql.lock
+	touch $@
+
 # The demo page and the TypeScript library, built into the server's static folder.
 tsbuild: node
 	cd $(TS) && npm run --silent build
@@ -56,7 +65,7 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv tsbuild graphiql chromium haproxy
+pytest: venv tsbuild graphiql chromium haproxy coniql
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
 tstest: venv node tsbuild graphiql
@@ -64,7 +73,7 @@ tstest: venv node tsbuild graphiql
 
 test: lint pytest tstest
 
-bench: venv tsbuild haproxy
+bench: venv tsbuild haproxy coniql
 	$(PY) -m bench.run_all
 
 # The image's lock (Dockerfile): regenerate after changing pyproject's dependencies or the dev lock.
@@ -72,4 +81,4 @@ runtime-lock: venv
 	$(PY) scripts/runtime_lock.py
 
 clean:
-	rm -rf $(VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
+	rm -rf $(VENV) $(CONIQL_VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

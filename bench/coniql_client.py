@@ -1,6 +1,10 @@
-"""A Coniql client process for bench.coniql_compare, Coniql's own method: a GraphQL subscription
-over WebSocket (graphql-transport-ws), each update a JSON message with the array in base64,
-decoded to numpy. `python -m bench.coniql_client SPEC.json` (READY / GO as bench.harness.Child).
+"""A Coniql client process, Coniql's own method: GraphQL subscriptions over WebSocket
+(graphql-transport-ws), each update a JSON message. `python -m bench.coniql_client SPEC.json`
+(READY / GO as bench.harness.Child).
+
+Two kinds: `array` (bench.coniql_compare: `n` connections to one PV, the array in base64 decoded
+to numpy) and `counters` (bench.harness, the scale scenarios: one connection with one
+subscription per counter PV, as a Coniql web page does; see bench.coniql_counters).
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ async def _one(url: str, pv: str, window: tuple[float, float], out: dict[str, An
 
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("kind") == "counters":
+        from bench.coniql_counters import run_counters
+
+        run_counters(spec)
+        return
     print("READY", flush=True)
     line = sys.stdin.readline().split()
     window = (float(line[1]), float(line[2]))

@@ -1,7 +1,7 @@
 """pvwire and Coniql 0.4.2 side by side, same IOC arrays, same run: big waveforms and images at
 10 Hz.
 
-    CONIQL_PYTHON=/path/to/venv/bin/python python -m bench.coniql_compare [--duration 10]
+    python -m bench.coniql_compare [--duration 10]
 
 The IOC (EPICS base, CA) serves `BENCH:WF` (waveform, FTVL DOUBLE, NELM = --waveform) and
 `BENCH:IMG` (waveform, FTVL USHORT, NELM = --image squared: an image's pixels, the only way
@@ -11,9 +11,8 @@ bench.coniql_client (its own method, a GraphQL subscription with base64 arrays).
 clients of each array: frames per client against 10 Hz x window, frames missing by source
 timestamp gaps, each server's CPU and CPU per MB delivered.
 
-Coniql is not a dependency of pvwire: install it in its own virtual environment
-(`python3.11 -m venv /tmp/coniql-venv && /tmp/coniql-venv/bin/pip install coniql==0.4.2`) and
-point CONIQL_PYTHON at it. Coniql binds its port itself; it is started here on 127.0.0.1 only.
+Coniql is not a dependency of pvwire: `make coniql` installs it in `.venv-coniql`
+(bench/coniql.py; `CONIQL_PYTHON` points at another install).
 """
 
 from __future__ import annotations
@@ -28,17 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pvwire.ioc import IocProcess, _wait_tcp, free_port
+from pvwire.ioc import IocProcess
 
 from bench.big_arrays import RATE, RESULTS
+from bench.coniql import ConiqlServer, coniql_python
 from bench.harness import Child, ProcWatch, Server
-
-CONIQL_MAIN = (
-    "import sys; from aiohttp import web; from coniql.app import create_app; "
-    "web.run_app(create_app(False, False, False), host='127.0.0.1', port=int(sys.argv[1]), "
-    "print=None)"
-)
-
 
 PVWIRE_CLIENT = "bench.big_arrays_client"
 CONIQL_CLIENT = "bench.coniql_client"
@@ -67,23 +60,6 @@ def _fill(env: dict[str, str], wf: int, side: int) -> None:
         "c.close()"
     )
     subprocess.run([os.sys.executable, "-c", code], env=env, check=True, timeout=60)
-
-
-class Coniql:
-    def __init__(self, python: str, env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [python, "-c", CONIQL_MAIN, str(self.port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait_tcp("127.0.0.1", self.port, 30)
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
 
 
 def _measure(
@@ -134,7 +110,7 @@ def _row(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--waveform", type=int, default=1_000_000)
@@ -143,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args(argv)
-    coniql_python = os.environ.get("CONIQL_PYTHON")
+    python = coniql_python()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -167,9 +143,7 @@ def main(argv: list[str] | None = None) -> None:
                         server.stop()
                     rows.append(_row("pvwire", pv, clients, conns, cpu, wall, args.duration))
                     print(json.dumps(rows[-1]), flush=True)
-                    if not coniql_python:
-                        continue
-                    coniql = Coniql(coniql_python, env)
+                    coniql = ConiqlServer(env, python)
                     try:
                         spec = {"url": coniql.url, "pv": f"ca://{pv}"}
                         kids = [Child(CONIQL_CLIENT, {**spec, "n": n}, env, tmp) for n in per]
@@ -180,11 +154,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(json.dumps(rows[-1]), flush=True)
         finally:
             ioc.stop()
-    if not coniql_python:
-        print("CONIQL_PYTHON not set: Coniql not measured (see this module's docstring)")
     if args.save:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "coniql_compare.json").write_text(json.dumps(rows, indent=1))
+    return rows
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import statistics
 import tempfile
@@ -29,7 +30,7 @@ from tests.server_process import ServerProcess
 from .harness import write_db
 
 
-async def measure(
+async def measure_chain(
     url: str, ids: list[str], pids: dict[str, int], duration: float
 ) -> dict[str, Any]:
     lat: list[float] = []
@@ -81,11 +82,44 @@ def run(via_gateway: bool, ioc: IocProcess, ids: list[str], duration: float) -> 
         pids = {"server": server.pid or 0, "ioc": ioc.pid() or 0}
         if gateway:
             pids["gateway"] = gateway.pid or 0
-        return asyncio.run(measure(server.url, ids, pids, duration))
+        return asyncio.run(measure_chain(server.url, ids, pids, duration))
     finally:
         server.stop()
         if gateway:
             gateway.stop()
+
+
+KEYS = ("updates_per_s", "p50_ms", "p99_ms", "server_cpu", "ioc_cpu")
+
+
+def measure(pvs: int = 500, duration: float = 15.0) -> dict[str, Any]:
+    """The same chain straight from the IOC and through pvagw, one after the other."""
+    apply_loopback_env()
+    with tempfile.TemporaryDirectory(prefix="pvwire-bench-") as tmp:
+        names = write_db(Path(tmp) / "gw.db", pvs, waveform=False)
+        ioc = IocProcess([Path(tmp) / "gw.db"])
+        os.environ.update(ioc.ports.client_env())
+        ioc.start()
+        try:
+            direct = run(False, ioc, [f"pva://{n}" for n in names], duration)
+            gw = run(True, ioc, [f"pva://{n}" for n in names], duration)
+        finally:
+            ioc.stop()
+    ratios = {k: gw[k] / direct[k] if direct[k] else math.nan for k in KEYS}
+    return {"pvs": pvs, "duration": duration, "direct": direct, "gateway": gw, "ratio": ratios}
+
+
+def table(res: dict[str, Any]) -> str:
+    direct, gw = res["direct"], res["gateway"]
+    rows = [
+        f"PVA, {res['pvs']} counters at 10 Hz, one client, {res['duration']:g} s window",
+        "",
+        "| | direct | via pvagw | ratio |",
+        "|---|---:|---:|---:|",
+    ]
+    rows += [f"| {k} | {direct[k]:.1f} | {gw[k]:.1f} | {res['ratio'][k]:.2f} |" for k in KEYS]
+    rows.append(f"| gateway_cpu | - | {gw['gateway_cpu']:.1f} | - |")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -93,24 +127,7 @@ def main() -> None:
     p.add_argument("--pvs", type=int, default=500)
     p.add_argument("--duration", type=float, default=15.0)
     args = p.parse_args()
-    apply_loopback_env()
-    with tempfile.TemporaryDirectory(prefix="pvwire-bench-") as tmp:
-        names = write_db(Path(tmp) / "gw.db", args.pvs, waveform=False)
-        ioc = IocProcess([Path(tmp) / "gw.db"])
-        os.environ.update(ioc.ports.client_env())
-        ioc.start()
-        try:
-            direct = run(False, ioc, [f"pva://{n}" for n in names], args.duration)
-            gw = run(True, ioc, [f"pva://{n}" for n in names], args.duration)
-        finally:
-            ioc.stop()
-    keys = ["updates_per_s", "p50_ms", "p99_ms", "server_cpu", "ioc_cpu"]
-    print(f"PVA, {args.pvs} counters at 10 Hz, one client, {args.duration:g} s window\n")
-    print("| | direct | via pvagw | ratio |")
-    print("|---|---:|---:|---:|")
-    for k in keys:
-        print(f"| {k} | {direct[k]:.1f} | {gw[k]:.1f} | {gw[k] / direct[k]:.2f} |")
-    print(f"| gateway_cpu | - | {gw['gateway_cpu']:.1f} | - |")
+    print(table(measure(args.pvs, args.duration)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ One run (`run(Scenario(...))`):
    updates and latency;
 5. then, against the same IOC, runs the floor (bench/floor.py: aioca or p4p alone, trivial
    callback) over the same PVs for the same window, so pvwire's own cost per update is
-   server CPU per delivered update minus the floor's CPU per update.
+   server CPU per delivered update minus the floor's CPU per update;
+6. for the scenarios marked `coniql`, before the floor, Coniql 0.4.2 (bench/coniql.py) serves
+   the same PVs to its own kind of client (bench/coniql_counters.py) for the same window.
 Every process gets the loopback EPICS settings; everything stops by itself (hard deadlines).
 """
 
@@ -37,11 +39,13 @@ from pvwire.loopback import apply_loopback_env
 
 from tests.server_process import ServerProcess
 
+from .coniql import ConiqlServer
 from .loadclient import HIST_BINS
 
 WAVEFORM_LEN = 1_000_000
 UPDATE_HZ = 10.0
 TOKEN_IDS = 1000  # ids per subscription token
+CONIQL_READY_S = 60.0  # the longest wait for Coniql's first value of every PV
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Scenario:
     warmup: float = 3.0  # s between READY and the window
     client_procs: int = 0  # 0 = automatic
     floor: bool = True  # also run the upstream floor
+    coniql: bool = False  # also run Coniql 0.4.2 over the same PVs (over CA: no PVA in 0.4.2)
     profile: bool = False  # py-spy the server during the window
     tick_ms: float | None = None
     extra_args: list[str] = field(default_factory=list)
@@ -259,6 +264,8 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
     env = _bench_env()
     t_start = time.time()
     hard = t_start + sc.warmup + sc.duration + 240  # nothing of one run outlives this
+    if sc.coniql:
+        hard += sc.warmup + sc.duration + CONIQL_READY_S + 60
     ioc: IocProcess | None = None
     server: Server | None = None
     children: list[Child] = []
@@ -371,6 +378,8 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             )
             server.stop()
             server = None
+            if sc.coniql and sc.source in ("ca", "pva") and not sc.waveform:
+                res.update(_run_coniql(sc, names, server_env, env, tmp, ioc, hard, say))
             if sc.floor and sc.source in ("ca", "pva") and not sc.waveform:
                 res.update(_run_floor(sc, names, server_env, tmp, ioc, hard, say))
             if sc.floor and "floor_us_per_update" in res:
@@ -385,7 +394,72 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             if ioc is not None:
                 ioc.stop()
     res["elapsed"] = time.time() - t_start
+    res["loadavg_1m"] = os.getloadavg()[0]
     return res
+
+
+def _run_coniql(
+    sc: Scenario,
+    names: list[str],
+    server_env: dict[str, str],
+    env: dict[str, str],
+    tmp: Path,
+    ioc: IocProcess | None,
+    hard: float,
+    say: Any,
+) -> dict[str, Any]:
+    """Coniql serving the same PVs to one client of its own kind, same warm-up and window."""
+    coniql = ConiqlServer(server_env)
+    spec = {
+        "kind": "counters",
+        "url": coniql.url,
+        # Coniql 0.4.2 has no PVA plugin: in the PVA scenarios it reads the same records over CA.
+        "ids": [f"ca://{n}" for n in names],
+        "ready_s": CONIQL_READY_S,
+        "deadline": hard - 20,
+    }
+    child = Child("bench.coniql_client", spec, env, tmp)
+    try:
+        child.wait_ready(time.time() + CONIQL_READY_S + 60)
+        ioc_pids = [pid] if ioc and (pid := ioc.pid()) else []
+        watch = ProcWatch({"coniql": [coniql.pid], "client": [child.proc.pid], "ioc": ioc_pids})
+        t0 = time.time() + sc.warmup
+        t1 = t0 + sc.duration
+        child.go(t0, t1)
+        time.sleep(max(0.0, t0 - time.time()))
+        watch.start_window()
+        time.sleep(max(0.0, t1 - time.time()))
+        wall = watch.end_window()
+        watch.stop()
+        r = child.result(hard)
+    finally:
+        child.kill()
+        coniql.stop()
+    nominal = round(len(names) * UPDATE_HZ * wall)
+    per_s = r["received"] / wall
+    out = {
+        "coniql_cpu": watch.cpu_pct["coniql"],
+        "coniql_client_cpu": watch.cpu_pct["client"],
+        "coniql_ioc_cpu": watch.cpu_pct["ioc"],
+        "coniql_received": r["received"],
+        "coniql_nominal": nominal,
+        "coniql_missing": max(0, nominal - r["received"]),
+        "coniql_counter_advance": r["counter_advance"],
+        "coniql_pvs_connected": r["pvs_connected"],
+        "coniql_pvs_updated": r["pvs_updated_in_window"],
+        "coniql_per_s": per_s,
+        "coniql_lat_p50_ms": r["lat_p50_ms"],
+        "coniql_lat_p99_ms": r["lat_p99_ms"],
+        "coniql_errors": r["errors"],
+        "coniql_us_per_update": (
+            watch.cpu_pct["coniql"] / 100.0 / per_s * 1e6 if per_s else math.nan
+        ),
+    }
+    say(
+        f"coniql {out['coniql_cpu']:.1f}% cpu, {r['received']} of {nominal} received, "
+        f"{r['pvs_connected']} PVs connected, client {out['coniql_client_cpu']:.1f}%"
+    )
+    return out
 
 
 def _run_floor(

@@ -29,7 +29,8 @@ def scenarios() -> dict[str, Scenario]:
     for source in ("ca", "pva"):
         for n in (10, 50, 100, 200, 500, 1000, 2000):
             name = f"{source}-1x{n}"
-            out[name] = Scenario(name, source=source, pvs=n)
+            # Coniql beside pvwire and the floor where the issue compares them: 1,000 and 2,000.
+            out[name] = Scenario(name, source=source, pvs=n, coniql=n >= 1000)
     out["ca-2x50"] = Scenario("ca-2x50", pvs=100, clients=2, per_client=50, shared=False)
     out["ca-10x10"] = Scenario("ca-10x10", pvs=100, clients=10, per_client=10, shared=False)
     for k in (10, 50, 100):
@@ -37,10 +38,13 @@ def scenarios() -> dict[str, Scenario]:
         out[name] = Scenario(name, pvs=1000, clients=k, floor=False)
     # Across cores: the same load on 1 and 2 workers (`--workers`, one port). Fan-out: every
     # worker opens the same 1,000 monitors; many PVs: clients on disjoint slices of 2,000.
+    # Each pair back to back, so the two runs of a ratio see the same load on the machine.
     for w in (1, 2):
         args = ["--workers", str(w)] if w > 1 else []
         name = f"fanout-20x1000-w{w}"
         out[name] = Scenario(name, pvs=1000, clients=20, floor=False, extra_args=args)
+    for w in (1, 2):
+        args = ["--workers", str(w)] if w > 1 else []
         name = f"ca-8x250-w{w}"
         out[name] = Scenario(
             name, pvs=2000, clients=8, per_client=250, shared=False, floor=False, extra_args=args
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=float, help="warm-up in s (default 3)")
     p.add_argument("--client-procs", type=int, help="load-client processes (default auto)")
     p.add_argument("--no-floor", action="store_true", help="skip the aioca/p4p floor")
+    p.add_argument("--coniql", action=argparse.BooleanOptionalAction,
+                   help="also run Coniql 0.4.2 (default: with 1,000 and 2,000 PVs)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="py-spy the server during the window")
     p.add_argument("--tick-ms", type=float, help="server tick (default: server's 20 ms)")
     p.add_argument("--save", action="store_true", help="write bench/results/NAME.json")
@@ -94,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         sc = replace(sc, waveform=True, pvs=1)
     if a.no_floor:
         sc = replace(sc, floor=False)
+    if a.coniql is not None:
+        sc = replace(sc, coniql=a.coniql)
     if a.profile:
         sc = replace(sc, profile=True)
     res = run(sc)

@@ -6,7 +6,7 @@ The real runs: bench/README.md, "Images and big arrays".
 
 from __future__ import annotations
 
-from bench import big_arrays, codecs, pyclient_frame, pyclient_transport
+from bench import big_arrays, codecs, coniql_compare, pyclient_frame, pyclient_transport
 
 
 def test_big_arrays_sweep_tiny() -> None:
@@ -37,3 +37,15 @@ def test_pyclient_transport_tiny() -> None:
     got = pyclient_transport.measure(64, 2, rounds=1)
     assert set(got["transports"]) == {"websockets", "transport"}
     assert all(t["frames"] == 2 for t in got["transports"].values())
+
+
+def test_coniql_compare_tiny() -> None:
+    """pvwire and Coniql (from `make coniql`'s .venv-coniql) on the same tiny arrays."""
+    args = ["--duration", "1", "--waveform", "1000", "--image", "32", "--clients", "1"]
+    rows = coniql_compare.main(args)
+    assert [(r["system"], r["pv"]) for r in rows] == [
+        ("pvwire", "BENCH:WF"), ("coniql-0.4.2", "BENCH:WF"),
+        ("pvwire", "BENCH:IMG"), ("coniql-0.4.2", "BENCH:IMG"),
+    ]  # fmt: skip
+    for r in rows:
+        assert r["min_frames_per_client"] > 0 and r["MB_per_s"] > 0 and not r["errors"], r

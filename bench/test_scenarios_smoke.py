@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from bench.harness import Scenario, run
-from bench.report import markdown_table
+from bench.report import coniql_table, markdown_table
 from bench.scenario import scenarios
 
 TINY = {
@@ -24,6 +24,9 @@ TINY = {
     "fanout-10x1000": {"pvs": 10, "clients": 2},
     "sim-1x10000": {"pvs": 10},
     "waveform-ca": {},
+    # Coniql 0.4.2 beside pvwire and the floor (it reads PVA scenarios' records over CA).
+    "ca-1x1000": {"pvs": 10},
+    "pva-1x2000": {"pvs": 10},
 }
 
 
@@ -42,4 +45,9 @@ def test_scenario_tiny(name: str) -> None:
     if sc.floor and sc.source != "sim":
         assert res["floor_received"] > 0
         assert "own_us_per_update" in res
+    if sc.coniql:
+        assert res["coniql_received"] > 0 and not res["coniql_errors"], res
+        assert res["coniql_pvs_connected"] == sc.pvs
+        assert not math.isnan(res["coniql_cpu"]) and res["coniql_nominal"] > 0
+        assert sc.name in coniql_table([res])
     assert name in markdown_table([res])
