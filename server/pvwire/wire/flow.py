@@ -16,7 +16,7 @@ from typing import Generic
 from .codes import SLOW
 from .outbox import Outbox, T
 
-__all__ = ["FlowControl"]
+__all__ = ["FlowControl", "FlowView"]
 
 
 class FlowControl(Generic[T]):
@@ -99,3 +99,33 @@ class FlowControl(Generic[T]):
 
     def clear(self) -> None:
         self._out.clear()
+
+
+class FlowView(Generic[T]):
+    """What a session shows of its flow control (stats, metrics and the socket pump read these);
+    a base so the stream and pvws sessions do not each forward them."""
+
+    _flow: FlowControl[T]
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._flow.queued_bytes
+
+    @property
+    def behind(self) -> bool:
+        return self._flow.behind
+
+    @property
+    def frames_sent(self) -> int:
+        return self._flow.frames_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._flow.bytes_sent
+
+    @property
+    def close_request(self) -> tuple[int, str] | None:
+        return self._flow.close_request
+
+    def request_close(self, code: int, reason: str) -> None:
+        self._flow.request_close(code, reason)

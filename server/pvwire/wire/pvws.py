@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 
 from ..model import VALUE, ConnState, Metadata
-from .flow import FlowControl
+from .flow import FlowControl, FlowView
 from .session import SessionLimits
 from .tokens import Claims
 
@@ -324,7 +324,7 @@ class _Pv:
         self.readonly: bool | None = None
 
 
-class PvwsSession:
+class PvwsSession(FlowView[str]):
     endpoint = "pvws"
 
     def __init__(
@@ -535,26 +535,6 @@ class PvwsSession:
 
     # --- outgoing -----------------------------------------------------------------------------
 
-    @property
-    def queued_bytes(self) -> int:
-        return self._flow.queued_bytes
-
-    @property
-    def behind(self) -> bool:
-        return self._flow.behind
-
-    @property
-    def frames_sent(self) -> int:
-        return self._flow.frames_sent
-
-    @property
-    def bytes_sent(self) -> int:
-        return self._flow.bytes_sent
-
-    @property
-    def close_request(self) -> tuple[int, str] | None:
-        return self._flow.close_request
-
     def next_text(self) -> str | None:
         return self._flow.pop()
 
@@ -569,9 +549,6 @@ class PvwsSession:
 
     def housekeeping(self, now: float) -> None:
         self._flow.closing_slow(now)
-
-    def request_close(self, code: int, reason: str) -> None:
-        self._flow.request_close(code, reason)
 
     def close(self) -> None:
         for pv in list(self.pvs.values()):

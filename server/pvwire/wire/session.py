@@ -22,7 +22,7 @@ from typing import Protocol
 
 from . import codec as wire
 from .codes import BAD_MESSAGE, FORBIDDEN, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
-from .flow import FlowControl
+from .flow import FlowControl, FlowView
 from .tokens import Claims, TokenError
 
 __all__ = ["FORBIDDEN", "AttachRefused", "Session", "SessionHost", "SessionLimits"]
@@ -68,7 +68,7 @@ class SessionHost(Protocol):
     def close_view(self, view: Source, session: Session, att: int) -> None: ...
 
 
-class Session:
+class Session(FlowView[bytes]):
     endpoint = "stream"
 
     def __init__(
@@ -233,26 +233,6 @@ class Session:
 
     # --- outgoing -----------------------------------------------------------------------------
 
-    @property
-    def queued_bytes(self) -> int:
-        return self._flow.queued_bytes
-
-    @property
-    def behind(self) -> bool:
-        return self._flow.behind
-
-    @property
-    def frames_sent(self) -> int:
-        return self._flow.frames_sent
-
-    @property
-    def bytes_sent(self) -> int:
-        return self._flow.bytes_sent
-
-    @property
-    def close_request(self) -> tuple[int, str] | None:
-        return self._flow.close_request
-
     def next_frame(self) -> bytes | None:
         """The next message to send, or None. It stays counted as queued until `sent()`."""
         return self._flow.pop()
@@ -267,9 +247,6 @@ class Session:
             return
         if not self.queued_bytes and now - self._flow.last_send >= self.limits.heartbeat:
             self._queue_frame(wire.HEARTBEAT)
-
-    def request_close(self, code: int, reason: str) -> None:
-        self._flow.request_close(code, reason)
 
     def close(self) -> None:
         """The connection is gone: release every attachment. Idempotent."""
