@@ -2,11 +2,7 @@
 
 `python -m bench.ca_ingest [--pvs 1000] [--duration 10] [--rounds 2] [--modes a,b,...]`
 
-One IOC with N counters at 10 Hz (bench/harness.py's database); each mode runs in its own child
-process, one after the other, rounds interleaved so that the machine's changing load hits every
-mode alike. Each child subscribes to every PV, waits until each delivered its first update,
-measures its own CPU time over the window and checks every counter: an update whose value jumps
-by more than one is counted as missing (merged or lost upstream of the callback).
+Measured as bench/ingest.py describes (one child process per mode, rounds interleaved).
 
 Modes:
 - `aioca`: the floor, aioca's `camonitor` (FORMAT_TIME) with a trivial callback (as floor.py).
@@ -25,52 +21,22 @@ Modes:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import ctypes
-import json
-import os
-import struct
-import subprocess
-import sys
-import tempfile
 import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from pvwire.upstream import ca_channel
+
+from .ingest import Tally, closer, main
 
 MODES = ("aioca", "preemptive", "preemptive-pin", "polled", "polled-pin", "pvwire")
 
-# dbr_time_double (db_access.h): status, severity, stamp secs, stamp nsec, pad, value.
-TIME_DOUBLE = struct.Struct("<hhIIid")
 DBR_TIME_DOUBLE = 20
 DBE_VALUE_ALARM = 1 | 4
-
-
-class Tally:
-    """Per-PV counters: updates in the window, and missing ones (counter jumps over one)."""
-
-    def __init__(self, n: int) -> None:
-        self.last: list[float | None] = [None] * n
-        self.seen = 0
-        self.counting = False
-        self.updates = 0
-        self.missing = 0
-        self.all_seen = asyncio.Event()
-
-    def update(self, i: int, value: float) -> None:
-        last = self.last[i]
-        if last is None:
-            self.seen += 1
-            if self.seen == len(self.last):
-                self.all_seen.set()
-        elif self.counting:
-            self.updates += 1
-            if value - last > 1:
-                self.missing += int(value - last - 1)
-        self.last[i] = value
+# The server's own event layout and DBR_TIME_DOUBLE unpack, so the spike measures the same work.
+TIME_DOUBLE = ca_channel._SCALAR_TIME[DBR_TIME_DOUBLE]
 
 
 def _libca_subscribe(
@@ -83,17 +49,7 @@ def _libca_subscribe(
     lib = cadef.libca
     cadef.ca_context_create(1 if preemptive else 0)
 
-    class EventArgs(ctypes.Structure):
-        _fields_ = [
-            ("usr", ctypes.c_void_p),
-            ("chid", ctypes.c_void_p),
-            ("type", ctypes.c_long),
-            ("count", ctypes.c_long),
-            ("raw_dbr", ctypes.c_void_p),
-            ("status", ctypes.c_int),
-        ]
-
-    handler_t = ctypes.CFUNCTYPE(None, EventArgs)
+    handler_t = ca_channel._EVENT_HANDLER
     batch: list[tuple[int, tuple[Any, ...]]] = []
     unpack, string_at, size = TIME_DOUBLE.unpack, ctypes.string_at, TIME_DOUBLE.size
     scheduled = [False]
@@ -103,7 +59,7 @@ def _libca_subscribe(
         scheduled[0] = False
         todo, batch = batch, []
         update = tally.update
-        for key, (_status, _sev, _secs, _nsec, _pad, value) in todo:
+        for key, (_status, _sev, _secs, _nsec, value) in todo:
             update(key - 1, value)
 
     pinned: set[int] = set()
@@ -189,12 +145,7 @@ def _subscribe(mode: str, names: list[str], tally: Tally) -> Callable[[], None]:
             tally.update(i, value)
 
         subs = camonitor(names, cb, format=FORMAT_TIME)
-
-        def close_all() -> None:
-            for s in subs:
-                s.close()
-
-        return close_all
+        return closer(subs, lambda s: s.close())
     if mode in ("preemptive", "preemptive-pin", "polled", "polled-pin"):
         return _libca_subscribe(names, tally, mode.startswith("preemptive"), mode.endswith("-pin"))
     from pvwire.model import ConnState, Metadata, Value
@@ -216,107 +167,8 @@ def _subscribe(mode: str, names: list[str], tally: Tally) -> Callable[[], None]:
             pass
 
     mons = [backend.monitor(n, Sink(i)) for i, n in enumerate(names)]
-
-    def close_mons() -> None:
-        for m in mons:
-            m.close()
-
-    return close_mons
-
-
-async def child(mode: str, names: list[str], duration: float, out: str) -> None:
-    tally = Tally(len(names))
-    close = _subscribe(mode, names, tally)
-    t_sub = time.monotonic()
-    with contextlib.suppress(TimeoutError):  # reported: `never` = PVs with no first update
-        await asyncio.wait_for(tally.all_seen.wait(), 60)
-    connect_s = time.monotonic() - t_sub
-    await asyncio.sleep(min(2.0, duration))  # settle
-    tally.counting = True
-    cpu0, t0, main0 = time.process_time(), time.monotonic(), time.thread_time()
-    await asyncio.sleep(duration)
-    cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
-    main_cpu = time.thread_time() - main0
-    tally.counting = False
-    close()
-    result = {
-        "mode": mode,
-        "cpu_pct": 100 * cpu / wall,
-        "updates": tally.updates,
-        "missing": tally.missing,
-        "us_per_update": 1e6 * cpu / max(1, tally.updates),
-        "main_us_per_update": 1e6 * main_cpu / max(1, tally.updates),
-        "connect_s": connect_s,
-        "never": len(names) - tally.seen,
-    }
-    Path(out).write_text(json.dumps(result))
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.ca_ingest", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--pvs", type=int, default=1000)
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--child", nargs=3, metavar=("MODE", "NAMES", "OUT"), help=argparse.SUPPRESS)
-    a = p.parse_args()
-    import uvloop  # the server's loop too
-
-    if a.child:
-        mode, names_file, out = a.child
-        names = json.loads(Path(names_file).read_text())
-        uvloop.run(child(mode, names, a.duration, out))
-        return
-    rows = run(a.pvs, a.duration, a.rounds, a.modes.split(","))
-    print(json.dumps(rows))
-
-
-def run(pvs: int, duration: float, rounds: int, modes: list[str]) -> list[dict[str, Any]]:
-    """Every mode in its own child process, `rounds` times; one row per child, printed too."""
-    from pvwire.ioc import IocProcess
-
-    from .harness import _bench_env, write_db
-
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "bench.db"
-        names = write_db(db, pvs, waveform=False)
-        names_file = Path(tmp) / "names.json"
-        names_file.write_text(json.dumps(names))
-        ioc = IocProcess([db])
-        ioc.start()
-        env = {**_bench_env(), **ioc.ports.client_env()}
-        try:
-            for r in range(rounds):
-                floor = None
-                for mode in modes:
-                    out = Path(tmp) / f"{mode}-{r}.json"
-                    subprocess.run(
-                        [sys.executable, "-m", "bench.ca_ingest", "--duration", str(duration),
-                         "--child", mode, str(names_file), str(out)],
-                        env=env, check=True, timeout=duration + 180,
-                    )  # fmt: skip
-                    res = json.loads(out.read_text())
-                    if mode == "aioca":
-                        floor = res["us_per_update"]
-                    res["round"] = r
-                    res["ratio"] = res["us_per_update"] / floor if floor else None
-                    res["load"] = os.getloadavg()[0]
-                    rows.append(res)
-                    print(
-                        f"round {r} {mode:14} cpu {res['cpu_pct']:5.1f} %  "
-                        f"{res['us_per_update']:6.2f} µs/update (loop thread "
-                        f"{res['main_us_per_update']:5.2f})  updates {res['updates']:7d}  "
-                        f"missing {res['missing']:5d}  subscribe {res['connect_s']:.1f} s  "
-                        f"never {res['never']}  load {res['load']:.1f}"
-                        + (f"  ratio to floor {res['ratio']:.2f}" if res["ratio"] else ""),
-                        flush=True,
-                    )
-        finally:
-            ioc.stop()
-    return rows
+    return closer(mons, lambda m: m.close())
 
 
 if __name__ == "__main__":
-    main()
+    main("bench.ca_ingest", __doc__, MODES, _subscribe)

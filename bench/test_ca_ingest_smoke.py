@@ -6,14 +6,14 @@ every counter and counted updates in its window.
 
 from __future__ import annotations
 
-from bench.ca_ingest import run
+from bench.ingest import run
 
 # Each kind of hand-over once (`polled` and the `-pin` variants share their code with these).
 MODES = ["aioca", "preemptive", "polled-pin", "pvwire"]
 
 
 def test_ca_ingest_tiny() -> None:
-    rows = run(pvs=5, duration=1.0, rounds=1, modes=MODES)
+    rows = run("bench.ca_ingest", pvs=5, duration=1.0, rounds=1, modes=MODES)
     assert [r["mode"] for r in rows] == MODES
     for r in rows:
         assert r["never"] == 0, r
