@@ -12,26 +12,15 @@
 // (PVWIRE_CHROMIUM). The `-worker` cases measure the other remedy in the same run: whole arrays
 // received and decoded by the client in a Web Worker, handed to the main thread by transfer, the
 // main thread only drawing (bench/worker_receive.ts). PVWIRE_BENCH_CASES=a,b runs only those.
-import { spawn } from "node:child_process";
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { loadavg } from "node:os";
-import { createServer } from "node:net";
 import { join } from "node:path";
 import { build } from "esbuild";
-import { chromium } from "playwright-core";
+import { launchChromium, ROOT, sleep, startServer } from "./stack.mjs";
 
-const ROOT = join(import.meta.dirname, "../../..");
 const OUT = join(ROOT, "bench/results");
-const PYTHON = process.env.PVWIRE_PYTHON ?? join(ROOT, ".venv/bin/python");
-const CHROMIUM = process.env.PVWIRE_CHROMIUM ?? "/usr/bin/chromium";
 const WINDOW_S = Number(process.argv[2] ?? 10);
 const WARMUP_S = 4;
-
-const freePort = () => new Promise((resolve) => {
-  const s = createServer();
-  s.listen(0, "127.0.0.1", () => { const { port } = s.address(); s.close(() => resolve(port)); });
-});
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Our browser's command line carries this switch (Chromium ignores unknown ones), so its
 // renderers are told apart from other Chromium processes on the machine.
@@ -68,20 +57,8 @@ const bundle = async (workerSource) => (await build({
 })).outputFiles[0].text;
 const workerPage = await bundle(await bundle(""));
 
-const port = await freePort();
-const server = spawn(PYTHON, ["-m", "pvwire.cli", "serve", "--loopback", "--port", String(port), "--send-budget", String(64 << 20), "--log-level", "warning"], { stdio: "inherit" });
-const url = `http://127.0.0.1:${port}`;
-for (let i = 0; ; i++) {
-  try { if ((await fetch(`${url}/`)).ok) break; } catch { /* not up yet */ }
-  if (i > 300) throw new Error("server did not start");
-  await sleep(100);
-}
-
-const browser = await chromium.launch({
-  executablePath: CHROMIUM,
-  headless: true,
-  args: [MARKER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const { server, url } = await startServer();
+const browser = await launchChromium([MARKER]);
 mkdirSync(OUT, { recursive: true });
 const results = [];
 const sizes = [

@@ -6,28 +6,11 @@
 //
 //   npm run build && node bench/page_trace.mjs [channel] [query] [seconds]
 //   e.g. node bench/page_trace.mjs 'sim://waveform?length=1000000&rate=10' full=1
-import { spawn } from "node:child_process";
-import { createServer } from "node:net";
-import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { launchChromium, sleep, startServer } from "./stack.mjs";
 
-const ROOT = join(import.meta.dirname, "../../..");
-const PYTHON = process.env.PVWIRE_PYTHON ?? join(ROOT, ".venv/bin/python");
-const CHROMIUM = process.env.PVWIRE_CHROMIUM ?? "/usr/bin/chromium";
 const [id = "sim://waveform?length=1000000&rate=10", query = "", seconds = "5"] = process.argv.slice(2);
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const port = await new Promise((resolve) => {
-  const s = createServer();
-  s.listen(0, "127.0.0.1", () => { const { port: p } = s.address(); s.close(() => resolve(p)); });
-});
-const server = spawn(PYTHON, ["-m", "pvwire.cli", "serve", "--loopback", "--port", String(port), "--send-budget", String(64 << 20), "--log-level", "warning"], { stdio: "inherit" });
-const url = `http://127.0.0.1:${port}`;
-for (let i = 0; ; i++) {
-  try { if ((await fetch(`${url}/`)).ok) break; } catch { /* not up yet */ }
-  if (i > 300) throw new Error("server did not start");
-  await sleep(100);
-}
-const browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"] });
+const { server, url } = await startServer();
+const browser = await launchChromium();
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1400 } });
   const cdp = await page.context().newCDPSession(page);
