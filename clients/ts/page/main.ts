@@ -145,7 +145,8 @@ function readOnlyReason(st: ChannelState): string {
 }
 
 /** The put box once the channel's metadata is known, enabled exactly when this identity may
- * write it (granted WRITE and not refused by the IOC); greyed with the reason otherwise. */
+ * write it (granted WRITE and not refused by the IOC) and the channel is connected (a put then
+ * could only fail); greyed with the reason otherwise. What was typed stays for the reconnect. */
 function renderPut(row: Row, st: ChannelState): void {
   const cell = row.cells.put!;
   let form = cell.querySelector("form");
@@ -154,10 +155,11 @@ function renderPut(row: Row, st: ChannelState): void {
     return;
   }
   form ??= createPutForm(row, st);
-  const enabled = st.writable;
+  const connected = st.connection === "CONNECTED";
+  const enabled = st.writable && connected;
   for (const el of form.querySelectorAll<HTMLInputElement | HTMLSelectElement | HTMLButtonElement>("input, select, button")) el.disabled = !enabled;
   form.classList.toggle("read-only", !enabled);
-  form.title = enabled ? "" : readOnlyReason(st);
+  form.title = enabled ? "" : connected ? readOnlyReason(st) : `${st.connection}: no put until the channel is connected`;
 }
 
 function createPutForm(row: Row, st: ChannelState): HTMLFormElement {

@@ -255,6 +255,12 @@ describe("demo page in Chromium", () => {
     expect(await badge(`${P}COUNTER`).textContent()).toBe("DISCONNECTED");
     expect(await badge(`${P}COUNTER`).evaluate((el) => getComputedStyle(el).backgroundColor)).toBe("rgb(200, 0, 200)");
     expect(await page.locator('tr.disconnected [data-testid="severity"] .sev-NO_ALARM').count()).toBe(0);
+    // A put box of a channel that is not connected is greyed with the reason (a put would fail).
+    await page.waitForFunction(() => {
+      const form = document.querySelector('tr[data-pv$="DEMO:SP"] form');
+      const input = form?.querySelector('[data-testid="put-input"]') as HTMLInputElement | null | undefined;
+      return input?.disabled === true && /^DISCONNECTED: no put until the channel is connected$/.test(form?.getAttribute("title") ?? "");
+    }, null, { timeout: 60_000 });
   }
 
   async function expectLive(): Promise<void> {
@@ -275,6 +281,7 @@ describe("demo page in Chromium", () => {
       const sev = document.querySelector('tr[data-pv$="COUNTER"] [data-testid="severity"] .sev');
       return sev !== null && !sev.classList.contains("sev-disconnected") && /^(NO_ALARM|MINOR|MAJOR|INVALID)$/.test(sev.textContent ?? "");
     }, null, { timeout: 60_000 });
+    await page.waitForFunction(() => (document.querySelector('tr[data-pv$="DEMO:SP"] [data-testid="put-input"]') as HTMLInputElement | null)?.disabled === false, null, { timeout: 60_000 });
   }
 
   it("shows a dead IOC as DISCONNECTED: the alarm badge says so, the image and plots are marked stale until it is back", async () => {
