@@ -81,6 +81,19 @@ def test_monitor_json_duration(server_url: str) -> None:
     assert "value" in docs[0]["changed"]
 
 
+def test_monitor_asks_for_arrays_reduced_for_display(server_url: str) -> None:
+    # A 10,000-point waveform with --max-columns 100 arrives as 100 (min, max) pairs; the first
+    # line's metadata says how it was reduced (PROTOCOL.md section 4.6).
+    wf = "sim://waveform?length=10000"
+    out = run(server_url, "monitor", "--json", wf, "--max-columns", "100", "--count", "1").stdout
+    doc = json.loads(out)
+    assert len(doc["value"]) == 200
+    assert doc["metadata"]["reduced"]["method"] == "minmax"
+    assert doc["metadata"]["reduced"]["from"] == [10000]
+    whole = json.loads(run(server_url, "monitor", "--json", wf, "--count", "1").stdout)
+    assert len(whole["value"]) == 10000 and "reduced" not in whole["metadata"]
+
+
 def test_info(server_url: str) -> None:
     out = run(server_url, "info", "ca://PVW:AO").stdout
     assert "units: mm" in out and "precision: 3" in out

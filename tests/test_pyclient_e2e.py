@@ -141,5 +141,10 @@ def test_sync_facade(server_url: str) -> None:
         ups = list(c.monitor("ca://PVW:COUNTER", count=3))
         assert len(ups) == 3
         assert {u.channel.id for u in c.monitor("ca://PVW:STR", duration=0.5)} == {"ca://PVW:STR"}
+        image = "sim://image?width=128&height=128&dtype=uint8"
+        (shown,) = c.monitor(image, count=1, max_pixels=1024)
+        assert shown.channel.value.size <= 1024 < 128 * 128
+        reduced = shown.channel.metadata["reduced"]
+        assert reduced["method"] == "subsample" and reduced["from"] == [128, 128]
         assert "ca://PVW:AO" in c.search("*PVW:AO")
         assert not math.isnan(c.info("ca://PVW:AO")["control"][1])

@@ -204,6 +204,20 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--duration", type=float, help="stop after S seconds")
     m.add_argument("--max-rate", type=float, default=0, help="updates per second (0: all)")
     m.add_argument("--mode", choices=["LATEST", "ALL"], default="LATEST")
+    m.add_argument(
+        "--max-columns",
+        type=int,
+        default=0,
+        metavar="N",
+        help="1-D arrays over 2N elements arrive as N min/max pairs (0: whole)",
+    )
+    m.add_argument(
+        "--max-pixels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="images over N pixels arrive subsampled to at most N (0: whole)",
+    )
     m.set_defaults(fn=_monitor)
     i = sub.add_parser("info", parents=[common], help="show metadata")
     i.add_argument("id", metavar="ID")

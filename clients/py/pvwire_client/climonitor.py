@@ -15,9 +15,12 @@ import sys
 
 from .client import Client
 from .cliformat import camonitor_line, change_json, channel_problem
+from .entry import ALARM, CONN, META, TIME, VALUE
 from .state import FAILED, NOT_FOUND, ChannelState
 
 __all__ = ["Watch", "monitor"]
+
+EVERYTHING = VALUE | TIME | ALARM | META | CONN
 
 
 class Watch:
@@ -64,9 +67,16 @@ async def monitor(a: argparse.Namespace) -> list[str]:
 
         async def run() -> None:
             left = a.count
+            printed: set[int] = set()  # channels whose first line was printed
             render = _json_line if a.json else _text_line
             out, err = sys.stdout, sys.stderr
-            async for batch in c.monitor_batches(a.ids, max_rate=a.max_rate, mode=a.mode):
+            async for batch in c.monitor_batches(
+                a.ids,
+                max_rate=a.max_rate,
+                mode=a.mode,
+                max_columns=a.max_columns,
+                max_pixels=a.max_pixels,
+            ):
                 lines = []
                 states = batch.states
                 for sid, changed in batch.changed.items():
@@ -77,6 +87,12 @@ async def monitor(a: argparse.Namespace) -> list[str]:
                         continue
                     if s.value is None:
                         continue  # like camonitor: nothing to print before the first value
+                    if sid not in printed:
+                        # The first line holds everything known: the registration may have
+                        # brought the metadata before the snapshot (a channel another client
+                        # keeps open), so the snapshot entry need not carry it.
+                        printed.add(sid)
+                        changed = EVERYTHING
                     lines.append(render(s, changed))
                     if left is not None:
                         left -= 1

@@ -106,14 +106,24 @@ class SyncClient:
         duration: float | None = None,
         max_rate: float = 0,
         mode: Literal["LATEST", "ALL"] = "LATEST",
+        max_columns: int = 0,
+        max_pixels: int = 0,
     ) -> Iterator[Update]:
-        """Yield updates until ``count`` of them or ``duration`` seconds (or forever)."""
+        """Yield updates until ``count`` of them or ``duration`` seconds (or forever). The
+        options are :meth:`Client.monitor`'s (``max_columns``/``max_pixels``: big arrays
+        reduced for display by the server, PROTOCOL.md section 4.6)."""
         q: queue.Queue[Any] = queue.Queue(maxsize=1024)
         ids = ids if isinstance(ids, str) else list(ids)
 
         async def pump() -> None:
             try:
-                async for u in self._client.monitor(ids, max_rate=max_rate, mode=mode):
+                async for u in self._client.monitor(
+                    ids,
+                    max_rate=max_rate,
+                    mode=mode,
+                    max_columns=max_columns,
+                    max_pixels=max_pixels,
+                ):
                     await _put(q, u)
                 await _put(q, _END)
             except Exception as e:
