@@ -200,7 +200,10 @@ export function decodeEntry(raw: unknown, what: string): Entry {
 }
 
 function entries(v: unknown, what: string): Entry[] {
-  return arr(v, what).map((x, i) => decodeEntry(x, `${what}[${i}]`));
+  const out: Entry[] = [];
+  // nil items are padding that aligns ndarray data (section 3): skipped, not entries.
+  arr(v, what).forEach((x, i) => { if (x !== null) out.push(decodeEntry(x, `${what}[${i}]`)); });
+  return out;
 }
 
 function extDecoder(type: number, data: Uint8Array): unknown {
