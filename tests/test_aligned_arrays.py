@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ async def client(sim_server: ServerProcess) -> AsyncIterator[Client]:
         yield c
 
 
-def _message_of(a: np.ndarray) -> bytearray:  # type: ignore[type-arg]
+def _message_of(a: np.ndarray[Any, Any]) -> bytearray:
     base: object = a
     while isinstance(base, np.ndarray):
         base = base.base
@@ -46,7 +47,7 @@ def _message_of(a: np.ndarray) -> bytearray:  # type: ignore[type-arg]
 
 
 async def test_arrays_view_the_message_at_multiples_of_8(client: Client) -> None:
-    seen: dict[str, list[np.ndarray]] = {i: [] for i in IDS}  # type: ignore[type-arg]
+    seen: dict[str, list[np.ndarray[Any, Any]]] = {i: [] for i in IDS}
     # One subscription with a scalar too: groups mix scalar and array entries, and the snapshot
     # and the DATA messages after it (other seq widths) are all checked.
     stream = client.monitor(["sim://counter?rate=10", *IDS])
