@@ -66,7 +66,7 @@ class View:
         self.pending_all: list[tuple[int, wire.EntryBody]] = []
         self.attachments: list[tuple[Client, int]] = []  # (client, att)
         # What the last emission sent: read by sessions at the same tick.
-        self.tick_entries = wire.Entries(0, b"")
+        self.tick_entries = wire.Entries(0, b"\x90", b"")
         self.tick_masks: dict[int, int] = {}
 
     def add_change(self, sid: int, mask: int, channel: Channel) -> bool:

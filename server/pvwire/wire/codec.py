@@ -272,6 +272,7 @@ class Entries(NamedTuple):
     before it), so it is done per frame, never in the shared bytes."""
 
     length: int  # entries
+    head: bytes  # the array header for `length` items: the frame's header when nothing is padded
     data: bytes
     arrays: tuple[tuple[int, int], ...] = ()
 
@@ -284,15 +285,16 @@ def encode_entries(sids: Sequence[int], bodies: Sequence[EntryBody]) -> Entries:
     encoded = list(map(entry, sids, bodies))
     data = b"".join(encoded)
     # One C-level pass over the bodies; the walk below only runs when an entry holds an array.
+    n = len(encoded)
     if not any(map(_array_at, bodies)):
-        return Entries(len(encoded), data)
+        return Entries(n, array_header(n), data)
     arrays = []
     pos = 0
     for e, body in zip(encoded, bodies, strict=True):
         if body.array_at:
             arrays.append((pos, pos + len(e) - len(body.data) + body.array_at))
         pos += len(e)
-    return Entries(len(encoded), data, tuple(arrays))
+    return Entries(n, array_header(n), data, tuple(arrays))
 
 
 _NILS = tuple(b"\xc0" * n for n in range(8))
@@ -303,10 +305,9 @@ def _entries_parts(at: int, entries: Entries, parts: list[bytes | memoryview]) -
     nil padding that aligns its arrays' data; return the offset after it."""
     arrays = entries.arrays
     if not arrays:
-        head = array_header(entries.length)
-        parts.append(head)
+        parts.append(entries.head)
         parts.append(entries.data)
-        return at + len(head) + len(entries.data)
+        return at + len(entries.head) + len(entries.data)
     # The header's width must be known before the padding; take the width of the largest count
     # the padding could make (a wider header than needed is valid MessagePack).
     most = entries.length + 7 * len(arrays)
@@ -354,14 +355,19 @@ def encode_data(seq: int, groups: Sequence[tuple[int, Entries]]) -> bytes:
     """DATA from (att, entries) pairs. The caller never passes an empty list."""
     head = b"\x93\x03" + _pack(seq) + array_header(len(groups))
     parts: list[bytes | memoryview] = [head]
-    if not any(entries.arrays for _, entries in groups):
-        # Scalars only (the common case): no offsets to follow.
-        for att, entries in groups:
-            parts.append(b"\x92")
-            parts.append(_SID_CACHE[att] if att < 4096 else _pack(att))
-            parts.append(array_header(entries.length))
-            parts.append(entries.data)
-        return b"".join(parts)
+    for att, entries in groups:
+        if entries.arrays:
+            return _aligned_data(head, groups)
+        # No arrays (the common case): no offsets to follow.
+        parts.append(b"\x92")
+        parts.append(_SID_CACHE[att] if att < 4096 else _pack(att))
+        parts.append(entries.head)
+        parts.append(entries.data)
+    return b"".join(parts)
+
+
+def _aligned_data(head: bytes, groups: Sequence[tuple[int, Entries]]) -> bytes:
+    parts: list[bytes | memoryview] = [head]
     at = len(head)
     for att, entries in groups:
         group = b"\x92" + (_SID_CACHE[att] if att < 4096 else _pack(att))
