@@ -266,7 +266,7 @@ class Entries(NamedTuple):
 
     `arrays` holds, for each entry with ndarray data, (where the entry starts, where its array's
     data starts) in `data`. A frame inserts 0-7 nil items before such an entry so that the data
-    starts at a multiple of 8 bytes from the start of the message (PROTOCOL.md section 4.1): a
+    starts at a multiple of 8 bytes from the start of the message (PROTOCOL.md sections 3, 4.1): a
     client can then view it in place, where misaligned float64 data cost a copy of the array
     (bench/README.md). The offset depends on each client's frame prefix (`seq`, `att`, groups
     before it), so it is done per frame, never in the shared bytes."""
