@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pvwire.model import META, TIME, VALUE
+from pvwire.core.channel import Channel
+from pvwire.core.reduce import NO_REDUCTION, Reduction
+from pvwire.core.view import View, ViewKey
+from pvwire.model import META, TIME, VALUE, ConnState, Metadata
 from pvwire.wire import codec as wire
 from pvwire_client import wire as client_wire
 
@@ -159,3 +162,60 @@ def test_entries_header_width_fits_the_most_padding(scalars: int, arrays: int, w
         assert [o % 8 for o in ndarray_data_offsets(frame)] == [0] * arrays
         msg = client_wire.decode_message(frame, views=False)
         assert isinstance(msg, client_wire.Snapshot) and len(msg.entries) == len(bodies)
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.dirty: list[Channel] = []
+
+    def mark_dirty(self, channel: Channel) -> None:
+        self.dirty.append(channel)
+
+    def count_failure(self, what: str) -> None:
+        raise AssertionError(what)
+
+
+def _tick(listener: _Listener, view: View) -> None:
+    """What the hub's tick does for one view: hand the changes over, encode once."""
+    dirty, listener.dirty = listener.dirty, []
+    for ch in dirty:
+        mask, ch.dirty = ch.dirty, 0
+        for v, sid in ch.views:
+            v.add_change(sid, mask, ch)
+    view.emit(0.0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "reduction"),
+    [("LATEST", NO_REDUCTION), ("ALL", NO_REDUCTION), ("LATEST", Reduction(columns=3, pixels=8))],
+)
+def test_views_entries_align_in_every_frame_kind(mode: str, reduction: Reduction) -> None:
+    """A view's tick entries (LATEST, ALL with several updates per channel, reduced), catch-up
+    entries and snapshot entries: every frame built from them has its arrays aligned."""
+    listener = _Listener()
+    values: list[Any] = [1.5, np.arange(50.0), np.arange(12, dtype="<i4"), np.ones((4, 6), "<u2")]
+    channels = []
+    for i, _ in enumerate(values):
+        ch = Channel(f"sim://c{i}", None, f"c{i}", listener)  # type: ignore[arg-type]
+        ch.on_meta(Metadata("float64", 1, "", "", 0))
+        ch.on_connection(ConnState.CONNECTED)
+        channels.append(ch)
+    view = View(ViewKey(tuple(c.id for c in channels), mode, 0.0, reduction), channels)
+    for sid, ch in enumerate(channels):
+        ch.views.append((view, sid))
+        ch.all_views += mode == "ALL"
+    for step in range(2):  # two updates per channel before the tick: two entries each in ALL
+        for ch, v in zip(channels, values, strict=True):
+            ch.on_update(v + step, 1_700_000_000, step, 0, 0, "")
+    _tick(listener, view)
+    n_arrays = (2 if mode == "ALL" else 1) * 3
+    entries = [view.tick_entries, view.entries_for({sid: 3 for sid in range(4)})]
+    for seq in (1, 130, 300, 70_000):
+        for att in (1, 200):
+            frames = [wire.encode_data(seq, [(att, e)]) for e in entries]
+            frames.append(wire.encode_snapshot(seq, att, view.snapshot_entries()))
+            frames.append(wire.encode_data(seq, [(att, entries[0]), (att + 1, entries[1])]))
+            counts = [n_arrays, 3, 3, n_arrays + 3]
+            for frame, count in zip(frames, counts, strict=True):
+                assert [o % 8 for o in ndarray_data_offsets(frame)] == [0] * count
+                assert client_wire.decode_message(frame, views=False)
