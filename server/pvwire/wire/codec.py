@@ -344,19 +344,23 @@ def encode_attached(req: int, att: int, ids: Sequence[str]) -> bytes:
     return _pack([Kind.ATTACHED, req, att, list(ids)])
 
 
-def encode_snapshot(seq: int, att: int, entries: Entries) -> bytes:
+def encode_snapshot(seq: int, att: int, entries: Entries, aligned: bool = True) -> bytes:
+    """SNAPSHOT; `aligned`: with the nil padding (for clients that offered it, PROTOCOL.md 1)."""
     head = b"\x94" + _pack(Kind.SNAPSHOT) + _pack(seq) + _pack(att)
+    if not aligned:
+        return head + entries.head + entries.data
     parts: list[bytes | memoryview] = [head]
     _entries_parts(len(head), entries, parts)
     return b"".join(parts)
 
 
-def encode_data(seq: int, groups: Sequence[tuple[int, Entries]]) -> bytes:
-    """DATA from (att, entries) pairs. The caller never passes an empty list."""
+def encode_data(seq: int, groups: Sequence[tuple[int, Entries]], aligned: bool = True) -> bytes:
+    """DATA from (att, entries) pairs. The caller never passes an empty list. `aligned`: with the
+    nil padding (for clients that offered it, PROTOCOL.md section 1)."""
     head = b"\x93\x03" + _pack(seq) + array_header(len(groups))
     parts: list[bytes | memoryview] = [head]
     for att, entries in groups:
-        if entries.arrays:
+        if aligned and entries.arrays:
             return _aligned_data(head, groups)
         # No arrays (the common case): no offsets to follow.
         parts.append(b"\x92")
