@@ -78,7 +78,8 @@ async def _one(url: str, token: str, window: tuple[float, float], out: dict[str,
             groups = [[msg[2], msg[3]]] if msg[0] == 2 else msg[2]
             for _att, entries in groups:
                 for e in entries:
-                    if not e[1] & 1 or not isinstance(e[2], np.ndarray):
+                    # None: nil padding before an array entry (PROTOCOL.md section 3).
+                    if e is None or not e[1] & 1 or not isinstance(e[2], np.ndarray):
                         continue
                     serial = e[3]
                     stamp = e[4] + e[5] * 1e-9

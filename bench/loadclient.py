@@ -55,6 +55,9 @@ class Decoded:
     __slots__ = ("n_other", "serials", "sids", "stamps", "values")
 
     def __init__(self, entries: list[list[Any]], waveform: bool) -> None:
+        if waveform and None in entries:
+            # nil items pad array entries (PROTOCOL.md section 3); scalar groups have none.
+            entries = [e for e in entries if e is not None]
         if not waveform and entries and all(len(e) == 6 and e[1] == 3 for e in entries):
             a = np.array(entries, dtype=np.float64)
             self.sids = a[:, 0].astype(np.int64)
@@ -192,7 +195,7 @@ async def run_conn(
     """Connect, attach every token (sids of attachment k follow those of k-1), then receive
     until the window is over."""
     ws = await websockets.connect(
-        url, subprotocols=["pvwire.v1"], compression=None, max_size=None, max_queue=64
+        url, subprotocols=["pvwire.v1.aligned", "pvwire.v1"], compression=None, max_size=None, max_queue=64
     )
     offsets: dict[int, int] = {}
     try:
@@ -209,8 +212,9 @@ async def run_conn(
                     snap = msgpack.unpackb(msg, ext_hook=_ext_hook, raw=False)
                     conn.seq = snap[1]
                     offsets[snap[2]] = base
-                    conn.snapshot_entries += len(snap[3])
-                    conn.apply(Decoded(snap[3], conn.waveform), time.time(), False, base)
+                    decoded = Decoded(snap[3], conn.waveform)
+                    conn.snapshot_entries += len(decoded.sids) + decoded.n_other
+                    conn.apply(decoded, time.time(), False, base)
                     break
                 if kind == 5:
                     raise RuntimeError(f"server error: {msgpack.unpackb(msg)}")

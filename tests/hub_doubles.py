@@ -70,7 +70,15 @@ def decode(frame: bytes) -> Any:
         dims = [int.from_bytes(data[2 + 4 * i : 6 + 4 * i], "little") for i in range(ndim)]
         return np.frombuffer(data[2 + 4 * ndim :], dtype="<" + dt).reshape(dims)
 
-    return msgpack.unpackb(frame, ext_hook=ext, raw=False, strict_map_key=False)
+    msg = msgpack.unpackb(frame, ext_hook=ext, raw=False, strict_map_key=False)
+    # Drop the nil items that pad ndarray entries (PROTOCOL.md section 3), as receivers do; the
+    # padding itself is tested in test_codec_align.py.
+    if msg[0] == 2:
+        msg[3] = [e for e in msg[3] if e is not None]
+    elif msg[0] == 3:
+        for group in msg[2]:
+            group[1] = [e for e in group[1] if e is not None]
+    return msg
 
 
 class Client:

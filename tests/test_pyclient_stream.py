@@ -156,7 +156,7 @@ async def test_snapshot_then_data_then_detach(fake_factory: Any) -> None:
     assert ups[2].channel.conflated == 2 and ups[0].channel.value == 1.5  # updates are copies
     async with asyncio.timeout(5):
         await detached.wait()
-    assert fake.subprotocols == ["pvwire.v1"]
+    assert fake.subprotocols == ["pvwire.v1"]  # an older server: the client takes v1
     assert fake.extensions == [None]  # no permessage-deflate offered
 
 

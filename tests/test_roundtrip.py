@@ -65,8 +65,9 @@ def entries(draw: st.DrawFn) -> tuple[int, int, dict[str, Any]]:
 def test_server_encoder_to_client_decoder(
     seq: int, att: int, items: list[tuple[int, int, dict[str, Any]]]
 ) -> None:
-    encoded = [wire.entry(sid, wire.encode_entry_body(mask, **f)) for sid, mask, f in items]
-    frame = wire.encode_data(seq, [(att, wire.entries_array(encoded))])
+    bodies = [wire.encode_entry_body(mask, **f) for _, mask, f in items]
+    entries = wire.encode_entries([sid for sid, _, _ in items], bodies)
+    frame = wire.encode_data(seq, [(att, entries)])
     msg = client_wire.decode_message(frame)
     assert isinstance(msg, client_wire.Data) and msg.seq == seq
     (group,) = msg.groups

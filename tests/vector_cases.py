@@ -149,6 +149,24 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      data(25, (1, [e(0, VALUE | TIME, value={"name": ["q1", "q2"],
                                              "k1": nd("float64", [0.5, -0.25])}, serial=3,
                     **T)]))),
+    ("data_aligned_two_groups", "server",
+     "DATA: two groups mixing scalars and arrays; nil items before each array entry put its data "
+     "on a multiple of 8 bytes from the message's start (section 3, Padding)",
+     data(70000,
+          (1, [e(0, VALUE | TIME, value=1.5, serial=3, **T),
+               e(1, VALUE | TIME, value=nd("float64", [0.5, -1.0, 2.25]), serial=4, **T),
+               e(2, VALUE | TIME, value=nd("uint16", [1, 2, 3, 4, 5, 6], [2, 3]), serial=5,
+                 **T)]),
+          (300, [e(7, VALUE | TIME, value=nd("int32", [-7, 8]), serial=9, **T),
+                 e(8, VALUE | TIME, value=nd("float32", [0.25]), serial=1, **T)]))),
+    ("snapshot_aligned", "server",
+     "SNAPSHOT of a float64 waveform and a uint8 image with metadata: each array's data padded "
+     "to a multiple of 8 bytes (section 3, Padding)",
+     {"kind": "SNAPSHOT", "seq": 3, "att": 2, "entries": [
+         e(0, VALUE | TIME | META, value=nd("float64", [1.0, 2.0]), serial=2, **T,
+           metadata={"type": "float64", "count": 2}),
+         e(1, VALUE | META, value=nd("uint8", [1, 2, 3, 4], [2, 2]), serial=1,
+           metadata={"type": "uint8", "colorMode": "mono"})]}),
     ("data_two_groups", "server", "DATA: changes for two attachments in one frame",
      data(26, (1, [e(0, VALUE | TIME, value=1.5, serial=12, **T)]),
               (2, [e(0, VALUE | TIME, value=7, serial=99, **T)]))),
@@ -224,6 +242,13 @@ HAND_BUILT: list[HandBuilt] = [
                                              "dtype": "float64", "dims": [], "data": [2.5]}},
                                          serial=8, **T)]))},
      _data1([0, 3, _nd_ext(9, 0, [], np.array([2.5], "<f8").tobytes()), 8, *_T])),
+    ("accept_nil_padding", "server",
+     "DATA whose entries array holds nil padding items around scalar entries, with a wider "
+     "array header than its count needs (array 16 for 5 items): readers skip the nils",
+     "accept", {"message": data(2, (1, [e(0, VALUE | TIME, value=1.5, serial=8, **T),
+                                       e(1, VALUE | TIME, value=2.5, serial=9, **T)]))},
+     b"\x93\x03\x02\x91\x92\x01\xdc\x00\x05\xc0" + _p([0, 3, 1.5, 8, *_T]) + b"\xc0\xc0"
+     + _p([1, 3, 2.5, 9, *_T])),
     ("accept_extra_elements", "server", "HELLO with a trailing element a later version appended",
      "accept", {"message": {"kind": "HELLO", "version": 1, "server": "pvwire/9.9 test",
                             "tick_ms": 20, "heartbeat_ms": 15000, "max_in_bytes": 65536}},
@@ -303,9 +328,12 @@ def from_json(v: Any) -> Any:
     return v
 
 
-def _entry(en: dict[str, Any]) -> bytes:
-    fields = {k: from_json(x) for k, x in en.items() if k not in ("sid", "mask")}
-    return wire.entry(en["sid"], wire.encode_entry_body(en["mask"], **fields))
+def _entries(ens: list[dict[str, Any]]) -> wire.Entries:
+    bodies = []
+    for en in ens:
+        fields = {k: from_json(x) for k, x in en.items() if k not in ("sid", "mask")}
+        bodies.append(wire.encode_entry_body(en["mask"], **fields))
+    return wire.encode_entries([en["sid"] for en in ens], bodies)
 
 
 def build(msg: dict[str, Any]) -> bytes:
@@ -317,11 +345,9 @@ def build(msg: dict[str, Any]) -> bytes:
     if k == "ATTACHED":
         return wire.encode_attached(msg["req"], msg["att"], msg["ids"])
     if k == "SNAPSHOT":
-        entries = wire.entries_array([_entry(x) for x in msg["entries"]])
-        return wire.encode_snapshot(msg["seq"], msg["att"], entries)
+        return wire.encode_snapshot(msg["seq"], msg["att"], _entries(msg["entries"]))
     if k == "DATA":
-        groups = [(g["att"], wire.entries_array([_entry(x) for x in g["entries"]]))
-                  for g in msg["groups"]]  # fmt: skip
+        groups = [(g["att"], _entries(g["entries"])) for g in msg["groups"]]
         return wire.encode_data(msg["seq"], groups)
     if k == "DETACHED":
         return wire.encode_detached(msg["req"], msg["att"])

@@ -50,6 +50,9 @@ __all__ = ["DEFAULT_URL", "Batch", "Client", "TokenSource", "Update"]
 log = logging.getLogger("pvwire_client")
 
 SUBPROTOCOL = "pvwire.v1"
+# The same protocol with ndarray data padded to 8-byte alignment (PROTOCOL.md section 1), which
+# this client skips; offered first, so an older server that knows only SUBPROTOCOL still serves it.
+ALIGNED_SUBPROTOCOL = "pvwire.v1.aligned"
 # ERROR codes for an ATTACH whose token the server refused (section 7): re-register once.
 _RENEW_CODES = {closecodes.BAD_TOKEN, closecodes.TOKEN_EXPIRED}
 
@@ -473,7 +476,7 @@ class _Stream:
             try:
                 ws = await connect(
                     self._url(),
-                    subprotocols=[SUBPROTOCOL],
+                    subprotocols=[ALIGNED_SUBPROTOCOL, SUBPROTOCOL],
                     max_size=self.client.max_message_bytes,
                     open_timeout=10,
                 )

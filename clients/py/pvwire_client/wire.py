@@ -359,7 +359,8 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Message]]] = {
 
 
 def _entries(x: object, where: str) -> tuple[list[Any], ...]:
-    return tuple([_checked(e, where) for e in _list(x, f"{where} entries")])
+    # nil items are padding that aligns ndarray data (PROTOCOL.md section 3): not entries.
+    return tuple([_checked(e, where) for e in _list(x, f"{where} entries") if e is not None])
 
 
 def _checked(e: object, where: str) -> list[Any]:

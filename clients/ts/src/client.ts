@@ -9,7 +9,7 @@ import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequ
 import {
   CHANNEL_FIELDS, graphqlRequest, type Channel, type FetchLike, type PutResult, type StreamRegistration,
 } from "./graphql.js";
-import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
+import { ALIGNED_SUBPROTOCOL, decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
 
 /**
  * An event handler property. Declared through a method so that its parameter is checked
@@ -473,7 +473,7 @@ export class PvwireClient {
     this.localClose = undefined;
     let ws: WebSocketLike;
     try {
-      ws = new this.WS(this.wsUrl(), SUBPROTOCOL);
+      ws = new this.WS(this.wsUrl(), [ALIGNED_SUBPROTOCOL, SUBPROTOCOL]);
     } catch (err) {
       this.emit("error", new PvwireError(`cannot open ${this.wsUrl()}: ${(err as Error).message}`));
       this.scheduleReconnect();

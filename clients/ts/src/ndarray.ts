@@ -3,7 +3,10 @@
  * `dtype:u8 ndim:u8 dims:ndim×u32le data:raw little-endian elements`.
  *
  * The data becomes a TypedArray over the received bytes when its offset is a multiple of the
- * element size; otherwise it is copied once, in bulk (`Uint8Array.slice`), never per element.
+ * element size: always for a pvwire server's messages, whose padding starts every array's data
+ * on a multiple of 8 from the message's start (PROTOCOL.md section 3). Data that is not aligned
+ * (another server, the smaller arrays of a structure) is copied once, in bulk
+ * (`Uint8Array.slice`), never per element.
  */
 import { ProtocolError } from "./errors.js";
 

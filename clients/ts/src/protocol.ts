@@ -8,6 +8,9 @@ import { decodeNdArray, NDARRAY_EXT, type ArrayValue } from "./ndarray.js";
 
 export const PROTOCOL_VERSION = 1;
 export const SUBPROTOCOL = "pvwire.v1";
+/** The same protocol with ndarray data padded to 8-byte alignment (section 1), which this client
+ * views in place; offered first, so an older server that knows only SUBPROTOCOL still serves it. */
+export const ALIGNED_SUBPROTOCOL = "pvwire.v1.aligned";
 
 export const Kind = {
   HELLO: 0, ATTACHED: 1, SNAPSHOT: 2, DATA: 3, DETACHED: 4, ERROR: 5, HEARTBEAT: 6, PONG: 7,
@@ -200,7 +203,10 @@ export function decodeEntry(raw: unknown, what: string): Entry {
 }
 
 function entries(v: unknown, what: string): Entry[] {
-  return arr(v, what).map((x, i) => decodeEntry(x, `${what}[${i}]`));
+  const out: Entry[] = [];
+  // nil items are padding that aligns ndarray data (section 3): skipped, not entries.
+  arr(v, what).forEach((x, i) => { if (x !== null) out.push(decodeEntry(x, `${what}[${i}]`)); });
+  return out;
 }
 
 function extDecoder(type: number, data: Uint8Array): unknown {

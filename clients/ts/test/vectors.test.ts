@@ -3,7 +3,7 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { decodeServerMessage, encodeClientMessage, NdArray, ProtocolError, type ClientMessage, type Entry, type ServerMessage } from "../src/index.js";
+import { decodeServerMessage, encodeClientMessage, NdArray, ProtocolError, type ClientMessage, type TypedArray, type Entry, type ServerMessage } from "../src/index.js";
 
 export const VECTORS = join(import.meta.dirname, "../../../protocol/vectors");
 
@@ -42,6 +42,15 @@ function actualValue(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(actualValue);
   if (v !== null && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, actualValue(x)]));
   return v;
+}
+
+/** Every TypedArray in a decoded message, in order. */
+function typedArrays(v: unknown): TypedArray[] {
+  if (v instanceof NdArray) return [v.data];
+  if (ArrayBuffer.isView(v)) return [v as TypedArray];
+  if (Array.isArray(v)) return v.flatMap(typedArrays);
+  if (v !== null && typeof v === "object") return Object.values(v).flatMap(typedArrays);
+  return [];
 }
 
 const SNAKE: Record<string, string> = { tickMs: "tick_ms", heartbeatMs: "heartbeat_ms", maxInBytes: "max_in_bytes" };
@@ -86,6 +95,18 @@ describe("golden vectors", () => {
         expect(m).not.toBeNull();
         expect(asMeaning(m!)).toEqual(expectedValue(meaning.message));
       });
+      if (expected === "decode") {
+        it(`views the arrays of ${meaning.name} in the message's buffer (no copy)`, () => {
+          // The server pads entries so that ndarray data starts on a multiple of 8 (PROTOCOL.md
+          // section 3, Padding): every TypedArray is a view of the received ArrayBuffer.
+          const arrays = typedArrays(decodeServerMessage(bin)).filter((a) => a.length > 0);
+          // data_struct's entry holds two arrays; the padding aligns one (the largest, the first
+          // of equals), and the other, an int32 at an odd offset, is copied.
+          const viewed = meaning.name === "data_struct" ? arrays.slice(0, 1) : arrays;
+          for (const a of viewed) expect(a.buffer).toBe(bin.buffer);
+          if (meaning.name === "data_struct") expect(arrays[1]!.buffer).not.toBe(bin.buffer);
+        });
+      }
       it(`decodes ${meaning.name} from a misaligned buffer`, () => {
         const shifted = new Uint8Array(bin.length + 1);
         shifted.set(bin, 1);

@@ -23,13 +23,17 @@ from ..wire import codec as wire
 from ..wire.codes import INTERNAL, NORMAL, POLICY, RESTART, TRY_AGAIN, UNSUPPORTED
 from ..wire.session import Session, SessionLimits
 
-__all__ = ["SUBPROTOCOL", "pump", "serve_stream"]
+__all__ = ["ALIGNED_SUBPROTOCOL", "SUBPROTOCOL", "pump", "serve_stream"]
 
 T = TypeVar("T", bytes, str)
 
 log = logging.getLogger("pvwire.stream")
 
 SUBPROTOCOL = "pvwire.v1"
+# The same protocol with ndarray data aligned by nil padding in entries arrays (PROTOCOL.md
+# section 1): only for clients that say they skip the padding, since a client built before it
+# would treat a nil entry as malformed and reconnect over and over.
+ALIGNED_SUBPROTOCOL = "pvwire.v1.aligned"
 # Seconds to deliver a close frame before dropping the connection. A close the session asked for
 # (4008 SLOW above all) waits behind the frames the client has not read yet: uvicorn writes it only
 # once the socket's buffer drains. Waiting this long lets a client that resumes reading see 4008
@@ -68,7 +72,8 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         hub.count_close(code)
         return
     offered = list(websocket.scope.get("subprotocols") or [])
-    if offered and SUBPROTOCOL not in offered:
+    aligned = ALIGNED_SUBPROTOCOL in offered
+    if offered and not aligned and SUBPROTOCOL not in offered:
         # A browser fails the handshake (1006, no reason) when the server selects none of the
         # subprotocols it offered, so select its first offer, then say why with 4406. A client
         # offering none (older clients, curl, wscat) is served.
@@ -78,7 +83,9 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         )
         hub.count_close(UNSUPPORTED)
         return
-    await websocket.accept(subprotocol=SUBPROTOCOL if offered else None)
+    await websocket.accept(
+        subprotocol=ALIGNED_SUBPROTOCOL if aligned else SUBPROTOCOL if offered else None
+    )
 
     wake = asyncio.Event()
     closing = asyncio.Event()
@@ -96,7 +103,9 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         if created and created[0].close_request:
             closing.set()
 
-    session = Session(hub.client_number(), address, hub, hello, _limits(hub), on_wake)
+    session = Session(
+        hub.client_number(), address, hub, hello, _limits(hub), on_wake, aligned=aligned
+    )
     created.append(session)
     hub.add_session(session)
     reader = asyncio.create_task(_read(websocket, session))

@@ -61,10 +61,12 @@ class View:
         self.period = 1.0 / key.max_rate if key.max_rate > 0 else 0.0
         self.next_due = 0.0
         self.pending: dict[int, int] = {}  # sid -> merged field mask since the last emission
-        self.pending_all: list[bytes] = []  # ALL mode: encoded entries in upstream order
+        # ALL mode: (sid, body) of every entry in upstream order; bodies, not encoded entries, so
+        # that emitting knows where their arrays lie (frames align them, codec.Entries).
+        self.pending_all: list[tuple[int, wire.EntryBody]] = []
         self.attachments: list[tuple[Client, int]] = []  # (client, att)
         # What the last emission sent: read by sessions at the same tick.
-        self.tick_entries = b""
+        self.tick_entries = wire.Entries(0, b"\x90", b"")
         self.tick_masks: dict[int, int] = {}
 
     def add_change(self, sid: int, mask: int, channel: Channel) -> bool:
@@ -78,10 +80,10 @@ class View:
                 # Metadata and connection changes go first, then every update in order.
                 rest = mask & (META | CONN)
                 if rest:
-                    out.append(wire.entry(sid, channel.body(rest)))
-                out.extend(wire.entry(sid, b) for b in channel.history)
+                    out.append((sid, channel.body(rest)))
+                out.extend((sid, b) for b in channel.history)
             else:
-                out.append(wire.entry(sid, channel.body(mask)))
+                out.append((sid, channel.body(mask)))
             if len(out) > ALL_PENDING_LIMIT:
                 # Oldest dropped first; the serial tells the client how many it missed.
                 del out[: len(out) - ALL_PENDING_LIMIT]
@@ -101,14 +103,16 @@ class View:
     def emit(self, now: float) -> None:
         """Turn pending changes into `tick_entries` / `tick_masks` for this tick's sessions."""
         if self.all_mode:
-            entries = self.pending_all
+            pending_all = self.pending_all
             self.pending_all = []
+            sids = [sid for sid, _ in pending_all]
+            bodies = [body for _, body in pending_all]
         else:
             channels = self.channels
             r = self.reduction
-            pending = self.pending.items()
-            entries = [wire.entry(sid, channels[sid].body(m, True, r)) for sid, m in pending]
-        self.tick_entries = wire.entries_array(entries)
+            sids = list(self.pending)
+            bodies = [channels[sid].body(m, True, r) for sid, m in self.pending.items()]
+        self.tick_entries = wire.encode_entries(sids, bodies)
         self.tick_masks = self.pending
         self.pending = {}
         if self.period:
@@ -120,15 +124,15 @@ class View:
     def ids(self) -> tuple[str, ...]:
         return self.key.ids
 
-    def entries_for(self, masks: dict[int, int]) -> bytes:
+    def entries_for(self, masks: dict[int, int]) -> wire.Entries:
         """Entries for `masks` from the channels' current state (a session catching up)."""
         channels = self.channels
         r = self.reduction
-        return wire.entries_array(
-            [wire.entry(sid, channels[sid].body(m, True, r)) for sid, m in masks.items()]
+        return wire.encode_entries(
+            list(masks), [channels[sid].body(m, True, r) for sid, m in masks.items()]
         )
 
-    def snapshot_entries(self) -> bytes:
-        return wire.entries_array(
-            [wire.entry(sid, ch.full_body(self.reduction)) for sid, ch in enumerate(self.channels)]
+    def snapshot_entries(self) -> wire.Entries:
+        return wire.encode_entries(
+            range(len(self.channels)), [ch.full_body(self.reduction) for ch in self.channels]
         )

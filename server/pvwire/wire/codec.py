@@ -13,8 +13,9 @@ sentence saying what was wrong; the caller answers it with ERROR 4400.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import msgpack
@@ -29,6 +30,7 @@ __all__ = [
     "BadMessage",
     "ClientMessage",
     "Detach",
+    "Entries",
     "EntryBody",
     "Kind",
     "Ping",
@@ -36,13 +38,13 @@ __all__ = [
     "encode_attached",
     "encode_data",
     "encode_detached",
+    "encode_entries",
     "encode_entry_body",
     "encode_error",
     "encode_hello",
     "encode_pong",
     "encode_snapshot",
     "encode_update_body",
-    "entries_array",
     "entry",
     "pack_value",
 ]
@@ -161,12 +163,15 @@ def pack_value(value: Value) -> bytes:
 
 class EntryBody(NamedTuple):
     """An entry without its sid: `length` array elements (sid included) and the bytes after sid.
+    `array_at` is where the data of its ndarray (the largest, if several) starts in `data`, 0 for
+    none: frames pad before the entry so that this data lands on a multiple of 8 (`Entries`).
 
     A NamedTuple rather than a frozen dataclass: one is built per changed channel per tick, and a
     frozen dataclass's __init__ cost more than the encoding itself."""
 
     length: int
     data: bytes
+    array_at: int = 0
 
 
 def encode_entry_body(
@@ -222,7 +227,19 @@ def encode_entry_body(
         parts.append(_pack(state))
         parts.append(_pack(reason))
         length += 2
-    return EntryBody(length, b"".join(parts))
+    return EntryBody(length, b"".join(parts), _largest_array_at(parts))
+
+
+def _largest_array_at(parts: list[bytes | memoryview]) -> int:
+    """Where the largest ndarray's data starts in the joined `parts` (only ndarray data is a
+    memoryview there), or 0 when there is none with data."""
+    at = pos = size = 0
+    for p in parts:
+        n = len(p)
+        if n > size and type(p) is memoryview:
+            at, size = pos, n
+        pos += n
+    return at
 
 
 _VALUE_TIME = VALUE | TIME
@@ -243,9 +260,80 @@ def entry(sid: int, body: EntryBody) -> bytes:
     return array_header(body.length) + sid_bytes + body.data
 
 
-def entries_array(entries: Sequence[bytes]) -> bytes:
-    """A msgpack array of already-encoded entries: the `entries` of SNAPSHOT and DATA groups."""
-    return array_header(len(entries)) + b"".join(entries)
+class Entries(NamedTuple):
+    """The elements of an `entries` array (SNAPSHOT, DATA groups): `length` entries spliced
+    once and shared by every frame that carries them; the frame adds the array header.
+
+    `arrays` holds, for each entry with ndarray data, (where the entry starts, where its array's
+    data starts) in `data`. A frame inserts 0-7 nil items before such an entry so that the data
+    starts at a multiple of 8 bytes from the start of the message (PROTOCOL.md sections 3, 4.1): a
+    client can then view it in place, where misaligned float64 data cost a copy of the array
+    (bench/README.md). The offset depends on each client's frame prefix (`seq`, `att`, groups
+    before it), so it is done per frame, never in the shared bytes."""
+
+    length: int  # entries
+    head: bytes  # the array header for `length` items: the frame's header when nothing is padded
+    data: bytes
+    arrays: tuple[tuple[int, int], ...] = ()
+
+
+_array_at = attrgetter("array_at")
+
+
+def encode_entries(sids: Sequence[int], bodies: Sequence[EntryBody]) -> Entries:
+    """The entries `[sid, body]` for each pair, with where their arrays' data lies."""
+    encoded = list(map(entry, sids, bodies))
+    data = b"".join(encoded)
+    # One C-level pass over the bodies; the walk below only runs when an entry holds an array.
+    n = len(encoded)
+    if not any(map(_array_at, bodies)):
+        return Entries(n, array_header(n), data)
+    arrays = []
+    pos = 0
+    for e, body in zip(encoded, bodies, strict=True):
+        if body.array_at:
+            arrays.append((pos, pos + len(e) - len(body.data) + body.array_at))
+        pos += len(e)
+    return Entries(n, array_header(n), data, tuple(arrays))
+
+
+_NILS = tuple(b"\xc0" * n for n in range(8))
+
+
+def _entries_parts(at: int, entries: Entries, parts: list[bytes | memoryview]) -> int:
+    """Append `entries` as a MessagePack array starting at byte `at` of the message, with the
+    nil padding that aligns its arrays' data; return the offset after it."""
+    arrays = entries.arrays
+    if not arrays:
+        parts.append(entries.head)
+        parts.append(entries.data)
+        return at + len(entries.head) + len(entries.data)
+    # The header's width must be known before the padding; take the width of the largest count
+    # the padding could make (a wider header than needed is valid MessagePack).
+    most = entries.length + 7 * len(arrays)
+    width = 1 if most < 16 else 3 if most < 0x10000 else 5
+    pos = at + width
+    pads = []
+    for _, data_at in arrays:
+        pad = -(pos + data_at) & 7
+        pads.append(pad)
+        pos += pad
+    count = entries.length + sum(pads)
+    if width == 1:
+        parts.append(bytes((0x90 | count,)))
+    elif width == 3:
+        parts.append(b"\xdc" + count.to_bytes(2, "big"))
+    else:
+        parts.append(b"\xdd" + count.to_bytes(4, "big"))
+    data = memoryview(entries.data)
+    prev = 0
+    for (start, _), pad in zip(arrays, pads, strict=True):
+        if pad:
+            parts.append(data[prev:start])
+            parts.append(_NILS[pad])
+            prev = start
+    parts.append(data[prev:])
+    return pos + len(data)
 
 
 def encode_hello(server: str, tick_ms: int, heartbeat_ms: int, max_in_bytes: int) -> bytes:
@@ -256,19 +344,40 @@ def encode_attached(req: int, att: int, ids: Sequence[str]) -> bytes:
     return _pack([Kind.ATTACHED, req, att, list(ids)])
 
 
-def encode_snapshot(seq: int, att: int, entries: bytes) -> bytes:
-    """SNAPSHOT from an `entries_array`."""
-    return b"\x94" + _pack(Kind.SNAPSHOT) + _pack(seq) + _pack(att) + entries
+def encode_snapshot(seq: int, att: int, entries: Entries, aligned: bool = True) -> bytes:
+    """SNAPSHOT; `aligned`: with the nil padding (for clients that offered it, PROTOCOL.md 1)."""
+    head = b"\x94" + _pack(Kind.SNAPSHOT) + _pack(seq) + _pack(att)
+    if not aligned:
+        return head + entries.head + entries.data
+    parts: list[bytes | memoryview] = [head]
+    _entries_parts(len(head), entries, parts)
+    return b"".join(parts)
 
 
-def encode_data(seq: int, groups: Iterable[tuple[int, bytes]]) -> bytes:
-    """DATA from (att, entries_array) pairs. The caller never passes an empty list."""
-    parts = []
+def encode_data(seq: int, groups: Sequence[tuple[int, Entries]], aligned: bool = True) -> bytes:
+    """DATA from (att, entries) pairs. The caller never passes an empty list. `aligned`: with the
+    nil padding (for clients that offered it, PROTOCOL.md section 1)."""
+    head = b"\x93\x03" + _pack(seq) + array_header(len(groups))
+    parts: list[bytes | memoryview] = [head]
     for att, entries in groups:
+        if aligned and entries.arrays:
+            return _aligned_data(head, groups)
+        # No arrays (the common case): no offsets to follow.
         parts.append(b"\x92")
         parts.append(_SID_CACHE[att] if att < 4096 else _pack(att))
-        parts.append(entries)
-    return b"\x93\x03" + _pack(seq) + array_header(len(parts) // 3) + b"".join(parts)
+        parts.append(entries.head)
+        parts.append(entries.data)
+    return b"".join(parts)
+
+
+def _aligned_data(head: bytes, groups: Sequence[tuple[int, Entries]]) -> bytes:
+    parts: list[bytes | memoryview] = [head]
+    at = len(head)
+    for att, entries in groups:
+        group = b"\x92" + (_SID_CACHE[att] if att < 4096 else _pack(att))
+        parts.append(group)
+        at = _entries_parts(at + len(group), entries, parts)
+    return b"".join(parts)
 
 
 def encode_detached(req: int | None, att: int) -> bytes:

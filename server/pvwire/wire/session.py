@@ -53,11 +53,11 @@ class Source(Protocol):
     @property
     def ids(self) -> tuple[str, ...]: ...
 
-    tick_entries: bytes  # this tick's spliced entries, set before `Session.collect`
+    tick_entries: wire.Entries  # this tick's spliced entries, set before `Session.collect`
     tick_masks: dict[int, int]  # sid -> field mask of this tick's entries
 
-    def snapshot_entries(self) -> bytes: ...
-    def entries_for(self, masks: dict[int, int]) -> bytes: ...
+    def snapshot_entries(self) -> wire.Entries: ...
+    def entries_for(self, masks: dict[int, int]) -> wire.Entries: ...
 
 
 class SessionHost(Protocol):
@@ -80,8 +80,12 @@ class Session(FlowView[bytes]):
         limits: SessionLimits,
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        aligned: bool = True,
     ) -> None:
         self.number = number
+        # Pad entries so ndarray data is 8-byte aligned (PROTOCOL.md section 1: the client
+        # offered `pvwire.v1.aligned`); a client that did not gets the same frames unpadded.
+        self.aligned = aligned
         self.address = address
         self.limits = limits
         self._host = host
@@ -163,7 +167,9 @@ class Session(FlowView[bytes]):
         self.claims[att] = claims
         self.channel_count += len(view.ids)
         self._queue_frame(wire.encode_attached(req, att, view.ids))
-        self._queue_frame(wire.encode_snapshot(self._next_seq(), att, view.snapshot_entries()))
+        self._queue_frame(
+            wire.encode_snapshot(self._next_seq(), att, view.snapshot_entries(), self.aligned)
+        )
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends an attachment on its own (e.g. the rules changed): ERROR naming why,
@@ -218,7 +224,9 @@ class Session(FlowView[bytes]):
                         pending[sid] = old | mask
                         self.conflated += 1
             return
-        frame = wire.encode_data(self._next_seq(), [(att, v.tick_entries) for att, v in groups])
+        frame = wire.encode_data(
+            self._next_seq(), [(att, v.tick_entries) for att, v in groups], self.aligned
+        )
         self._queue_frame(frame)
 
     def _catch_up(self) -> None:
@@ -229,7 +237,7 @@ class Session(FlowView[bytes]):
                 groups.append((att, self.attachments[att].entries_for(pending)))
         self._pending.clear()
         if groups:
-            self._queue_frame(wire.encode_data(self._next_seq(), groups))
+            self._queue_frame(wire.encode_data(self._next_seq(), groups, self.aligned))
 
     # --- outgoing -----------------------------------------------------------------------------
 
