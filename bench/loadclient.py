@@ -195,7 +195,11 @@ async def run_conn(
     """Connect, attach every token (sids of attachment k follow those of k-1), then receive
     until the window is over."""
     ws = await websockets.connect(
-        url, subprotocols=["pvwire.v1.aligned", "pvwire.v1"], compression=None, max_size=None, max_queue=64
+        url,
+        subprotocols=["pvwire.v1.aligned", "pvwire.v1"],
+        compression=None,
+        max_size=None,
+        max_queue=64,
     )
     offsets: dict[int, int] = {}
     try:
