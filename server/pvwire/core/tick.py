@@ -88,9 +88,12 @@ class Ticker:
             if self._at <= when:
                 return
             self._handle.cancel()  # a held-back view's later due time must not delay this
-        loop = self.loop
-        self._at = max(when, loop.time())
-        self._handle = loop.call_at(self._at, self.tick)
+        # `_at` is `when` itself, even when past (the loop runs a past timer at once): storing
+        # `max(when, now)` made every later `mark_dirty` of a late tick cancel and re-arm the
+        # timer at a later `now` (py-spy: ~6 % of the server at 1,000 PVA PVs), pushing the
+        # overdue tick back while the loop drained updates.
+        self._at = when
+        self._handle = self.loop.call_at(when, self.tick)
 
     # --- the tick -----------------------------------------------------------------------------
 
