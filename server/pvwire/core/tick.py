@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 from ..wire.codes import INTERNAL as INTERNAL_ERROR
 from .channel import Channel
@@ -121,8 +120,8 @@ class Ticker:
     def _route(self, ch: Channel, active: dict[View, None]) -> None:
         """Hand one dirty channel's change to each of its views."""
         mask, ch.dirty = ch.dirty, 0
-        for sink, sid in ch.views:
-            view = cast(View, sink)  # views are the only sinks a channel has
+        view: View
+        for view, sid in ch.views:  # type: ignore[assignment]  # views are its only sinks
             try:
                 if view.add_change(sid, mask, ch):
                     active[view] = None
