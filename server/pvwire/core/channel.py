@@ -31,6 +31,7 @@ log = logging.getLogger("pvwire.channel")
 ALL_MODE_LIMIT = 1000
 
 _VALUE_TIME = VALUE | TIME
+_VALUE_TIME_ALARM = VALUE | TIME | ALARM
 _VALUE_META = VALUE | META
 _PLAIN = wire.PLAIN_TYPES
 _update_body = wire.encode_update_body
@@ -132,7 +133,7 @@ class Channel:
         self.nanoseconds = nanoseconds
         self.serial += 1 + skipped
         self.updates += 1
-        mask = VALUE | TIME
+        mask = _VALUE_TIME
         # The first value always carries its alarm, even NO_ALARM with an empty message: a
         # client that attached before it must see the same state as one attaching after
         # (DESIGN.md section 9: PVA channels showed alarm UNKNOWN).
@@ -145,8 +146,15 @@ class Channel:
             self.severity = severity
             self.status = status
             self.message = message
-            mask |= ALARM
-        self._changed(mask)
+            mask = _VALUE_TIME_ALARM
+        # `_changed(mask)`, inline: this runs for every upstream update (10,000 a second at
+        # 1,000 PVs of 10 Hz), and the call was a tenth of it.
+        if self._cache:
+            self._cache.clear()
+        self.known |= _VALUE_TIME_ALARM
+        if not self.dirty:
+            self.listener.mark_dirty(self)
+        self.dirty |= mask
         if self.all_views and len(self.history) < ALL_MODE_LIMIT:
             # ALL mode must keep this update even if another arrives before the tick.
             self.history.append(self.body(mask, cache=False))

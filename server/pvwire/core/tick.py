@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 from ..wire.codes import INTERNAL as INTERNAL_ERROR
 from .channel import Channel
@@ -88,9 +87,12 @@ class Ticker:
             if self._at <= when:
                 return
             self._handle.cancel()  # a held-back view's later due time must not delay this
-        loop = self.loop
-        self._at = max(when, loop.time())
-        self._handle = loop.call_at(self._at, self.tick)
+        # `_at` is `when` itself, even when past (the loop runs a past timer at once): storing
+        # `max(when, now)` made every later `mark_dirty` of a late tick cancel and re-arm the
+        # timer at a later `now` (py-spy: ~6 % of the server at 1,000 PVA PVs), pushing the
+        # overdue tick back while the loop drained updates.
+        self._at = when
+        self._handle = self.loop.call_at(when, self.tick)
 
     # --- the tick -----------------------------------------------------------------------------
 
@@ -118,8 +120,8 @@ class Ticker:
     def _route(self, ch: Channel, active: dict[View, None]) -> None:
         """Hand one dirty channel's change to each of its views."""
         mask, ch.dirty = ch.dirty, 0
-        for sink, sid in ch.views:
-            view = cast(View, sink)  # views are the only sinks a channel has
+        view: View
+        for view, sid in ch.views:  # type: ignore[assignment]  # views are its only sinks
             try:
                 if view.add_change(sid, mask, ch):
                     active[view] = None

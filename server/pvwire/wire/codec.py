@@ -245,19 +245,28 @@ def _largest_array_at(parts: list[bytes | memoryview]) -> int:
 _VALUE_TIME = VALUE | TIME
 
 
+# The tuple constructor itself: a NamedTuple's own __new__ is a Python function, one more frame
+# for the body of every update.
+_new_body = tuple.__new__
+
+
 def encode_update_body(value: Value, serial: int, seconds: int, nanoseconds: int) -> EntryBody:
     """`encode_entry_body(VALUE | TIME, ...)` for a plain scalar value (float, int, str, None):
     the body of almost every update, packed in one call."""
-    return EntryBody(6, _pack((_VALUE_TIME, value, serial, seconds, nanoseconds))[1:])
+    data = _pack((_VALUE_TIME, value, serial, seconds, nanoseconds))[1:]
+    return _new_body(EntryBody, (6, data))
 
 
 _SID_CACHE = [_pack(i) for i in range(4096)]
+# An entry has at most 12 elements: a fixarray header, looked up rather than built.
+_FIXARRAY = [bytes((0x90 | n,)) for n in range(16)]
 
 
 def entry(sid: int, body: EntryBody) -> bytes:
     """A complete entry `[sid, mask, field...]` from a shared body."""
     sid_bytes = _SID_CACHE[sid] if sid < 4096 else _pack(sid)
-    return array_header(body.length) + sid_bytes + body.data
+    n = body.length
+    return (_FIXARRAY[n] if n < 16 else array_header(n)) + sid_bytes + body.data
 
 
 class Entries(NamedTuple):
