@@ -254,7 +254,7 @@ def encode_update_body(value: Value, serial: int, seconds: int, nanoseconds: int
     """`encode_entry_body(VALUE | TIME, ...)` for a plain scalar value (float, int, str, None):
     the body of almost every update, packed in one call."""
     data = _pack((_VALUE_TIME, value, serial, seconds, nanoseconds))[1:]
-    return _new_body(EntryBody, (6, data))
+    return _new_body(EntryBody, (6, data, 0))  # every field: __new__'s defaults are skipped
 
 
 _SID_CACHE = [_pack(i) for i in range(4096)]
