@@ -129,6 +129,16 @@ def test_scalar_frames_carry_no_padding() -> None:
     assert frame == b"\x93\x03\x05\x91\x92\x01\x92" + wire.entry(0, scalar) + wire.entry(1, scalar)
 
 
+def test_update_bodies_frame_like_full_bodies() -> None:
+    # The fast body of an ordinary scalar update is built without NamedTuple.__new__: it must
+    # still hold every field the frame assembly reads, and the same bytes as the full encoder.
+    fast = wire.encode_update_body(2.0, 3, 1, 2)
+    full = wire.encode_entry_body(VALUE | TIME, value=2.0, serial=3, seconds=1, nanoseconds=2)
+    assert fast == full and fast.array_at == 0
+    frame = wire.encode_data(5, [(1, wire.encode_entries([0], [fast]))])
+    assert frame == wire.encode_data(5, [(1, wire.encode_entries([0], [full]))])
+
+
 def test_empty_array_needs_no_padding() -> None:
     body = wire.encode_entry_body(VALUE, value=np.zeros(0), serial=1)
     assert body.array_at == 0
