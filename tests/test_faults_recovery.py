@@ -262,11 +262,15 @@ async def test_registering_again_waits_out_a_server_that_is_down(
     retries = 3
     asked = 0
     kill_on_ask: int | None = None
+    # Set once `server.start` saw the restarted server healthy: on a loaded machine the client
+    # can reconnect and ask for a token before that, and a kill then made `start` fail.
+    restarted = asyncio.Event()
 
     async def token() -> str:
         nonlocal asked
         asked += 1
         if asked == kill_on_ask:
+            await restarted.wait()
             await asyncio.to_thread(server.kill)  # down while the client registers again
         return ""  # anonymous
 
@@ -281,6 +285,7 @@ async def test_registering_again_waits_out_a_server_that_is_down(
             )
             kill_on_ask = asked + 1
             await asyncio.to_thread(server.start)  # same port, a new key: old tokens refused
+            restarted.set()
             await watch.until(
                 f"{retries} retries to register again",
                 lambda: kill_on_ask is not None and asked >= kill_on_ask + retries,
