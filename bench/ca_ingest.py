@@ -29,7 +29,7 @@ from typing import Any
 
 from pvwire.upstream import ca_channel
 
-from .ingest import Tally, closer, main
+from .ingest import Tally, closer, main, monitor_backend
 
 MODES = ("aioca", "preemptive", "preemptive-pin", "polled", "polled-pin", "pvwire")
 
@@ -148,26 +148,9 @@ def _subscribe(mode: str, names: list[str], tally: Tally) -> Callable[[], None]:
         return closer(subs, lambda s: s.close())
     if mode in ("preemptive", "preemptive-pin", "polled", "polled-pin"):
         return _libca_subscribe(names, tally, mode.startswith("preemptive"), mode.endswith("-pin"))
-    from pvwire.model import ConnState, Metadata, Value
     from pvwire.upstream.ca import CaBackend
 
-    backend = CaBackend()
-
-    class Sink:
-        def __init__(self, i: int) -> None:
-            self.i = i
-
-        def on_update(self, value: Value, *_: Any) -> None:
-            tally.update(self.i, value)  # type: ignore[arg-type]
-
-        def on_meta(self, meta: Metadata) -> None:
-            pass
-
-        def on_connection(self, state: ConnState, reason: str = "") -> None:
-            pass
-
-    mons = [backend.monitor(n, Sink(i)) for i, n in enumerate(names)]
-    return closer(mons, lambda m: m.close())
+    return monitor_backend(CaBackend(), names, tally)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Subscribe", "Tally", "closer", "main"]
+__all__ = ["Subscribe", "Tally", "closer", "main", "monitor_backend"]
 
 
 class Tally:
@@ -61,6 +61,26 @@ def closer(items: Sequence[Any], close_one: Callable[[Any], object]) -> Callable
             close_one(item)
 
     return close
+
+
+def monitor_backend(backend: Any, names: list[str], tally: Tally) -> Callable[[], None]:
+    """The `pvwire` mode: a pvwire backend's monitors into a sink that only counts."""
+
+    class Sink:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def on_update(self, value: Any, *_: Any) -> None:
+            tally.update(self.i, value)
+
+        def on_meta(self, meta: Any) -> None:
+            pass
+
+        def on_connection(self, state: Any, reason: str = "") -> None:
+            pass
+
+    mons = [backend.monitor(n, Sink(i)) for i, n in enumerate(names)]
+    return closer(mons, lambda m: m.close())
 
 
 async def _child(

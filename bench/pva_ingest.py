@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from .ingest import Tally, closer, main
+from .ingest import Tally, closer, main, monitor_backend
 
 MODES = ("asyncio", "thread", "raw-pywake", "raw-cwake", "pvwire")
 
@@ -143,26 +143,9 @@ def _subscribe(mode: str, names: list[str], tally: Tally) -> Callable[[], None]:
         handle = [loop.call_later(POLL_S, poll)]
         csubs = [CSub(i, n) for i, n in enumerate(names)]
         return closer([*csubs, None], lambda s: s.s.close() if s else handle[0].cancel())
-    from pvwire.model import ConnState, Metadata, Value
     from pvwire.upstream.pva import PvaBackend
 
-    backend = PvaBackend()
-
-    class Sink:
-        def __init__(self, i: int) -> None:
-            self.i = i
-
-        def on_update(self, value: Value, *_: Any) -> None:
-            tally.update(self.i, value)  # type: ignore[arg-type]
-
-        def on_meta(self, meta: Metadata) -> None:
-            pass
-
-        def on_connection(self, state: ConnState, reason: str = "") -> None:
-            pass
-
-    mons = [backend.monitor(n, Sink(i)) for i, n in enumerate(names)]
-    return closer(mons, lambda m: m.close())
+    return monitor_backend(PvaBackend(), names, tally)
 
 
 if __name__ == "__main__":

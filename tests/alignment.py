@@ -20,3 +20,14 @@ def ndarray_data_offsets(message: bytes | bytearray) -> list[int]:
 
     msgview.unpack(message, hook)
     return offsets
+
+
+def message_of(a: np.ndarray[Any, Any]) -> bytearray:
+    """The buffer a numpy view ends in: for a large frame, the buffer the transport received the
+    WebSocket message into."""
+    base: object = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview), f"the array owns its memory ({type(base).__name__})"
+    assert isinstance(base.obj, bytearray)
+    return base.obj

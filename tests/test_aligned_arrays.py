@@ -16,6 +16,7 @@ import websockets
 from pvwire_client import Client
 from websockets import Subprotocol
 
+from tests.alignment import message_of
 from tests.server_process import ServerProcess, server_args_for_tests
 from tests.test_server_stream import token
 
@@ -41,15 +42,6 @@ async def client(sim_server: ServerProcess) -> AsyncIterator[Client]:
         yield c
 
 
-def _message_of(a: np.ndarray[Any, Any]) -> bytearray:
-    base: object = a
-    while isinstance(base, np.ndarray):
-        base = base.base
-    assert isinstance(base, memoryview), f"the array owns its memory ({type(base).__name__})"
-    assert isinstance(base.obj, bytearray)
-    return base.obj
-
-
 async def test_arrays_view_the_message_at_multiples_of_8(client: Client) -> None:
     seen: dict[str, list[np.ndarray[Any, Any]]] = {i: [] for i in IDS}
     # One subscription with a scalar too: groups mix scalar and array entries, and the snapshot
@@ -67,7 +59,7 @@ async def test_arrays_view_the_message_at_multiples_of_8(client: Client) -> None
     for channel, arrays in seen.items():
         for a in arrays:
             assert a.dtype == IDS[channel] and a.size > 0
-            message = _message_of(a)
+            message = message_of(a)
             start = np.frombuffer(message, np.uint8).ctypes.data
             assert np.shares_memory(a, np.frombuffer(message, np.uint8))
             assert (a.ctypes.data - start) % 8 == 0, channel

@@ -25,6 +25,7 @@ from pvwire.upstream.sim_image import image_frame, image_step
 from pvwire_client import Client
 from pvwire_client.state import ChannelState
 
+from tests.alignment import message_of
 from tests.server_process import ServerProcess, server_args_for_tests
 
 pytestmark = pytest.mark.ioc
@@ -239,17 +240,6 @@ async def test_sim_image_moves_its_pattern_by_whole_columns(client: Client) -> N
         assert np.array_equal(frame, np.roll(image_frame(params, 0), -(serial - 1) * step, axis=1))
 
 
-def _message_of(a: np.ndarray[Any, Any]) -> bytearray:
-    """The buffer a numpy view ends in: for a large frame, the buffer the transport received the
-    WebSocket message into."""
-    base: object = a
-    while isinstance(base, np.ndarray):
-        base = base.base
-    assert isinstance(base, memoryview), f"the array owns its memory ({type(base).__name__})"
-    assert isinstance(base.obj, bytearray)
-    return base.obj
-
-
 async def test_a_4_megapixel_frame_is_a_read_only_view_of_the_received_message(
     client: Client,
 ) -> None:
@@ -275,7 +265,7 @@ async def test_a_4_megapixel_frame_is_a_read_only_view_of_the_received_message(
             await batches.aclose()
     for a in (frame, batch_frame):
         assert a.shape == (2048, 2048) and a.dtype == np.uint16
-        message = _message_of(a)
+        message = message_of(a)
         # The whole SNAPSHOT or DATA message, not a copy of the ext payload alone.
         assert bytes(message[:2]) in (b"\x94\x02", b"\x93\x03") and len(message) > a.nbytes + 10
         assert np.shares_memory(a, np.frombuffer(message, np.uint8))
