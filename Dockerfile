@@ -3,7 +3,8 @@
 # page:    Node builds the demo page (clients/ts -> server/pvwire/static) and installs the exact
 #          GraphiQL files of server/graphiql/package-lock.json.
 # wheel:   vendors those GraphiQL files next to the server (their hashes come from strawberry,
-#          so this needs Python) and builds pvwire's wheel with the page and GraphiQL inside.
+#          so this needs Python), compiles the PVA monitor module (scripts/build_ext.py, with
+#          Debian's g++) and builds pvwire's wheel with the page, GraphiQL and that module inside.
 # runtime: only the runtime lock (requirements-runtime.lock, no dev tools) and that wheel.
 
 FROM node:20-bookworm-slim AS page
@@ -18,14 +19,21 @@ COPY clients/ts ./
 RUN npm run build
 
 FROM python:3.11-slim AS wheel
+# The compiler is the base image's Debian release's; the module's ABI follows the pinned pvxslibs.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY requirements-runtime.lock ./
 RUN pip install --no-cache-dir -r requirements-runtime.lock
 COPY pyproject.toml README.md ./
+COPY scripts/build_ext.py ./scripts/
 COPY server ./server
 COPY --from=page /src/server/pvwire/static ./server/pvwire/static
 COPY --from=page /src/server/graphiql/node_modules ./server/graphiql/node_modules
 RUN PYTHONPATH=server python server/graphiql/vendor.py \
+    && python scripts/build_ext.py \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim

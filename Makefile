@@ -11,7 +11,7 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv node chromium haproxy graphiql clean runtime-lock coniql
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext node chromium haproxy graphiql clean runtime-lock coniql
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
@@ -20,6 +20,12 @@ $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e . -e clients/py
 	touch $@
+
+# The compiled PVA monitor module (server/pvwire/upstream/_pvaingest.cpp), built in place against
+# the installed pvxslibs with Debian's g++; the script does nothing while the module is up to date.
+ext: venv
+	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
+	$(PY) scripts/build_ext.py
 
 node: $(TS)/node_modules/.installed
 $(TS)/node_modules/.installed: $(TS)/package.json $(TS)/package-lock.json
@@ -56,7 +62,7 @@ tsbuild: node
 	cd $(TS) && npm run --silent build
 
 # `make run PORT=8092` when 8080 is taken (or set PVWIRE_PORT).
-run: venv tsbuild graphiql
+run: venv ext tsbuild graphiql
 	$(PY) -m pvwire.cli run-demo $(if $(PORT),--port $(PORT))
 
 lint: venv node
@@ -65,15 +71,15 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv tsbuild graphiql chromium haproxy coniql
+pytest: venv ext tsbuild graphiql chromium haproxy coniql
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
-tstest: venv node tsbuild graphiql
+tstest: venv ext node tsbuild graphiql
 	cd $(TS) && PVWIRE_PYTHON=$(abspath $(PY)) npm test --silent
 
 test: lint pytest tstest
 
-bench: venv tsbuild haproxy coniql
+bench: venv ext tsbuild haproxy coniql
 	$(PY) -m bench.run_all
 
 # The image's lock (Dockerfile): regenerate after changing pyproject's dependencies or the dev lock.
@@ -81,4 +87,4 @@ runtime-lock: venv
 	$(PY) scripts/runtime_lock.py
 
 clean:
-	rm -rf $(VENV) $(CONIQL_VENV) $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
+	rm -rf $(VENV) $(CONIQL_VENV) server/pvwire/upstream/_pvaingest*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

@@ -3,7 +3,7 @@
 `python -m bench.pva_fields [--pvs 1000] [--collect 8] [--chunk 2000]`
 
 One IOC with N counters at 10 Hz (bench/harness.py's database). The process subscribes to every
-PV (raw FIFOs, as pvwire does), keeps every update it pops for `--collect` seconds, then runs each
+PV (p4p's raw FIFOs), keeps every update it pops for `--collect` seconds, then runs each
 way of reading them over chunks of those Values in arrival order, ways taking turns chunk by
 chunk. Between two updates of one PV the reader has touched every other PV's Values and type, as
 the server does: pvxs keeps one type (and one field-name map) per subscription, so with 1,000 PVs
@@ -16,8 +16,8 @@ Ways:
 - `changed-each`: `Value.changed(b"alarm")` ... for each top-level field but value and timeStamp;
 - `changed-alarm`: `Value.changed(b"alarm")` alone (what a value-only pvRequest mask would need);
 - `reads-str` / `reads-bytes`: value and the two time fields, by str or by bytes keys;
-- `drain-inline`: what `PvaMonitor.drain` does per ordinary update (changedSet, subset test,
-  three bytes-key reads).
+- `drain-inline`: what `PvaMonitor.drain` did per ordinary update before the compiled ingest
+  (changedSet, subset test, three bytes-key reads).
 """
 
 from __future__ import annotations
@@ -74,22 +74,32 @@ def _ways() -> dict[str, Callable[[Any], object]]:
 
 
 async def _collect(names: list[str], seconds: float) -> list[Any]:
-    """Every update popped from `names` for `seconds`, first updates left out."""
-    from p4p.client.asyncio import Context
-    from pvwire.upstream.pva_ingest import WokenQueue, pop
+    """Every update popped from `names` for `seconds`, first updates left out.
 
-    ctx = Context("pva", nt=False)
-    woken = WokenQueue(asyncio.get_running_loop())
+    Through p4p's raw FIFOs, woken by a C call (`deque.append`) and popped by a 5 ms timer (the
+    `raw-cwake` mode of bench/pva_ingest.py): the Values these ways read are p4p's.
+    """
+    from collections import deque
+    from functools import partial
+
+    from p4p._p4p import ClientMonitor
+    from p4p.client.raw import Context as RawContext
+
+    loop = asyncio.get_running_loop()
+    ctx = RawContext("pva", nt=False, useenv=True)
+    woken: deque[Sub] = deque()
     values: list[Any] = []
     firsts: set[int] = set()
+    request = RawContext.makeRequest("record[queueSize=16]field()")
 
     class Sub:
         def __init__(self, i: int, name: str) -> None:
             self.i = i
-            self.mon = woken.subscribe(ctx, name, self)
+            self.mon = ClientMonitor(ctx._ctxt, name, handler=partial(woken.append, self),
+                                     pvRequest=request)  # fmt: skip
 
         def drain(self) -> None:
-            while (v := pop(self.mon)) is not None:
+            while (v := self.mon.pop()) is not None:
                 if isinstance(v, Exception):
                     continue
                 if self.i in firsts:
@@ -97,11 +107,17 @@ async def _collect(names: list[str], seconds: float) -> list[Any]:
                 else:
                     firsts.add(self.i)  # the first update marks every field
 
+    def poll() -> None:
+        while woken:
+            woken.popleft().drain()
+        handle[0] = loop.call_later(0.005, poll)
+
+    handle = [loop.call_later(0.005, poll)]
     subs = [Sub(i, n) for i, n in enumerate(names)]
     await asyncio.sleep(seconds)
+    handle[0].cancel()
     for s in subs:
         s.mon.close()
-        woken.closed()
     ctx.close()
     return values
 

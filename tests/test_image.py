@@ -1,6 +1,7 @@
 """The container image, checked without a Docker engine (there is none here): the build context
-that .dockerignore leaves, the Dockerfile's lint, the runtime lock, and the runtime stage's steps
-replayed in a fresh virtual environment that must then serve the page, GraphiQL and /healthz.
+that .dockerignore leaves, the Dockerfile's lint, the runtime lock, and the wheel and runtime
+stages' steps replayed in a fresh virtual environment (the PVA module compiled there) that must
+then serve the page, GraphiQL and /healthz.
 
 Not verified here: the Node stage inside node:20-bookworm-slim (replayed by `make tsbuild
 graphiql` on this machine instead), the base images themselves, and `docker build` as a whole.
@@ -78,6 +79,7 @@ def context_files() -> list[str]:
         "server/pvwire.egg-info/PKG-INFO",
         "server/pvwire/static/app.js",  # built inside the image, never taken from a checkout
         "server/pvwire/graphiql/graphiql/graphiql.min.js",
+        "server/pvwire/upstream/_pvaingest.cpython-311-x86_64-linux-gnu.so",  # compiled in it
         "clients/ts/dist/index.js",
         "tests/test_cli.py",
     ],
@@ -141,8 +143,9 @@ def test_runtime_lock_is_the_dev_lock_less_dev_tools() -> None:
 
 
 class FreshInstall:
-    """The runtime stage replayed: a new venv, the runtime lock, then pvwire's wheel built from
-    the context with the page and GraphiQL files the earlier stages make."""
+    """The wheel and runtime stages replayed: a new venv, the runtime lock, the PVA module
+    compiled, then pvwire's wheel built from the context with the page and GraphiQL files the
+    earlier stages make."""
 
     def __init__(self, where: Path) -> None:
         self.where = where
@@ -168,6 +171,7 @@ class FreshInstall:
             capture_output=True,
             timeout=120,
         )
+        self.run(str(context / "scripts/build_ext.py"))
         wheels = self.where / "wheels"
         self.run("-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(wheels), str(context))
         self.run("-m", "pip", "install", "-q", "--no-deps", *map(str, wheels.glob("*.whl")))
@@ -233,8 +237,9 @@ def test_fresh_install_has_runtime_packages_only(fresh: FreshInstall) -> None:
     listed = fresh.run("-m", "pip", "list", "--format=freeze").splitlines()
     installed = {normal(line.partition("==")[0]) for line in listed}
     assert installed == set(pins(ROOT / "requirements-runtime.lock")) | {"pvwire", "pip"}
-    where = fresh.run("-c", "import pvwire; print(pvwire.__file__)").strip()
-    assert where.startswith(str(fresh.where / "venv")), where  # not the source tree
+    for module in ("pvwire", "pvwire.upstream._pvaingest"):
+        where = fresh.run("-c", f"import {module}; print({module}.__file__)").strip()
+        assert where.startswith(str(fresh.where / "venv")), where  # not the source tree
 
 
 @pytest.mark.timeout(600)

@@ -15,17 +15,15 @@ import lz4.block
 import numpy as np
 import pytest
 from p4p.nt import NTNDArray
-from p4p.server import Server, StaticProvider
 from p4p.server.thread import SharedPV
 from PIL import Image
-from pvwire.ioc import free_port
-from pvwire.loopback import loopback_env
 from pvwire.upstream.sim import parse_sim
 from pvwire.upstream.sim_image import image_frame, image_step
 from pvwire_client import Client
 from pvwire_client.state import ChannelState
 
 from tests.alignment import message_of
+from tests.p4p_server import p4p_server
 from tests.server_process import ServerProcess, server_args_for_tests
 
 pytestmark = pytest.mark.ioc
@@ -99,23 +97,8 @@ def _pv(initial: Any) -> SharedPV:
 def image_server() -> Iterator[tuple[ServerProcess, dict[str, SharedPV]]]:
     pvs = {name: _pv(served) for name, (served, *_) in FRAMES.items()}
     pvs["IMG:CORRUPT"] = _pv(CORRUPT)
-    server_port, broadcast_port = free_port(), free_port()
-    conf = {
-        **{k: v for k, v in loopback_env().items() if k.startswith("EPICS_PVA")},
-        "EPICS_PVAS_INTF_ADDR_LIST": "127.0.0.1",
-        "EPICS_PVAS_SERVER_PORT": str(server_port),
-        "EPICS_PVAS_BROADCAST_PORT": str(broadcast_port),
-    }
-    provider = StaticProvider("images")
-    for name, pv in pvs.items():
-        provider.add(name, pv)
-    client_env = {
-        "EPICS_PVA_ADDR_LIST": f"127.0.0.1:{broadcast_port}",
-        "EPICS_PVA_BROADCAST_PORT": str(broadcast_port),
-        "EPICS_PVA_AUTO_ADDR_LIST": "NO",
-    }
     with (
-        Server(providers=[provider], conf=conf, useenv=False),
+        p4p_server("images", pvs) as client_env,
         ServerProcess(*server_args_for_tests(), env=client_env) as proc,
     ):
         yield proc, pvs

@@ -1,4 +1,4 @@
-"""PVA monitors through the polled raw FIFOs (upstream/pva_ingest.py), against real IOCs.
+"""PVA monitors through the batched pvxs subscriptions (upstream/pva_ingest.py), on real IOCs.
 
 DESIGN.md section 9: p4p's thread client once lost about one subscription in 1,000 at subscribe
 time. 5,000 subscriptions opened at once from one IOC must each deliver their first value (the
@@ -18,7 +18,7 @@ from pvwire.app import make_backends
 from pvwire.config import Settings
 from pvwire.ioc import IocProcess
 from pvwire.model import ConnState
-from pvwire.upstream import pva, pva_ingest
+from pvwire.upstream import pva_ingest
 from pvwire.upstream.pva import PvaBackend
 
 from tests.conftest import RecordingSink
@@ -84,16 +84,16 @@ async def test_polling_stops_with_the_last_monitor_and_starts_with_the_next() ->
     try:
         first = RecordingSink()
         mon = backend.monitor("PVW:COUNTER", first)
-        assert backend.woken().polling
+        assert backend.ingest().polling
         await first.wait(lambda: len(first.updates) >= 2)
         mon.close()
-        assert not backend.woken().polling
+        assert not backend.ingest().polling
         seen = len(first.events)
 
         again = RecordingSink()
         mon = backend.monitor("PVW:COUNTER", again)
         try:
-            assert backend.woken().polling
+            assert backend.ingest().polling
             await again.wait(lambda: len(again.updates) >= 2)
         finally:
             mon.close()
@@ -107,7 +107,7 @@ async def test_a_backlog_larger_than_one_drain_is_delivered_in_order(
 ) -> None:
     # One update per drain: a FIFO holding several must be queued again by the drain itself,
     # since pvxs wakes a subscription only after a pop found its FIFO empty.
-    monkeypatch.setattr(pva, "MAX_POPS", 1)
+    monkeypatch.setattr(pva_ingest, "MAX_POPS", 1)
     backend = PvaBackend()
     sink = RecordingSink()
     mon = backend.monitor("PVW:COUNTER", sink)
@@ -148,6 +148,6 @@ async def test_the_queue_size_setting_reaches_every_monitor_request() -> None:
     app_backends = make_backends(Settings(pva_queue_size=3, sim_enabled=False))
     backend = app_backends["pva"]
     assert isinstance(backend, PvaBackend)
-    assert backend.woken()._request.todict()["record"]["_options"] == {"queueSize": "3"}
+    assert backend.ingest().request.todict()["record"]["_options"] == {"queueSize": "3"}
     with pytest.raises(ValueError, match="at least 1"):
-        pva_ingest.WokenQueue(asyncio.get_running_loop(), 0)
+        pva_ingest.PvaIngest(asyncio.get_running_loop(), 0)

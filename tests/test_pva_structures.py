@@ -17,13 +17,11 @@ import numpy as np
 import pytest
 from p4p import Type, Value
 from p4p.nt import NTEnum, NTNDArray, NTScalar, NTTable
-from p4p.server import Server, StaticProvider
 from p4p.server.thread import SharedPV
-from pvwire.ioc import free_port
-from pvwire.loopback import loopback_env
 from pvwire_client import Client
 from pvwire_client.state import ChannelState
 
+from tests.p4p_server import p4p_server
 from tests.server_process import ServerProcess, server_args_for_tests
 
 pytestmark = pytest.mark.ioc
@@ -106,22 +104,7 @@ def same(got: Any, want: Any) -> bool:
 @pytest.fixture(scope="module")
 def structures_server() -> Iterator[tuple[ServerProcess, dict[str, SharedPV]]]:
     pvs = _pvs()
-    server_port, broadcast_port = free_port(), free_port()
-    conf = {
-        **{k: v for k, v in loopback_env().items() if k.startswith("EPICS_PVA")},
-        "EPICS_PVAS_INTF_ADDR_LIST": "127.0.0.1",
-        "EPICS_PVAS_SERVER_PORT": str(server_port),
-        "EPICS_PVAS_BROADCAST_PORT": str(broadcast_port),
-    }
-    provider = StaticProvider("structures")
-    for name, pv in pvs.items():
-        provider.add(name, pv)
-    client_env = {
-        "EPICS_PVA_ADDR_LIST": f"127.0.0.1:{broadcast_port}",
-        "EPICS_PVA_BROADCAST_PORT": str(broadcast_port),
-        "EPICS_PVA_AUTO_ADDR_LIST": "NO",
-    }
-    with Server(providers=[provider], conf=conf, useenv=False):
+    with p4p_server("structures", pvs) as client_env:
         args = server_args_for_tests(["--write-rule", "pva://ST:*"])
         with ServerProcess(*args, env=client_env) as proc:
             yield proc, pvs

@@ -1,11 +1,10 @@
 """PVAccess backend (`pva://NAME`), built on p4p's client with `nt=False` (raw `Value`s, no NT
 unwrapping per update).
 
-Gets and puts use p4p's asyncio client. Monitors use the raw subscription FIFOs under it, on the
-same context, polled in batches on the event loop (pva_ingest.py): no coroutine, no Python code
-on pvxs's thread and no loop wake-up per update (at 1,000 PVs at 10 Hz, 0.3-0.4 of the asyncio
-client's CPU per update; the whole server, tick and WebSocket included, 0.5-0.6 of it at 1,000
-and 2,000 PVs on a lightly loaded machine, bench/README.md).
+Gets and puts use p4p's asyncio client. Monitors are pvxs subscriptions of pvwire's own
+(pva_ingest.py, _pvaingest.cpp), drained in batches on the event loop: no coroutine, no GIL on
+pvxs's thread, no loop wake-up per update, and an ordinary update read in C++ (bench/README.md,
+"Per-update cost, fourth pass", has the figures against p4p's asyncio client).
 
 A PVA update carries the whole structure, metadata included, with the set of fields that changed
 since the previous one. An ordinary update changes only value and time (`Value.changedSet()`);
@@ -38,11 +37,10 @@ from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Va
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 from .ntndarray import color_mode, decode_ntndarray, frame_dtype
-from .pva_ingest import QUEUE_SIZE, WokenQueue, pop
+from .pva_ingest import QUEUE_SIZE, PvaIngest, Subscription
 from .values import CallbackGuard, long_string, wire_value
 
-_PLAIN_TYPES = frozenset((int, float, str))
-# p4p's C methods, without the Python wrapper's frame (`Value.changedSet` adds ~0.2 µs).
+# p4p's C method, without the Python wrapper's frame (`Value.changedSet` adds ~0.2 µs).
 _changed_set = _p4p._Value.changedSet
 
 __all__ = ["PvaBackend", "PvaMonitor"]
@@ -77,11 +75,9 @@ _SCALAR, _BOOL, _ARRAY, _BOOL_ARRAY, _ENUM, _NDARRAY, _TABLE, _STRUCT, _LONG_STR
 # Put types remembered per name (see PvaBackend._types).
 MAX_TYPES = 4096
 
-# Updates popped from one subscription per drain before the others get their turn.
-MAX_POPS = 16
-
 # What an ordinary update changes (`Value.changedSet()`): value and time. Anything else (alarm,
-# metadata, enum labels) sends the update down the slow path that re-reads them.
+# metadata, enum labels) sends the update down the slow path that re-reads them (_pvaingest.cpp
+# applies the same rule to the fast path).
 _PLAIN_CHANGES = frozenset(
     (
         "value",
@@ -107,7 +103,7 @@ class _Shape:
 
     @property
     def fast(self) -> bool:
-        """Whether drain's inline path reads it: `value` as p4p gives it, and a timeStamp."""
+        """Whether the fast path reads it (`value` as p4p gives it, and a timeStamp)."""
         return self.kind in (_SCALAR, _ARRAY) and self.has_time
 
 
@@ -236,7 +232,13 @@ class _PutType:
 
 
 class PvaMonitor:
-    """One p4p subscription feeding one sink, drained in batches on the loop (pva_ingest.py)."""
+    """One pvxs subscription feeding one sink, drained in batches on the loop (pva_ingest.py).
+
+    An ordinary update of a connected scalar or array (only value and time changed) goes from
+    the subscription straight to the sink's `on_update` in C++, with the alarm this monitor last
+    read (`Subscription.fast`). Everything else comes here through `_item`, which turns that
+    fast path on again when the next update may take it.
+    """
 
     __slots__ = (
         "_alarm",
@@ -258,21 +260,21 @@ class PvaMonitor:
         self._sink = sink
         self._closed = False
         self._connected = False
-        # Whether the next ordinary update may take drain's inline path: connected, not failed,
-        # and a scalar or array with a timeStamp (`_Shape.fast`).
+        # Whether an ordinary update may take the fast path: connected, not failed, and a scalar
+        # or array with a timeStamp (`_Shape.fast`).
         self._fast = False
         self._shape: _Shape | None = None
         self._meta: Metadata | None = None
         self._alarm: tuple[int, int, str] = (0, 0, "")
-        self._sub: Any = None
+        self._sub: Subscription | None = None
         self._guard = CallbackGuard(f"pva://{name}", sink)
         backend.monitored[name] = backend.monitored.get(name, 0) + 1
         self._subscribe()
 
     def _subscribe(self) -> None:
-        # A raw subscription on the asyncio client's context: one channel cache and one TCP
-        # connection per server for monitors, gets and puts alike.
-        self._sub = self._backend.woken().subscribe(self._backend.context(), self._name, self)
+        self._sub = self._backend.ingest().subscribe(
+            self._name, self._sink.on_update, self._item, self._failed
+        )
 
     def close(self) -> None:
         if self._closed:
@@ -281,7 +283,7 @@ class PvaMonitor:
         if self._sub is not None:
             self._sub.close()
             self._sub = None
-            self._backend.woken().closed()
+            self._backend.ingest().closed()
         backend = self._backend
         left = backend.monitored.pop(self._name, 1) - 1
         if left > 0:
@@ -289,57 +291,25 @@ class PvaMonitor:
         else:
             backend.release(self._name)
 
-    def drain(self) -> None:
-        """Pop the FIFO until it is empty: pvxs wakes us again only after a pop found it empty.
+    def _item(self, item: Any) -> None:
+        """Anything but an ordinary update on the fast path: p4p's Value or exception.
 
-        A subscription still busy after MAX_POPS goes to the back of the ready list, so one fast
-        PV cannot hold up the others. A failure in one update stays in this channel
-        (CallbackGuard: FAILED with the reason, a later good update recovers it) and the FIFO is
-        still drained, or no wake-up would ever come again.
-
-        The ordinary update of a connected scalar or array (only value and time changed) is
-        read here, inline: one `changedSet`, the value and two time fields, and the sink (2.9 µs
-        of loop-thread CPU per update against 3.8-4.2 through `_event`, measured on real QSRV
-        updates). Anything else goes through `_event`.
-
-        The fields are read by bytes keys: p4p then skips encoding the name (three reads of
-        cold Values of 1,000 PVs, in arrival order: 1.3-2.3 µs against 1.9-2.6 with str keys).
-        `Value.changed` of each other top-level field instead of `changedSet` measured no
-        cheaper on such Values (2.0-3.3 µs against 2.6-3.4): each is a lookup in the same
-        cold name map that changedSet walks.
+        A failure in one update stays in this channel (CallbackGuard: FAILED with the reason, a
+        later good update recovers it).
         """
-        sub = self._sub
-        on_update = self._sink.on_update
-        for _ in range(MAX_POPS):
-            if sub is None or sub is not self._sub:
-                return  # closed, or subscribed again after Finished, meanwhile
-            v = pop(sub)
-            if v is None:
-                return
-            try:
-                if self._fast and not isinstance(v, Exception):
-                    changed = _changed_set(v, False, False)
-                    if changed <= _PLAIN_CHANGES:
-                        value = v[b"value"]
-                        if type(value) not in _PLAIN_TYPES:
-                            value = wire_value(value)  # arrays: a plain ndarray view
-                        severity, status, message = self._alarm
-                        on_update(
-                            value,
-                            v[b"timeStamp.secondsPastEpoch"],
-                            v[b"timeStamp.nanoseconds"],
-                            severity,
-                            status,
-                            message,
-                        )
-                        continue
-                    self._event(v, changed)
-                else:
-                    self._event(v, None)
-            except Exception as exc:
-                self._fast = False  # the next update goes through `_event`, which recovers
-                self._guard.fail(exc)
-        self._backend.woken().again(self)
+        try:
+            self._event(item, None)
+        except Exception as exc:
+            self._fast = False  # the next update comes here again, which recovers
+            self._guard.fail(exc)
+            return
+        if self._fast and self._sub is not None:
+            self._sub.fast(*self._alarm)
+
+    def _failed(self, exc: BaseException) -> None:
+        """The sink's `on_update` raised on the fast path (which is off now)."""
+        self._fast = False
+        self._guard.fail(exc)
 
     def _event(self, v: Any, changed: set[str] | None) -> None:
         shape = self._shape
@@ -384,20 +354,23 @@ class PvaMonitor:
             self._sink.on_meta(meta)
 
     def _on_exception(self, e: Exception) -> None:
-        if isinstance(e, Disconnected):
+        # Finished first: p4p's Finished is a Disconnected.
+        if isinstance(e, Finished):
+            # The server ended the subscription; pvxs delivers nothing more, so subscribe again.
+            if self._connected or self._guard.failed:
+                self._connected = False
+                self._guard.failed = False
+                self._sink.on_connection(ConnState.DISCONNECTED, "subscription finished")
+            if self._sub is not None:
+                self._sub.close()
+                self._backend.ingest().closed()
+            self._subscribe()
+        elif isinstance(e, Disconnected):
             # Only a channel that was connected (or failed) can become DISCONNECTED.
             if self._connected or self._guard.failed:
                 self._connected = False
                 self._guard.failed = False
                 self._sink.on_connection(ConnState.DISCONNECTED, "server disconnected")
-        elif isinstance(e, Finished):
-            # The server ended the subscription; p4p stops delivering, so subscribe again.
-            if self._connected:
-                self._connected = False
-                self._sink.on_connection(ConnState.DISCONNECTED, "subscription finished")
-            self._sub.close()
-            self._backend.woken().closed()
-            self._subscribe()
         elif isinstance(e, Cancelled):
             pass
         else:
@@ -432,20 +405,20 @@ class PvaBackend(Backend):
         # "slow or gone" (ChannelTimeout) rather than "never found" (ChannelNotFound).
         # Bounded (least recently used dropped first): gets of ever new names must not grow it.
         self._types: OrderedDict[str, _PutType] = OrderedDict()
-        # Open monitors per channel name: their channels must not be released.
+        # Open monitors per channel name: p4p keeps their channels for gets and puts (release).
         self.monitored: dict[str, int] = {}
-        self._woken: WokenQueue | None = None
+        self._ingest: PvaIngest | None = None
 
     def context(self) -> Context:
         if self._ctx is None:
             self._ctx = Context("pva", nt=False)
         return self._ctx
 
-    def woken(self) -> WokenQueue:
-        """The monitors' wake-up queue, polled on the running loop (the first monitor's)."""
-        if self._woken is None:
-            self._woken = WokenQueue(asyncio.get_running_loop(), self._queue_size)
-        return self._woken
+    def ingest(self) -> PvaIngest:
+        """The monitors' context, drained on the running loop (the first monitor's)."""
+        if self._ingest is None:
+            self._ingest = PvaIngest(asyncio.get_running_loop(), self._queue_size)
+        return self._ingest
 
     def remember(self, name: str, shape: _Shape, meta: Metadata) -> None:
         self._types[name] = _PutType(shape.type_name, shape.is_array, meta.choices)
@@ -454,11 +427,11 @@ class PvaBackend(Backend):
             self._types.popitem(last=False)
 
     def release(self, name: str) -> None:
-        """Close p4p's cached channel for `name` unless a monitor still uses it.
+        """Close p4p's cached channel for `name` unless the name is monitored.
 
         p4p keeps every channel it opened in its context's cache; without this, gets of names
-        no server has would leave channels searching for the life of the process. Monitors
-        share that channel and `disconnect(name)` closes it under them, hence the count.
+        no server has would leave channels searching for the life of the process. A monitored
+        name keeps its channel, so that gets and puts of it need no new search each time.
         """
         if self._ctx is not None and name not in self.monitored:
             self._ctx.disconnect(name)
@@ -532,6 +505,9 @@ class PvaBackend(Backend):
             self.release(name)
 
     async def close(self) -> None:
+        if self._ingest is not None:
+            self._ingest.close()
+            self._ingest = None
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None

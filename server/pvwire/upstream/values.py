@@ -119,8 +119,9 @@ class CallbackGuard:
         reason = f"value cannot be served: {reason}"[:200]
         if not self.failed:
             self.failed = True
+            # The exception itself, not `True`: fail() may run outside its except block.
             log.error("channel %s failed in an upstream callback: %s", self.uri, reason,
-                      exc_info=not known)  # fmt: skip
+                      exc_info=None if known else exc)  # fmt: skip
         try:
             self.sink.on_connection(ConnState.FAILED, reason)
         except Exception:  # the sink is the hub's; nothing of it may end the subscription

@@ -1,0 +1,75 @@
+"""Build pvwire's compiled module in place: `python scripts/build_ext.py` (make does it).
+
+`pvwire.upstream._pvaingest` (PVA monitors, server/pvwire/upstream/_pvaingest.cpp) is compiled
+against the pvxs and EPICS headers that the installed `pvxslibs` and `epicscorelibs` wheels ship,
+with their compiler settings (`epicscorelibs.config`: pvxs is built with the pre-C++11 string
+ABI, which our code must share), and linked to their libraries; setuptools' build_ext supplies
+Python's own flags and file name. Nothing is done while the module is newer than its source,
+this script and those libraries (replaced wheels bring newer library files).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import epicscorelibs.config
+import epicscorelibs.path
+import numpy
+import pvxslibs.path
+from setuptools import Distribution, Extension
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "server" / "pvwire" / "upstream" / "_pvaingest.cpp"
+
+
+def extension() -> Extension:
+    pvxs_lib = str(Path(pvxslibs.path.__file__).parent / "lib")
+    epics_lib = epicscorelibs.path.lib_path
+    return Extension(
+        "pvwire.upstream._pvaingest",
+        sources=[str(SOURCE.relative_to(ROOT))],
+        include_dirs=[
+            pvxslibs.path.include_path,
+            epicscorelibs.path.include_path,
+            numpy.get_include(),
+        ],
+        define_macros=epicscorelibs.config.get_config_var("CPPFLAGS"),
+        library_dirs=[pvxs_lib, epics_lib],
+        libraries=["pvxs", "Com"],
+        depends=[str(Path(pvxs_lib) / "libpvxs.so"), str(Path(epics_lib) / "libCom.so")],
+        # Found by path at load time; `import p4p` (which the module does first) has already
+        # loaded the same libraries, which the loader then reuses.
+        runtime_library_dirs=[pvxs_lib, epics_lib],
+        extra_compile_args=["-std=c++17", "-O2", "-g0", "-Wall", "-Wno-missing-field-initializers"],
+        language="c++",
+    )
+
+
+def up_to_date(ext: Extension) -> bool:
+    """Whether the built module is newer than its source, this script and the libraries."""
+    target = SOURCE.with_name("_pvaingest" + sysconfig.get_config_var("EXT_SUFFIX"))
+    inputs = [ROOT / f for f in ext.sources] + [Path(f) for f in ext.depends] + [Path(__file__)]
+    return target.exists() and all(f.stat().st_mtime < target.stat().st_mtime for f in inputs)
+
+
+def main() -> int:
+    ext = extension()
+    if up_to_date(ext):
+        return 0
+    with tempfile.TemporaryDirectory(prefix="pvwire-build-") as tmp:
+        dist = Distribution({"ext_modules": [ext], "package_dir": {"": "server"}})
+        cmd = dist.get_command_obj("build_ext")
+        cmd.inplace = True  # type: ignore[attr-defined]
+        cmd.build_temp = tmp  # type: ignore[attr-defined]
+        cmd.build_lib = tmp  # type: ignore[attr-defined]
+        dist.run_command("build_ext")
+    return 0
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)  # setuptools takes the source paths relative to the project
+    sys.exit(main())
