@@ -151,3 +151,15 @@ async def test_the_queue_size_setting_reaches_every_monitor_request() -> None:
     assert backend.ingest().request.todict()["record"]["_options"] == {"queueSize": "3"}
     with pytest.raises(ValueError, match="at least 1"):
         pva_ingest.PvaIngest(asyncio.get_running_loop(), 0)
+
+
+async def test_a_monitor_closed_after_its_backend_opens_no_new_context() -> None:
+    backend = PvaBackend()
+    sink = RecordingSink()
+    mon = backend.monitor("PVW:COUNTER", sink)
+    await sink.wait(lambda: len(sink.updates) >= 1)
+    ingest = backend.ingest()
+    await backend.close()  # a shutdown may close the backend before the hub's channels
+    assert not ingest.polling
+    mon.close()
+    assert backend._ingest is None, "closing the monitor opened a new pvxs context"

@@ -247,6 +247,7 @@ class PvaMonitor:
         "_connected",
         "_fast",
         "_guard",
+        "_ingest",
         "_meta",
         "_name",
         "_shape",
@@ -267,12 +268,14 @@ class PvaMonitor:
         self._meta: Metadata | None = None
         self._alarm: tuple[int, int, str] = (0, 0, "")
         self._sub: Subscription | None = None
+        # The context this monitor subscribes on, closed() on it (the backend may have a new one).
+        self._ingest = backend.ingest()
         self._guard = CallbackGuard(f"pva://{name}", sink)
         backend.monitored[name] = backend.monitored.get(name, 0) + 1
         self._subscribe()
 
     def _subscribe(self) -> None:
-        self._sub = self._backend.ingest().subscribe(
+        self._sub = self._ingest.subscribe(
             self._name, self._sink.on_update, self._item, self._failed
         )
 
@@ -283,7 +286,7 @@ class PvaMonitor:
         if self._sub is not None:
             self._sub.close()
             self._sub = None
-            self._backend.ingest().closed()
+            self._ingest.closed()
         backend = self._backend
         left = backend.monitored.pop(self._name, 1) - 1
         if left > 0:
@@ -363,7 +366,7 @@ class PvaMonitor:
                 self._sink.on_connection(ConnState.DISCONNECTED, "subscription finished")
             if self._sub is not None:
                 self._sub.close()
-                self._backend.ingest().closed()
+                self._ingest.closed()
             self._subscribe()
         elif isinstance(e, Disconnected):
             # Only a channel that was connected (or failed) can become DISCONNECTED.
