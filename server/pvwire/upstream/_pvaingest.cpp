@@ -52,6 +52,16 @@ struct Ref {
     ~Ref() { Py_XDECREF(obj); }
 };
 
+// The GIL released for a scope; taken again on leaving it, an exception included (which
+// Py_BEGIN_ALLOW_THREADS would skip).
+struct GilReleased {
+    PyThreadState* state;
+    GilReleased() : state(PyEval_SaveThread()) {}
+    GilReleased(const GilReleased&) = delete;
+    GilReleased& operator=(const GilReleased&) = delete;
+    ~GilReleased() { PyEval_RestoreThread(state); }
+};
+
 struct Sub;
 
 // Subscriptions whose FIFO went from empty to not empty: filled by pvxs's worker thread,
@@ -281,10 +291,13 @@ void close_sub(Sub& sub) {
     std::shared_ptr<client::Subscription> op;
     op.swap(sub.op);
     if (op) {
-        Py_BEGIN_ALLOW_THREADS
-        op->cancel();
+        GilReleased unlocked;
+        try {
+            op->cancel();
+        } catch (std::exception&) {
+            // cancel() ends the operation whatever it reports; nothing is delivered after it
+        }
         op.reset();
-        Py_END_ALLOW_THREADS
     }
 }
 
@@ -365,10 +378,11 @@ int ingest_init(IngestObject* self, PyObject* args, PyObject* kwargs) {
         return -1;
     try {
         Value req(client::Context::request().pvRequest(request).build());
-        client::Context* ctxt = nullptr;
-        Py_BEGIN_ALLOW_THREADS
-        ctxt = new client::Context(client::Context::fromEnv());
-        Py_END_ALLOW_THREADS
+        client::Context* ctxt;
+        {
+            GilReleased unlocked;  // pvxs starts its threads and opens its sockets
+            ctxt = new client::Context(client::Context::fromEnv());
+        }
         delete self->ctxt;
         delete self->request;
         self->ctxt = ctxt;
@@ -394,10 +408,13 @@ void close_ingest(IngestObject* self) {
     client::Context* ctxt = self->ctxt;
     self->ctxt = nullptr;
     if (ctxt) {
-        Py_BEGIN_ALLOW_THREADS
-        ctxt->close();
+        GilReleased unlocked;
+        try {
+            ctxt->close();
+        } catch (std::exception&) {
+            // closing aborts every operation whatever it reports; the context is freed below
+        }
         delete ctxt;
-        Py_END_ALLOW_THREADS
     }
 }
 
