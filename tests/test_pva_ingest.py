@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,3 +167,20 @@ async def test_a_monitor_closed_after_its_backend_opens_no_new_context() -> None
     assert not ingest.polling
     mon.close()
     assert backend._ingest is None, "closing the monitor opened a new pvxs context"
+
+
+def test_a_missing_module_says_how_to_build_it(tmp_path: Path) -> None:
+    # The server package imported as a source checkout installed without `make` sees it.
+    package = tmp_path / "pvwire"
+    shutil.copytree(Path(pva_ingest.__file__).parent.parent, package,
+                    ignore=shutil.ignore_patterns("_pvaingest*.so", "__pycache__"))  # fmt: skip
+    probe = subprocess.run(
+        [sys.executable, "-c", "import pvwire.upstream.pva_ingest"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode != 0
+    assert "pvwire's PVA module is not built" in probe.stderr and "make ext" in probe.stderr

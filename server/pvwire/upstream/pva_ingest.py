@@ -31,7 +31,13 @@ from typing import Any
 
 import p4p._p4p  # noqa: F401  # loads libpvxs, and p4p's C API that _pvaingest imports
 
-from ._pvaingest import Ingest, Subscription
+try:
+    from ._pvaingest import Ingest, Subscription
+except ImportError as e:  # a source checkout installed without `make`
+    raise ImportError(
+        f"pvwire's PVA module is not built ({e}): run `make ext`, or "
+        "`python scripts/build_ext.py` with g++ and this environment's Python"
+    ) from e
 
 __all__ = ["MAX_POPS", "POLL_PERIOD_S", "QUEUE_SIZE", "PvaIngest", "Subscription"]
 
