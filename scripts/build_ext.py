@@ -10,17 +10,22 @@ this script and those libraries (replaced wheels bring newer library files).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
-import epicscorelibs.config
-import epicscorelibs.path
-import numpy
-import pvxslibs.path
-from setuptools import Distribution, Extension
+# Importing epicscorelibs.config probes the toolchain through setuptools_dso, which logs a
+# warning on the root logger about patching that probe's compiler object (not the one below).
+logging.getLogger().setLevel(logging.ERROR)
+
+import epicscorelibs.config  # noqa: E402
+import epicscorelibs.path  # noqa: E402
+import numpy  # noqa: E402
+import pvxslibs.path  # noqa: E402
+from setuptools import Distribution, Extension  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "server" / "pvwire" / "upstream" / "_pvaingest.cpp"
