@@ -19,7 +19,6 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,6 +46,12 @@ PyObject* remote_error_type = nullptr;
 struct Ref {
     PyObject* obj;
     explicit Ref(PyObject* o = nullptr) : obj(o) {}
+    // A new reference to a borrowed object (null stays null): held over a call that may drop
+    // the borrowed one.
+    static PyObject* held(PyObject* o) {
+        Py_XINCREF(o);
+        return o;
+    }
     Ref(const Ref&) = delete;
     Ref& operator=(const Ref&) = delete;
     ~Ref() { Py_XDECREF(obj); }
@@ -252,8 +257,8 @@ Fast deliver_fast(Sub& sub, const Value& v) {
     // Allocating may have run the garbage collector, whose tp_clear empties an unreachable
     // subscription's Python fields: read them only now, and hold them over the call.
     if (!sub.fast || !sub.on_update) return Fast::declined;
-    Ref on_update(sub.on_update), sev(sub.alarm[0]), stat(sub.alarm[1]), msg(sub.alarm[2]);
-    for (PyObject* o : {on_update.obj, sev.obj, stat.obj, msg.obj}) Py_INCREF(o);
+    Ref on_update(Ref::held(sub.on_update)), sev(Ref::held(sub.alarm[0])),
+        stat(Ref::held(sub.alarm[1])), msg(Ref::held(sub.alarm[2]));
     args[3] = sev.obj;
     args[4] = stat.obj;
     args[5] = msg.obj;
@@ -521,8 +526,7 @@ bool drain_one(Sub& sub, long max_pops) {
                     PyErr_NormalizeException(&type, &value, &tb);
                     if (tb) PyException_SetTraceback(value, tb);
                     Ref t(type), val(value), trace(tb);
-                    Ref failure(sub.on_failure);
-                    Py_XINCREF(failure.obj);
+                    Ref failure(Ref::held(sub.on_failure));
                     if (failure.obj && val.obj) call_handler(failure.obj, val.obj);
                     continue;
                 }
@@ -530,8 +534,7 @@ bool drain_one(Sub& sub, long max_pops) {
         }
         sub.fast = false;  // the handler turns it on again when the next may be ordinary
         Ref item(error_type ? exception_item(error_type, what.c_str()) : pack_value(v));
-        Ref handler(sub.on_item);
-        Py_XINCREF(handler.obj);
+        Ref handler(Ref::held(sub.on_item));
         if (!item.obj) {
             PyErr_WriteUnraisable(handler.obj);
             continue;
@@ -543,7 +546,6 @@ bool drain_one(Sub& sub, long max_pops) {
 
 // drain(max_pops): deliver what the subscriptions woken so far hold, up to max_pops each; one
 // still busy goes back in the queue for the next drain, so one fast PV cannot hold up the rest.
-// Returns how many subscriptions were drained.
 PyObject* ingest_drain(IngestObject* self, PyObject* arg) {
     const long max_pops = PyLong_AsLong(arg);
     if (max_pops == -1 && PyErr_Occurred()) return nullptr;
@@ -551,7 +553,7 @@ PyObject* ingest_drain(IngestObject* self, PyObject* arg) {
         PyErr_SetString(PyExc_ValueError, "max_pops must be at least 1");
         return nullptr;
     }
-    if (!self->woken) return PyLong_FromLong(0);
+    if (!self->woken) Py_RETURN_NONE;
     std::vector<std::shared_ptr<Sub>> batch;
     {
         std::lock_guard<std::mutex> g(self->woken->lock);
@@ -565,13 +567,7 @@ PyObject* ingest_drain(IngestObject* self, PyObject* arg) {
         std::lock_guard<std::mutex> g(self->woken->lock);
         for (auto& sub : again) self->woken->subs.push_back(std::move(sub));
     }
-    return PyLong_FromSize_t(batch.size());
-}
-
-PyObject* ingest_get_woken(IngestObject* self, void*) {
-    if (!self->woken) return PyLong_FromLong(0);
-    std::lock_guard<std::mutex> g(self->woken->lock);
-    return PyLong_FromSize_t(self->woken->subs.size());
+    Py_RETURN_NONE;
 }
 
 PyObject* ingest_get_request(IngestObject* self, void*) {
@@ -584,15 +580,13 @@ PyMethodDef ingest_methods[] = {
      METH_FASTCALL,
      "subscribe(name, on_update, on_item, on_failure) -> Subscription on this context."},
     {"drain", reinterpret_cast<PyCFunction>(ingest_drain), METH_O,
-     "drain(max_pops) -> int: deliver the woken subscriptions' updates on this thread."},
+     "drain(max_pops): deliver the woken subscriptions' updates on this thread."},
     {"close", reinterpret_cast<PyCFunction>(ingest_close), METH_NOARGS,
      "Close the context: every subscription on it ends."},
     {nullptr, nullptr, 0, nullptr},
 };
 
 PyGetSetDef ingest_getset[] = {
-    {"woken", reinterpret_cast<getter>(ingest_get_woken), nullptr,
-     "Subscriptions queued for the next drain.", nullptr},
     {"request", reinterpret_cast<getter>(ingest_get_request), nullptr,
      "The pvRequest of every monitor, as p4p's Value.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},

@@ -36,16 +36,12 @@ class Ingest:
         other (p4p's Value, or p4p's Disconnected, Finished, RemoteError or a RuntimeError);
         `on_failure(exception)` when `on_update` raised."""
 
-    def drain(self, max_pops: int) -> int:
+    def drain(self, max_pops: int) -> None:
         """Deliver the woken subscriptions' updates, at most `max_pops` each (one still busy
-        waits for the next drain). Returns how many subscriptions were drained."""
+        waits for the next drain)."""
 
     def close(self) -> None:
         """Close the context: every subscription on it ends."""
-
-    @property
-    def woken(self) -> int:
-        """Subscriptions queued for the next drain."""
 
     @property
     def request(self) -> Any:
