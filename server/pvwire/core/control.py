@@ -69,6 +69,12 @@ class Control:
             )
         self._file_ids = frozenset(resolved)
 
+    def reload_catalogue(self) -> None:
+        """Read the catalogue file again now, changed or not (SIGHUP)."""
+        if self.catalogue_file is not None:
+            self.catalogue_file.request_reload()
+            self.poll_catalogue()
+
     def access(self, identity: Identity, canonical_id: str) -> Access:
         return self.rules.rules.access(identity, canonical_id)
 
