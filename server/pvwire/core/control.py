@@ -7,6 +7,7 @@ Reflective Servers result: a cached get costs nothing upstream).
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import logging
 import time
@@ -19,7 +20,7 @@ from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
 from ..access.rules import Access, RulesFile, split_field
 from ..config import CatalogueFile
-from ..errors import Forbidden, PvwireError, RateLimited, WriteDenied
+from ..errors import Forbidden, PutRejected, PvwireError, RateLimited, WriteDenied
 from ..model import ConnState, Reading
 from .registry import Registry
 
@@ -112,7 +113,9 @@ class Control:
         old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
         self.stats.puts += 1
         started = time.perf_counter()
-        result, code = "ok", ""
+        # Every way out is audited with what really happened, and anything but success counts
+        # as an error: the audit file is the record of who changed what.
+        result, code = "cancelled", ""
         try:
             if not self._puts.take(identity.user or identity.address):
                 raise RateLimited(
@@ -120,11 +123,25 @@ class Control:
                 )
             self._check_write(identity, canonical)
             await backend.put(name, value, wait, timeout)
+            result = "ok"
         except PvwireError as exc:
-            self.stats.put_errors += 1
             result, code = str(exc), exc.code
             raise
+        except asyncio.CancelledError:
+            # The caller went away (the HTTP client closed, the server stops); whether the
+            # upstream applied the value is unknown. Stays "cancelled" and propagates.
+            raise
+        except Exception as exc:
+            # A fault, not an answer: logged once with its trace, and the caller gets a plain
+            # PUT_FAILED (putMany's other puts go on) rather than an internal error.
+            log.exception("put to %s failed", canonical)
+            result, code = f"error: {type(exc).__name__}", PutRejected.code
+            raise PutRejected(
+                f"put to {canonical} failed: internal error ({type(exc).__name__})"
+            ) from exc
         finally:
+            if result != "ok":
+                self.stats.put_errors += 1
             self._audit.put(
                 identity, canonical, old, value, result, code, time.perf_counter() - started, wait
             )
