@@ -14,7 +14,7 @@ from pvwire.access.identity import Identity
 from pvwire.api.metrics import render_metrics
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
-from pvwire.errors import PutRejected
+from pvwire.errors import BadChannelId, PutRejected
 from pvwire.wire.tokens import TokenSigner
 
 from .hub_doubles import KEYS, FakeBackend
@@ -81,3 +81,13 @@ async def test_a_put_whose_caller_went_away_is_audited_as_cancelled(setup: Any) 
     assert (line["result"], line["code"]) == ("cancelled", "")
     assert put_samples(hub) == ['pvwire_puts_total{result="ok"} 0',
                                 'pvwire_puts_total{result="error"} 1']  # fmt: skip
+
+
+async def test_a_put_to_an_id_that_names_no_channel_is_audited(setup: Any) -> None:
+    hub, _, audit = setup
+    with pytest.raises(BadChannelId):
+        await hub.put("nope://X", 1.0, False, 1.0, ALICE)
+    (line,) = audited(audit)
+    assert (line["channel"], line["code"]) == ("nope://X", "BAD_CHANNEL_ID")
+    assert "nope" in line["result"]
+    assert put_samples(hub)[1] == 'pvwire_puts_total{result="error"} 1'

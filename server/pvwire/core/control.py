@@ -108,15 +108,16 @@ class Control:
         self, channel_id: str, value: Any, wait: bool, timeout: float, identity: Identity
     ) -> str:
         registry = self._registry
-        canonical, backend, name = registry.resolve(channel_id)
-        ch = registry.channels.get(canonical)
-        old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
         self.stats.puts += 1
         started = time.perf_counter()
-        # Every way out is audited with what really happened, and anything but success counts
-        # as an error: the audit file is the record of who changed what.
-        result, code = "cancelled", ""
+        # Every way out is audited with what really happened, an id that names no channel
+        # included, and anything but success counts as an error: the audit file is the record
+        # of who asked for what.
+        canonical, old, result, code = channel_id, None, "cancelled", ""
         try:
+            canonical, backend, name = registry.resolve(channel_id)
+            ch = registry.channels.get(canonical)
+            old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
             if not self._puts.take(identity.user or identity.address):
                 raise RateLimited(
                     f"{identity.describe()} sent more than {self._puts.rate:g} puts per second"
