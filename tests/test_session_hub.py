@@ -6,6 +6,8 @@ tests/test_server_*.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from pvwire.access.identity import ANONYMOUS
@@ -344,3 +346,30 @@ async def test_updates_merged_upstream_count_in_the_serial(hub: Hub, backend: Fa
     first, second = c.drain()
     assert first[2][0][1][0][3] == 1
     assert second[2][0][1][0][3] == 5  # the client counts 3 conflated updates
+
+
+async def test_rules_reload_after_a_slow_close_still_releases_the_view(
+    backend: FakeBackend, tmp_path: Path
+) -> None:
+    # One housekeeping pass closes a stalled client (4008), then reloads rules that deny its
+    # channel: the attachment ends while the connection is closing, and its view and upstream
+    # monitor must still be released when the pump hands the session back.
+    rules = tmp_path / "rules.toml"
+    rules.write_text('default = "READ"\n')
+    settings = Settings(default_scheme="fake", linger_s=0.0, access_rules=str(rules))
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    now = [1000.0]
+    c = Client(hub, SessionLimits(send_budget=100, stall_timeout=10.0), clock=lambda: now[0])
+    attach(c, hub, ["fake://a"])
+    backend.update("a", 1.0)
+    hub.ticker.tick()
+    c.session.next_frame()  # the writer took a frame and never finished sending it
+    now[0] += 11
+    c.session.housekeeping(now[0])
+    assert c.session.close_request is not None and c.session.close_request[0] == 4008
+    rules.write_text('default = "NONE"\n')
+    hub.reload_rules(force=True)
+    hub.remove_session(c.session)  # what the pump does once the socket is closed
+    assert not hub.registry.views
+    assert hub.registry.channels["fake://a"].refs == 0  # lingers, then its monitor closes
+    await hub.stop()

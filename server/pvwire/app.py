@@ -95,8 +95,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hub.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            # SIGHUP reloads the access rules (they are also reloaded when the file changes).
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hub.reload_rules, True)
+            # SIGHUP reads the access rules and the catalogue file again (both are also read
+            # when their file changes). The one handler: the loop's replaces any set before.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hub.reload)
         # Everything allocated so far (FastAPI, strawberry, numpy, EPICS libraries) lives as
         # long as the process: move it out of the collector's reach, so that full collections,
         # which otherwise walked all of it, no longer pause the event loop.

@@ -135,15 +135,14 @@ def _check_port_free(host: str, port: int) -> None:
             )
 
 
-def _reload_catalogue_on_sighup(app: Any) -> None:
-    """SIGHUP reads the catalogue file again at once (one process; with --workers, uvicorn's
-    supervisor answers SIGHUP by restarting the workers, which read it afresh)."""
-    catalogue = app.state.hub.control.catalogue_file
-    # Without a handler SIGHUP would end the process at once (uvicorn handles only INT and TERM);
-    # with nothing to reload it is ignored, as `systemctl reload` should be harmless.
-    signal.signal(
-        signal.SIGHUP, lambda *_: catalogue.request_reload() if catalogue is not None else None
-    )
+def _ignore_sighup_until_served() -> None:
+    """Without a handler SIGHUP would end the process at once (uvicorn handles only INT and
+    TERM), as `systemctl reload` should be harmless. The app's lifespan installs the handler
+    that reloads (`Hub.reload`); until then, while the app starts, SIGHUP does nothing: the
+    files are being read anyway. A handler, not SIG_IGN, which child processes (IOCs) would
+    inherit. With --workers, uvicorn's supervisor answers SIGHUP by restarting the workers,
+    which read them afresh."""
+    signal.signal(signal.SIGHUP, lambda *_: None)
 
 
 def serve(settings: Any, workers: int = 1) -> None:
@@ -180,8 +179,8 @@ def serve(settings: Any, workers: int = 1) -> None:
         return
     from .app import create_app
 
+    _ignore_sighup_until_served()
     app = create_app(settings)
-    _reload_catalogue_on_sighup(app)
     uvicorn.run(app, **common)
 
 

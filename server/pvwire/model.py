@@ -50,10 +50,18 @@ class ConnState(IntEnum):
 
 
 class Severity(IntEnum):
+    """EPICS alarm severities (menuAlarmSevr): the one table of their names (GraphQL's enum is
+    this class; pvws's names are these with its own name for 0)."""
+
     NO_ALARM = 0
     MINOR = 1
     MAJOR = 2
     INVALID = 3
+
+    @classmethod
+    def of(cls, severity: int) -> Severity:
+        """The severity of a number from upstream; out of range is clamped (3+ is INVALID)."""
+        return cls(min(max(severity, 0), 3))
 
 
 # EPICS menuAlarmStat, indexed by status number: CA gives only the number.
@@ -62,12 +70,13 @@ ALARM_STATUS_NAMES = (
     "TIMEOUT", "HWLIMIT", "CALC", "SCAN", "LINK", "SOFT", "BAD_SUB", "UDF", "DISABLE", "SIMM",
     "READ_ACCESS", "WRITE_ACCESS",
 )  # fmt: skip
+_N_STATUS = len(ALARM_STATUS_NAMES)
 
 
 def alarm_status_name(status: int) -> str:
-    if 0 <= status < len(ALARM_STATUS_NAMES):
-        return ALARM_STATUS_NAMES[status]
-    return f"STATUS_{status}"
+    """The name of an alarm status number; one not in the table is `STATUS_<n>`. Called for
+    every CA update (upstream/ca.py), hence the length computed once."""
+    return ALARM_STATUS_NAMES[status] if 0 <= status < _N_STATUS else f"STATUS_{status}"
 
 
 _WIRE_KEYS = {"color_mode": "colorMode"}  # section 5 keys that differ from the field names

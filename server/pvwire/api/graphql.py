@@ -33,7 +33,7 @@ from ..logs import LoggingSchema
 from ..model import ConnState as ModelConnState
 from ..model import Limits as ModelLimits
 from ..model import Metadata as ModelMetadata
-from ..model import Reading, alarm_status_name
+from ..model import Reading, Severity, alarm_status_name
 from ..worker import WorkerIdentity
 from .limits import QueryCost, ValueBudget
 
@@ -49,12 +49,8 @@ class ConnectionState(Enum):
     NOT_FOUND = "NOT_FOUND"
 
 
-@strawberry.enum
-class Severity(Enum):
-    NO_ALARM = "NO_ALARM"
-    MINOR = "MINOR"
-    MAJOR = "MAJOR"
-    INVALID = "INVALID"
+# The alarm severities of model.py are GraphQL's `Severity` (its names are the enum's values).
+strawberry.enum(Severity)
 
 
 @strawberry.enum
@@ -364,7 +360,7 @@ def _channel(cid: str, reading: Reading, budget: ValueBudget) -> Channel:
         display=format_value(reading.value, reading.meta),
         time=_time(reading.seconds, reading.nanoseconds),
         alarm=Alarm(
-            severity=Severity[_severity_name(reading.severity)],
+            severity=Severity.of(reading.severity),
             status=alarm_status_name(reading.status),
             message=reading.message,
         ),
@@ -373,10 +369,6 @@ def _channel(cid: str, reading: Reading, budget: ValueBudget) -> Channel:
         error=None,
         error_code=None,
     )
-
-
-def _severity_name(severity: int) -> str:
-    return ("NO_ALARM", "MINOR", "MAJOR", "INVALID")[min(max(severity, 0), 3)]
 
 
 def _failed(cid: str, exc: PvwireError) -> Channel:

@@ -1,128 +1,186 @@
-"""Prometheus text exposition for /metrics, named by what each series counts."""
+"""Prometheus text exposition for /metrics, named by what each series counts.
+
+One table (`METRICS`): name, kind, help and the getter that reads a scrape's snapshot. Rules the
+renderer keeps for every series:
+- Integers are written as integers and floats exactly (`repr`): `{:g}` wrote a counter of
+  123,456,789 as `1.23457e+08`, so `rate()` read 0 or jumped.
+- A label's values come from an allow-list: anything else is counted under `other`, so what a
+  client sends (a close code) cannot grow the number of series (~2,000 codes otherwise).
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
 from .. import __version__
-from ..core.stats import HubSnapshot
+from ..core.stats import FAILURE_UNITS, HubSnapshot
 from ..core.tick import TICK_BUCKETS_MS
+from ..wire.codes import CLOSE_CODES
 from ..worker import WorkerIdentity
 
-__all__ = ["render_metrics"]
+__all__ = ["METRICS", "Metric", "render_metrics"]
+
+Number = int | float
+Labels = tuple[tuple[str, str], ...]
+Sample = tuple[str, Labels, Number]  # (name suffix, labels, value)
+OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """What one scrape reads: the hub's snapshot and the live counts taken with it."""
+
+    snapshot: HubSnapshot
+    clients: int
+    channels: int
+    worker: WorkerIdentity | None
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    name: str  # without the `pvwire_` prefix
+    kind: Literal["counter", "gauge", "histogram"]
+    help: str
+    samples: Callable[[Scrape], Iterable[Sample]]
+    # label -> the values exported as they are; a label not listed here is free (bounded by
+    # the server's own configuration, e.g. the schemes it serves).
+    allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+def _one(value: Callable[[HubSnapshot], Number]) -> Callable[[Scrape], Iterable[Sample]]:
+    return lambda s: [("", (), value(s.snapshot))]
+
+
+def _server_info(s: Scrape) -> Iterable[Sample]:
+    w = s.worker
+    if w is None:
+        return []
+    labels = (("instance", w.instance), ("pid", str(w.pid)), ("version", __version__),
+              ("worker", str(w.worker)), ("workers", str(w.workers)))  # fmt: skip
+    return [("", labels, 1)]
+
+
+def _tick_histogram(s: Scrape) -> Iterable[Sample]:
+    snap, cumulative = s.snapshot, 0
+    for bound, count in zip(TICK_BUCKETS_MS, snap.tick_buckets, strict=False):
+        cumulative += count
+        yield "_bucket", (("le", _number(bound / 1000)),), cumulative
+    yield "_bucket", (("le", "+Inf"),), snap.ticks
+    yield "_sum", (), snap.tick_seconds
+    yield "_count", (), snap.ticks
+
+
+# WebSocket codes a closed stream can report besides the table's: 1005 (the client's close
+# frame had no code) and 1007 (a text frame that is not UTF-8, closed by the WebSocket layer).
+_CLOSE_CODES_SEEN = frozenset(str(c) for c in (*CLOSE_CODES, 1005, 1007))
+_PUT_RESULTS = frozenset({"ok", "error"})
+
+
+def _disconnects(s: Scrape) -> Iterable[Sample]:
+    by_code = sorted(s.snapshot.closes_by_code.items())
+    for code, n in sorted(by_code, key=lambda cn: str(cn[0]) not in _CLOSE_CODES_SEEN):
+        yield "", (("code", str(code)),), n  # the table's codes first, then `other`
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("server_info", "gauge", "The process that answered this scrape (always 1).",
+           _server_info),
+    Metric("clients", "gauge", "Connected stream clients.", lambda s: [("", (), s.clients)]),
+    Metric("channels", "gauge", "Open upstream channels.", lambda s: [("", (), s.channels)]),
+    Metric("upstream_channels", "gauge",
+           "Channels held open by the upstream libraries, by scheme and state.",
+           lambda s: [("", (("scheme", scheme), ("state", state)), n)
+                      for scheme, counts in s.snapshot.upstream_channels.items()
+                      for state, n in sorted(counts.items())]),
+    Metric("views", "gauge", "Distinct subscriptions being served.", _one(lambda s: s.views)),
+    Metric("updates_received_total", "counter", "Upstream updates received.",
+           _one(lambda s: s.updates_in)),
+    Metric("frames_sent_total", "counter", "Stream messages sent to clients.",
+           _one(lambda s: s.frames_out)),
+    Metric("bytes_sent_total", "counter", "Stream bytes sent to clients.",
+           _one(lambda s: s.bytes_out)),
+    Metric("conflated_total", "counter", "Entries merged because a client was behind.",
+           _one(lambda s: s.conflated)),
+    Metric("queued_bytes", "gauge", "Bytes queued for all clients.",
+           _one(lambda s: s.queued_bytes)),
+    Metric("disconnects_total", "counter",
+           "Stream connections closed, by close code (codes outside the protocol's table: "
+           f'code="{OTHER}").',
+           _disconnects,
+           {"code": _CLOSE_CODES_SEEN}),
+    Metric("gets_total", "counter", "GraphQL gets, by where the answer came from.",
+           lambda s: [("", (("source", "cache"),), s.snapshot.control.cache_gets),
+                      ("", (("source", "upstream"),), s.snapshot.control.upstream_gets)],
+           {"source": frozenset({"cache", "upstream"})}),
+    Metric("puts_total", "counter", "Puts, by result.",
+           lambda s: [("", (("result", "ok"),),
+                       s.snapshot.control.puts - s.snapshot.control.put_errors),
+                      ("", (("result", "error"),), s.snapshot.control.put_errors)],
+           {"result": _PUT_RESULTS}),
+    Metric("failures_total", "counter",
+           "Failures contained to one unit (a channel turned FAILED, a reduction sent whole, "
+           "a view or a session closed).",
+           lambda s: [("", (("unit", u),), s.snapshot.failures.get(u, 0)) for u in FAILURE_UNITS],
+           {"unit": frozenset(FAILURE_UNITS)}),
+    Metric("event_loop_lag_seconds", "gauge", "Worst event loop lag in the last 10 s.",
+           _one(lambda s: s.loop_lag)),
+    Metric("tick_duration_seconds", "histogram", "Time to process one tick.", _tick_histogram),
+)  # fmt: skip
 
 
 def render_metrics(
     s: HubSnapshot, clients: int, channels: int, worker: WorkerIdentity | None = None
 ) -> str:
-    lines: list[str] = []
+    scrape = Scrape(s, clients, channels, worker)
     # Under `--workers N` each scrape is answered by whichever worker the kernel hands the
     # connection to: a `worker` label on every series keeps each worker's counters a series of
     # their own, so rate() never mixes two processes' counters. A lone process needs none.
-    own = f'worker="{worker.worker}"' if worker is not None and worker.workers > 1 else ""
-
-    def with_own(labels: str) -> str:
-        if not own:
-            return labels
-        return f"{{{own},{labels[1:]}" if labels else f"{{{own}}}"
-
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP pvwire_{name} {help_text}")
-        lines.append(f"# TYPE pvwire_{name} {kind}")
-        lines.extend(f"pvwire_{name}{with_own(labels)} {value:g}" for labels, value in samples)
-
-    if worker is not None:
-        info = (
-            f'{{instance="{_escape(worker.instance)}",pid="{worker.pid}",'
-            f'version="{__version__}",worker="{worker.worker}",workers="{worker.workers}"}}'
-        )
-        metric("server_info", "gauge", "The process that answered this scrape (always 1).",
-               [(info, 1)])  # fmt: skip
-
-    metric("clients", "gauge", "Connected stream clients.", [("", clients)])
-    metric("channels", "gauge", "Open upstream channels.", [("", channels)])
-    metric(
-        "upstream_channels",
-        "gauge",
-        "Channels held open by the upstream libraries, by scheme and state.",
-        [
-            (f'{{scheme="{scheme}",state="{state}"}}', n)
-            for scheme, counts in s.upstream_channels.items()
-            for state, n in sorted(counts.items())
-        ],
-    )
-    metric("views", "gauge", "Distinct subscriptions being served.", [("", s.views)])
-    metric(
-        "updates_received_total",
-        "counter",
-        "Upstream updates received.",
-        [("", s.updates_in)],
-    )
-    metric(
-        "frames_sent_total",
-        "counter",
-        "Stream messages sent to clients.",
-        [("", s.frames_out)],
-    )
-    metric("bytes_sent_total", "counter", "Stream bytes sent to clients.", [("", s.bytes_out)])
-    metric(
-        "conflated_total",
-        "counter",
-        "Entries merged because a client was behind.",
-        [("", s.conflated)],
-    )
-    metric(
-        "queued_bytes",
-        "gauge",
-        "Bytes queued for all clients.",
-        [("", s.queued_bytes)],
-    )
-    metric(
-        "disconnects_total",
-        "counter",
-        "Stream connections closed, by close code.",
-        [(f'{{code="{c}"}}', n) for c, n in sorted(s.closes_by_code.items())],
-    )
-    metric(
-        "gets_total",
-        "counter",
-        "GraphQL gets, by where the answer came from.",
-        [
-            ('{source="cache"}', s.control.cache_gets),
-            ('{source="upstream"}', s.control.upstream_gets),
-        ],
-    )
-    metric(
-        "puts_total",
-        "counter",
-        "Puts, by result.",
-        [
-            ('{result="ok"}', s.control.puts - s.control.put_errors),
-            ('{result="error"}', s.control.put_errors),
-        ],
-    )
-    metric(
-        "failures_total",
-        "counter",
-        "Failures contained to one unit (a channel turned FAILED, a view or a session closed).",
-        [(f'{{unit="{u}"}}', s.failures.get(u, 0)) for u in ("channel", "view", "session")],
-    )
-    metric(
-        "event_loop_lag_seconds",
-        "gauge",
-        "Worst event loop lag in the last 10 s.",
-        [("", s.loop_lag)],
-    )
-    lines.append("# HELP pvwire_tick_duration_seconds Time to process one tick.")
-    lines.append("# TYPE pvwire_tick_duration_seconds histogram")
-    cumulative = 0
-    for bound, count in zip(TICK_BUCKETS_MS, s.tick_buckets, strict=False):
-        cumulative += count
-        le = with_own(f'{{le="{bound / 1000:g}"}}')
-        lines.append(f"pvwire_tick_duration_seconds_bucket{le} {cumulative}")
-    inf = with_own('{le="+Inf"}')
-    lines.append(f"pvwire_tick_duration_seconds_bucket{inf} {s.ticks}")
-    lines.append(f"pvwire_tick_duration_seconds_sum{with_own('')} {s.tick_seconds:g}")
-    lines.append(f"pvwire_tick_duration_seconds_count{with_own('')} {s.ticks}")
+    own = (("worker", str(worker.worker)),) if worker is not None and worker.workers > 1 else ()
+    lines: list[str] = []
+    for metric in METRICS:
+        samples = _allowed(metric, metric.samples(scrape))
+        lines.append(f"# HELP pvwire_{metric.name} {metric.help}")
+        lines.append(f"# TYPE pvwire_{metric.name} {metric.kind}")
+        for (suffix, labels), value in samples.items():
+            if own and not any(k == "worker" for k, _ in labels):
+                labels = own + labels
+            lines.append(f"pvwire_{metric.name}{suffix}{_labels(labels)} {_number(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _allowed(metric: Metric, samples: Iterable[Sample]) -> dict[tuple[str, Labels], Number]:
+    """The samples with every label value outside its allow-list replaced by `other`, and
+    samples that thereby share their labels summed (in the order first seen)."""
+    out: dict[tuple[str, Labels], Number] = {}
+    for suffix, labels, value in samples:
+        if metric.allowed:
+            labels = tuple(
+                (k, v if k not in metric.allowed or v in metric.allowed[k] else OTHER)
+                for k, v in labels
+            )
+        key = (suffix, labels)
+        out[key] = out.get(key, 0) + value
+    return out
+
+
+def _labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+
+
+def _number(value: Number) -> str:
+    """An integer as an integer, a float exactly (the text format reads Go's float syntax)."""
+    if isinstance(value, bool | int):
+        return str(int(value))
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
 
 
 def _escape(label: str) -> str:

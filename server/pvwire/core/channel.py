@@ -12,7 +12,7 @@ one CA string array once froze every subscription that held it).
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
@@ -21,7 +21,14 @@ from ..upstream.base import Backend, Monitor
 from ..wire import codec as wire
 from .reduce import Reduction, reduce_value
 
-__all__ = ["ALL_MODE_LIMIT", "ChangeSink", "Channel", "DirtyListener"]
+__all__ = [
+    "ALL_MODE_LIMIT",
+    "FAILURE_UNITS",
+    "ChangeSink",
+    "Channel",
+    "DirtyListener",
+    "FailureUnit",
+]
 
 log = logging.getLogger("pvwire.channel")
 
@@ -37,12 +44,18 @@ _PLAIN = wire.PLAIN_TYPES
 _update_body = wire.encode_update_body
 
 
+# Where a failure can be contained (`DirtyListener.count_failure`, typed so no other name can
+# be counted): `/metrics` exports a series for each of them, zero or not.
+FailureUnit = Literal["channel", "reduction", "view", "session"]
+FAILURE_UNITS: tuple[FailureUnit, ...] = get_args(FailureUnit)
+
+
 class DirtyListener(Protocol):
     """What a channel tells when it first changes after a tick (the ticker)."""
 
     def mark_dirty(self, channel: Channel) -> None: ...
 
-    def count_failure(self, unit: str) -> None: ...
+    def count_failure(self, unit: FailureUnit) -> None: ...
 
 
 class ChangeSink(Protocol):

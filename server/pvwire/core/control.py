@@ -7,6 +7,7 @@ Reflective Servers result: a cached get costs nothing upstream).
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import logging
 import time
@@ -19,7 +20,7 @@ from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
 from ..access.rules import Access, RulesFile, split_field
 from ..config import CatalogueFile
-from ..errors import Forbidden, PvwireError, RateLimited, WriteDenied
+from ..errors import Forbidden, PutRejected, PvwireError, RateLimited, WriteDenied
 from ..model import ConnState, Reading
 from .registry import Registry
 
@@ -69,6 +70,12 @@ class Control:
             )
         self._file_ids = frozenset(resolved)
 
+    def reload_catalogue(self) -> None:
+        """Read the catalogue file again now, changed or not (SIGHUP)."""
+        if self.catalogue_file is not None:
+            self.catalogue_file.request_reload()
+            self.poll_catalogue()
+
     def access(self, identity: Identity, canonical_id: str) -> Access:
         return self.rules.rules.access(identity, canonical_id)
 
@@ -101,24 +108,41 @@ class Control:
         self, channel_id: str, value: Any, wait: bool, timeout: float, identity: Identity
     ) -> str:
         registry = self._registry
-        canonical, backend, name = registry.resolve(channel_id)
-        ch = registry.channels.get(canonical)
-        old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
         self.stats.puts += 1
         started = time.perf_counter()
-        result, code = "ok", ""
+        # Every way out is audited with what really happened, an id that names no channel
+        # included, and anything but success counts as an error: the audit file is the record
+        # of who asked for what.
+        canonical, old, result, code = channel_id, None, "cancelled", ""
         try:
+            canonical, backend, name = registry.resolve(channel_id)
+            ch = registry.channels.get(canonical)
+            old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
             if not self._puts.take(identity.user or identity.address):
                 raise RateLimited(
                     f"{identity.describe()} sent more than {self._puts.rate:g} puts per second"
                 )
             self._check_write(identity, canonical)
             await backend.put(name, value, wait, timeout)
+            result = "ok"
         except PvwireError as exc:
-            self.stats.put_errors += 1
             result, code = str(exc), exc.code
             raise
+        except asyncio.CancelledError:
+            # The caller went away (the HTTP client closed, the server stops); whether the
+            # upstream applied the value is unknown. Stays "cancelled" and propagates.
+            raise
+        except Exception as exc:
+            # A fault, not an answer: logged once with its trace, and the caller gets a plain
+            # PUT_FAILED (putMany's other puts go on) rather than an internal error.
+            log.exception("put to %s failed", canonical)
+            result, code = f"error: {type(exc).__name__}", PutRejected.code
+            raise PutRejected(
+                f"put to {canonical} failed: internal error ({type(exc).__name__})"
+            ) from exc
         finally:
+            if result != "ok":
+                self.stats.put_errors += 1
             self._audit.put(
                 identity, canonical, old, value, result, code, time.perf_counter() - started, wait
             )

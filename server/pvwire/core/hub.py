@@ -98,6 +98,12 @@ class Hub:
             return bool(identity.groups & set(admins))
         return _is_loopback(identity.address)
 
+    def reload(self) -> None:
+        """SIGHUP: read the access rules and the catalogue file again now, even when they look
+        unchanged (an edit can keep a file's size and modification time)."""
+        self.reload_rules(force=True)
+        self.control.reload_catalogue()
+
     def reload_rules(self, force: bool = False) -> None:
         """New rules apply to new requests at once and to open attachments here: one whose
         identity may no longer read a channel is ended with 4403 (the rest of its connection

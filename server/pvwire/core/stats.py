@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model import ConnState
+from .channel import FAILURE_UNITS
 from .control import ControlStats
 
-__all__ = ["ChannelSnapshot", "ClientSnapshot", "HubSnapshot"]
+__all__ = ["FAILURE_UNITS", "ChannelSnapshot", "ClientSnapshot", "HubSnapshot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class HubSnapshot:
     ticks: int
     tick_seconds: float
     tick_buckets: tuple[int, ...]
-    failures: dict[str, int]  # contained failures by unit: channel, view, session
+    failures: dict[str, int]  # contained failures by unit (FAILURE_UNITS)
     closes_by_code: dict[int, int]
     control: ControlStats
     # Totals over the process's life: never decreasing.

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..wire.codes import INTERNAL as INTERNAL_ERROR
-from .channel import Channel
+from .channel import Channel, FailureUnit
 from .clients import Client
 from .view import View
 
@@ -37,7 +37,7 @@ class TickStats:
     ticks: int = 0
     tick_seconds: float = 0.0
     tick_buckets: list[int] = field(default_factory=lambda: [0] * (len(TICK_BUCKETS_MS) + 1))
-    failures: dict[str, int] = field(default_factory=dict)  # unit (channel/view/session) -> n
+    failures: dict[str, int] = field(default_factory=dict)  # FailureUnit -> n
 
 
 class Ticker:
@@ -75,7 +75,7 @@ class Ticker:
         self._dirty.append(channel)
         self._schedule(self._last_tick + self._interval)
 
-    def count_failure(self, unit: str) -> None:
+    def count_failure(self, unit: FailureUnit) -> None:
         failures = self.stats.failures
         failures[unit] = failures.get(unit, 0) + 1
 

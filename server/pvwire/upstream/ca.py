@@ -41,7 +41,7 @@ from ..errors import (
     ReadOnlyChannel,
     TypeMismatch,
 )
-from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value
+from ..model import ConnState, Limits, Metadata, Reading, Value, alarm_status_name
 from .base import Backend, ChannelSink, Monitor
 from .ca_channel import CaChannel, CaSubscription, GetChannelPool, channel_counts
 from .convert import coerce_put_value
@@ -85,13 +85,6 @@ RENEW_SLOW_PERIOD = 30.0
 FLAP_WINDOW = 10.0
 # Enum labels kept for puts by label, per name (least recently used dropped beyond this).
 MAX_ENUM_CHOICES = 4096
-
-_STATUS_NAMES = ALARM_STATUS_NAMES
-_N_STATUS = len(_STATUS_NAMES)
-
-
-def _status_name(status: int) -> str:
-    return _STATUS_NAMES[status] if 0 <= status < _N_STATUS else f"STATUS_{status}"
 
 
 def _has_field(name: str) -> bool:
@@ -310,7 +303,9 @@ class CaMonitor:
             plain = self._convert(value)
             if self._guard.failed:
                 self._guard.recover()
-            self._sink.on_update(plain, secs, nsec, severity, status, _status_name(status), skipped)
+            self._sink.on_update(
+                plain, secs, nsec, severity, status, alarm_status_name(status), skipped
+            )
             return
         if isinstance(update, CANothing):
             self._pending = None
@@ -383,7 +378,7 @@ class CaMonitor:
         self._connected = True
         self._guard.failed = False
         self._sink.on_connection(ConnState.CONNECTED)
-        self._sink.on_update(plain, secs, nsec, severity, status, _status_name(status))
+        self._sink.on_update(plain, secs, nsec, severity, status, alarm_status_name(status))
 
 
 class CaBackend(Backend):
@@ -450,7 +445,7 @@ class CaBackend(Backend):
             nanoseconds=nsec,
             severity=value.severity,
             status=value.status,
-            message=_status_name(value.status),
+            message=alarm_status_name(value.status),
             meta=meta,
         )
 

@@ -13,6 +13,7 @@ from importlib import resources
 __all__ = [
     "BAD_MESSAGE",
     "BAD_TOKEN",
+    "CLOSE_CODES",
     "FORBIDDEN",
     "GOING_AWAY",
     "INTERNAL",
@@ -31,6 +32,9 @@ _TABLE = json.loads(resources.files(__package__).joinpath("close_codes.json").re
 _BY_NAME = {
     row["name"]: int(row["code"]) for section in ("codes", "errors") for row in _TABLE[section]
 }
+
+# Every close code of the table (section 8), e.g. the values a disconnect metric may name.
+CLOSE_CODES = frozenset(int(row["code"]) for row in _TABLE["codes"])
 
 
 def _code(name: str) -> int:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from ..model import VALUE, ConnState, Metadata
+from ..model import VALUE, ConnState, Metadata, Severity
 from .flow import FlowControl, FlowView
 from .session import SessionLimits
 from .tokens import Claims
@@ -53,7 +53,8 @@ __all__ = [
 
 log = logging.getLogger("pvwire.pvws")
 
-SEVERITIES = ("NONE", "MINOR", "MAJOR", "INVALID")
+# pvws names the EPICS severities as model.py does, except NO_ALARM, which it calls NONE.
+SEVERITIES = tuple("NONE" if s == Severity.NO_ALARM else s.name for s in Severity)
 UNDEFINED = "UNDEFINED"  # pvws's severity of a disconnected PV (Phoebus' Alarm.disconnected())
 
 # Metadata `type` -> (pvws vtype of a scalar, of an array). Phoebus' VType names.

@@ -173,9 +173,15 @@ class Session(FlowView[bytes]):
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends an attachment on its own (e.g. the rules changed): ERROR naming why,
-        then DETACHED, both with req nil; nothing more is sent for `att`."""
+        then DETACHED, both with req nil; nothing more is sent for `att`.
+
+        A closing connection is left alone: its attachment stays for `close()` to release with
+        the others (popping it here first leaked its view and upstream monitors when a rules
+        reload ended it in the same housekeeping pass that closed a slow client)."""
+        if self.close_request:
+            return
         view = self.attachments.pop(att, None)
-        if view is None or self.close_request:
+        if view is None:
             return
         self._release(att, view)
         self._error(None, code, message)
