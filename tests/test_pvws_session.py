@@ -16,6 +16,7 @@ from pvwire.wire.tokens import Claims
 
 @dataclass
 class FakeChannel:
+    id: str = "pva://x"
     value: object = 1.5
     seconds: int = 100
     nanoseconds: int = 5
@@ -92,3 +93,19 @@ def test_behind_merges_then_sends_the_latest_state() -> None:
     assert len(texts) == 2  # the first message, then one with the latest state
     last = json.loads(texts[-1])
     assert np.frombuffer(base64.b64decode(last["b64dbl"]), "<f8").tolist() == [2.0] * 4
+
+
+def test_uint8_arrays_travel_as_pvws_sends_them_over_ca_and_pva() -> None:
+    """PVA ubyte[] (and sim's) as b64int VUByteArray; CA's DBR_CHAR as b64byt VByteArray."""
+    data = np.array([0, 255, 1], dtype=np.uint8)
+    for channel_id, vtype, member, dtype in (
+        ("pva://x", "VUByteArray", "b64int", "<i4"),
+        ("sim://image?dtype=uint8", "VUByteArray", "b64int", "<i4"),
+        ("ca://x", "VByteArray", "b64byt", "u1"),
+    ):
+        ch = FakeChannel(id=channel_id, value=data, meta=Metadata("uint8", 3))
+        s = session(ch, PvwsEncoder())
+        s.receive('{"type":"subscribe","pvs":["x"]}')
+        first = json.loads(drain(s)[0])
+        assert first["vtype"] == vtype, channel_id
+        assert np.frombuffer(base64.b64decode(first[member]), dtype).tolist() == [0, 255, 1]
