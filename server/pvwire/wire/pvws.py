@@ -17,8 +17,10 @@ for `stall_timeout` closes the connection with 4008.
 Differences from pvws, on purpose: a severity change is sent for every type (pvws drops it for
 arrays and for a value whose type changed, e.g. after a disconnect); metadata is sent again when
 it changes (pvws sends it only once); a refused subscription or a bad PV name is answered with an
-`error` message (pvws only logs it); updates are not throttled unless PV_THROTTLE_MS /
-PV_ARRAY_THROTTLE_MS say so. docs/PVWS.md compares the types, type by type (`TYPES`).
+`error` message (pvws only logs it), to clients that read errors (`_may_read_errors`: not to
+Grafana's, which takes every message for data); updates are not throttled unless PV_THROTTLE_MS /
+PV_ARRAY_THROTTLE_MS say so. docs/PVWS.md has the whole comparison, message by message and type
+by type (`TYPES`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .tokens import Claims
 
 __all__ = [
     "CA_TYPES",
+    "CLIENT_MESSAGES",
     "TYPES",
     "ChannelState",
     "Opened",
@@ -57,6 +60,9 @@ __all__ = [
 log = logging.getLogger("pvwire.pvws")
 
 SEVERITIES = ("NONE", "MINOR", "MAJOR", "INVALID")
+# The client messages pvws handles (WebSocket.java), all handled here too (docs/PVWS.md section 2).
+CLIENT_MESSAGES = ("subscribe", "monitor", "clear", "list", "write", "ping", "echo")
+MAX_HELD_ERRORS = 16  # errors kept for a client not yet known to read them (then dropped)
 UNDEFINED = "UNDEFINED"  # pvws's severity of a disconnected PV (Phoebus' Alarm.disconnected())
 
 
@@ -384,6 +390,10 @@ class PvwsSession(FlowView[str]):
         self._reopen: list[_Pv] = []
         self.conflated = 0
         self.bad_messages = 0
+        self._messages = 0  # valid client messages received
+        self.reads_errors = False  # see _may_read_errors
+        self._held: list[str] = []  # errors kept until the client shows it reads them
+        self.errors_dropped = 0  # errors never sent: past MAX_HELD_ERRORS while held
 
     # --- incoming -----------------------------------------------------------------------------
 
@@ -410,6 +420,12 @@ class PvwsSession(FlowView[str]):
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind is None:
             raise _BadMessage(f"Missing 'type' in {_shorten(text)}")
+        self._messages += 1
+        if not self.reads_errors and _may_read_errors(self._messages, kind, msg):
+            self.reads_errors = True
+            held, self._held = self._held, []
+            for error in held:
+                self._queue_text(error)
         if kind in ("subscribe", "monitor"):
             for name in _pvs(msg, text):
                 if name not in self.pvs:
@@ -471,7 +487,14 @@ class PvwsSession(FlowView[str]):
         self._host.close(pv.view, self, pv.att)
 
     def write_failed(self, message: str) -> None:
-        self._queue_text(_json({"type": "error", "message": message}))
+        """An `error` message, or held back while the client may not read errors."""
+        text = _json({"type": "error", "message": message})
+        if self.reads_errors:
+            self._queue_text(text)
+        elif len(self._held) < MAX_HELD_ERRORS:
+            self._held.append(text)
+        else:
+            self.errors_dropped += 1
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends one PV (the rules changed): an error names why."""
@@ -580,6 +603,23 @@ class PvwsSession(FlowView[str]):
 
 class _BadMessage(Exception):
     pass
+
+
+def _may_read_errors(count: int, kind: object, msg: dict[str, Any]) -> bool:
+    """Whether a client that sent this, its `count`-th message, reads `error` messages.
+
+    Grafana's Archiver Appliance data source (its live mode's Go proxy, pkg/aalive) opens one
+    socket per PV, sends one `subscribe` naming that PV and turns every message it receives into
+    a data point: an `error` became a value 0 at 1970. Every client that reads errors sends more
+    than that (cs-web-lib subscribes its heartbeat PV besides the page's, dbwr and pvws.js
+    subscribe, write and clear; any write comes before its own error). So a client that has sent
+    nothing but one subscribe of one PV gets no `error` yet: they wait, up to MAX_HELD_ERRORS,
+    for its next message.
+    """
+    if count > 1 or kind not in ("subscribe", "monitor"):
+        return True
+    pvs = msg.get("pvs")
+    return not isinstance(pvs, list | dict) or len(pvs) != 1
 
 
 def _shorten(text: str) -> str:
