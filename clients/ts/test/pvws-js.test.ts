@@ -46,7 +46,8 @@ window.pvws = new PVWS("ws://${pvwsHost}/pvws/pv",
   },
   message => {
     window.events.push(JSON.parse(JSON.stringify(message)));
-    if (message.type === "update") window.latest[message.pv] = JSON.parse(JSON.stringify(message));
+    // Tagged with the connection it came on: a reconnect must bring every PV again.
+    if (message.type === "update") window.latest[message.pv] = { ...JSON.parse(JSON.stringify(message)), on: window.connections };
   });
 window.pvws.reconnect_ms = 300;
 window.pvws.open();
@@ -62,7 +63,7 @@ describe("pvws.js served by pvwire, used as dbwr uses it", () => {
   const errors: string[] = [];
   const latest = (pv: string) => p.evaluate((name) => (window as unknown as { latest: Record<string, Record<string, unknown>> }).latest[name], pv);
   // Runs in the page, where the globals above are `window`'s.
-  type PageWindow = { latest: Record<string, { value?: unknown; text?: unknown } | undefined>; events: { type?: string }[]; connections: number };
+  type PageWindow = { latest: Record<string, { value?: unknown; text?: unknown; on: number } | undefined>; events: { type?: string }[]; connections: number };
   const waitFor = <A,>(test: (w: PageWindow, arg: A) => boolean, arg: A, timeout = 15_000) =>
     p.waitForFunction(([body, a]) => (new Function("w", "a", `return (${body})(w, a);`))(window, a) as boolean, [test.toString(), arg] as const, { timeout });
 
@@ -133,12 +134,17 @@ describe("pvws.js served by pvwire, used as dbwr uses it", () => {
     expect(wf.b64dbl).toBeUndefined();
   });
 
-  it("writes a number and a text, and every merged state shows them", async () => {
+  it("writes a number and a text, and every merged state shows them; a refused write is an error", async () => {
     const target = Math.round(Math.random() * 40_000) / 1000 + 5;
     await p.evaluate(([pv, v]) => (window as unknown as { pvws: { write(pv: string, v: unknown): void } }).pvws.write(pv as string, v), [SETPOINT, target]);
     await waitFor((w, [pv, v]) => w.latest[pv]?.value === v, [SETPOINT, target] as const);
     await p.evaluate((pv) => (window as unknown as { pvws: { write(pv: string, v: unknown): void } }).pvws.write(pv, "bye"), LOCAL_PV);
     await waitFor((w, pv) => w.latest[pv]?.text === "bye", LOCAL_PV);
+    // A refused write reaches the page as an `error` message (dbwr shows it in its info line).
+    await p.evaluate((pv) => (window as unknown as { pvws: { write(pv: string, v: unknown): void } }).pvws.write(pv, 1), IOC_PV);
+    await waitFor((w) => w.events.some((m) => m.type === "error"), null);
+    const error = await p.evaluate(() => (window as unknown as { events: { type?: string; message?: string }[] }).events.find((m) => m.type === "error"));
+    expect(error!.message).toContain(IOC_PV);
   });
 
   it("clears a PV: no more updates for it, and the server no longer lists it", async () => {
@@ -154,14 +160,14 @@ describe("pvws.js served by pvwire, used as dbwr uses it", () => {
   it("reconnects after close() and after the server restarts, and the page subscribes again", async () => {
     const connections = () => p.evaluate(() => (window as unknown as { connections: number }).connections);
     expect(await connections()).toBe(1);
-    await p.evaluate(() => { const w = window as unknown as { latest: Record<string, unknown>; pvws: { close(): void } }; w.latest = {}; w.pvws.close(); });
-    await waitFor((w) => w.connections === 2, null);
-    await waitFor((w, pv) => w.latest[pv] !== undefined, IOC_PV);
+    await p.evaluate(() => (window as unknown as { pvws: { close(): void } }).pvws.close());
+    await waitFor((w, pvs) => w.connections === 2 && pvs.every((pv) => w.latest[pv]?.on === 2), PVS);
 
     await stack.command("restart-server");
-    await waitFor((w) => w.connections === 3, null, 60_000);
-    await p.evaluate(() => { (window as unknown as { latest: Record<string, unknown> }).latest = {}; });
-    await waitFor((w, pvs) => pvs.every((pv) => w.latest[pv] !== undefined), PVS, 30_000);
+    await waitFor((w, pvs) => w.connections === 3 && pvs.every((pv) => w.latest[pv]?.on === 3), PVS, 60_000).catch(async (e: unknown) => {
+      const seen = await p.evaluate(() => Object.entries((window as unknown as { latest: Record<string, { on: number }> }).latest).map(([pv, m]) => `${pv} on ${m.on}`).join(", "));
+      throw new Error(`after the restart: ${seen}: ${String(e)}`);
+    });
     const events = await p.evaluate(() => (window as unknown as { events: { connected?: boolean }[] }).events.filter((e) => e.connected !== undefined).map((e) => e.connected));
     // open(): false; connected: true; each close: false, then false again on re-open, then true.
     expect(events.filter((c) => c === true)).toHaveLength(3);
