@@ -610,11 +610,11 @@ def _may_read_errors(count: int, kind: object, msg: dict[str, Any]) -> bool:
 
     Grafana's Archiver Appliance data source (its live mode's Go proxy, pkg/aalive) opens one
     socket per PV, sends one `subscribe` naming that PV and turns every message it receives into
-    a data point: an `error` became a value 0 at 1970. Every client that reads errors sends more
-    than that (cs-web-lib subscribes its heartbeat PV besides the page's, dbwr and pvws.js
-    subscribe, write and clear; any write comes before its own error). So a client that has sent
-    nothing but one subscribe of one PV gets no `error` yet: they wait, up to MAX_HELD_ERRORS,
-    for its next message.
+    a data point: an `error` became a value 0 at 1970. Clients that read errors send more than
+    that (cs-web-lib 0.10 subscribes its heartbeat PV besides the page's; pages of several PVs
+    subscribe several; they write and clear, and a write comes before its own error). So a
+    client that has sent nothing but one subscribe of one PV gets no `error` yet: errors wait, up
+    to MAX_HELD_ERRORS, for its next message.
     """
     if count > 1 or kind not in ("subscribe", "monitor"):
         return True
