@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from pvwire.model import VALUE, ConnState, Metadata
-from pvwire.wire.pvws import Opened, PvSource, PvwsEncoder, PvwsSession
+from pvwire.wire.pvws import (
+    MAX_HELD_ERRORS,
+    Opened,
+    PvSource,
+    PvwsEncoder,
+    PvwsRefused,
+    PvwsSession,
+)
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import Claims
 
 
 @dataclass
 class FakeChannel:
+    id: str = "pva://x"
     value: object = 1.5
     seconds: int = 100
     nanoseconds: int = 5
@@ -40,6 +48,8 @@ class FakeHost:
         self.view = FakeView([ch])
 
     def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened:
+        if name.startswith("bad"):
+            raise PvwsRefused("no such PV")
         view: PvSource = self.view
         return Opened(view, Claims((name,), "LATEST", 0.0, 0, 0), may_write=False)
 
@@ -92,3 +102,62 @@ def test_behind_merges_then_sends_the_latest_state() -> None:
     assert len(texts) == 2  # the first message, then one with the latest state
     last = json.loads(texts[-1])
     assert np.frombuffer(base64.b64decode(last["b64dbl"]), "<f8").tolist() == [2.0] * 4
+
+
+def test_uint8_arrays_travel_as_pvws_sends_them_over_ca_and_pva() -> None:
+    """PVA ubyte[] (and sim's) as b64int VUByteArray; CA's DBR_CHAR as b64byt VByteArray."""
+    data = np.array([0, 255, 1], dtype=np.uint8)
+    for channel_id, vtype, member, dtype in (
+        ("pva://x", "VUByteArray", "b64int", "<i4"),
+        ("sim://image?dtype=uint8", "VUByteArray", "b64int", "<i4"),
+        ("ca://x", "VByteArray", "b64byt", "u1"),
+    ):
+        ch = FakeChannel(id=channel_id, value=data, meta=Metadata("uint8", 3))
+        s = session(ch, PvwsEncoder())
+        s.receive('{"type":"subscribe","pvs":["x"]}')
+        first = json.loads(drain(s)[0])
+        assert first["vtype"] == vtype, channel_id
+        assert np.frombuffer(base64.b64decode(first[member]), dtype).tolist() == [0, 255, 1]
+
+
+def test_a_client_that_only_subscribed_one_pv_gets_errors_once_it_sends_more() -> None:
+    """Grafana's live proxy: one subscribe of one PV, every message taken for data."""
+    ch = FakeChannel()
+    s = session(ch, PvwsEncoder())
+    s.receive('{"type":"subscribe","pvs":["bad1"]}')
+    assert drain(s) == [] and not s.reads_errors
+    s.receive('{"type":"echo","n":1}')  # anything else: the held error, then the answer
+    texts = [json.loads(t) for t in drain(s)]
+    assert texts == [
+        {"type": "error", "message": "Cannot subscribe to bad1: no such PV"},
+        {"type": "echo", "n": 1},
+    ]
+    s.receive('{"type":"subscribe","pvs":["bad2"]}')
+    assert json.loads(drain(s)[0])["type"] == "error"
+
+
+def test_clients_that_read_errors_get_them_at_once() -> None:
+    for first in (
+        '{"type":"subscribe","pvs":["bad","x"]}',  # two PVs (cs-web-lib: its heartbeat too)
+        '{"type":"subscribe","pvs":[]}',
+        '{"type":"monitor","pvs":{"a":"bad","b":"x"}}',
+        '{"type":"write","pv":"bad","value":1}',  # a write's failure answers the write
+        '{"type":"list"}',
+    ):
+        s = session(FakeChannel(), PvwsEncoder())
+        s.receive(first)
+        s.receive('{"type":"subscribe","pvs":["bad"]}')
+        kinds = [json.loads(t)["type"] for t in drain(s)]
+        assert kinds.count("error") >= 1 and s.reads_errors, first
+
+
+def test_held_errors_are_bounded() -> None:
+    s = session(FakeChannel(), PvwsEncoder())
+    s.receive('{"type":"subscribe","pvs":["bad0"]}')
+    for i in range(1, MAX_HELD_ERRORS + 5):
+        s.end_attachment(0, 4403, "unused")  # no such attachment: nothing held
+        s.write_failed(f"failure {i}")
+    assert drain(s) == [] and s.errors_dropped == 5
+    s.receive('{"type":"list"}')
+    kinds = [json.loads(t)["type"] for t in drain(s)]
+    assert kinds == ["error"] * MAX_HELD_ERRORS + ["list"]

@@ -28,6 +28,7 @@ from .api.graphql import make_schema
 from .api.limits import ValueBudget
 from .api.metrics import render_metrics
 from .api.pvws import PvwsEndpoint
+from .api.pvws_js import router as pvws_js_router
 from .api.stream import serve_stream
 from .config import Settings
 from .core.hub import Hub
@@ -174,6 +175,7 @@ def create_app(
         await pvws.serve(websocket)
 
     app.include_router(pvws.router())
+    app.include_router(pvws_js_router())
 
     @app.get("/status", response_model=None)
     async def status_page() -> FileResponse | PlainTextResponse:

@@ -3,17 +3,13 @@
 // screens are, connects with cs-web-lib's own pvws connection and shows live PVs of the demo IOC
 // (numbers with units and precision, an enum label, a string, a waveform from base64, over CA and
 // PVA). pvwire's `server` query sees it as a pvws client. Saves test-artifacts/cs-web-lib-page.png.
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer, type Server } from "node:http";
-import { type AddressInfo } from "node:net";
-import { tmpdir } from "node:os";
+import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { build } from "esbuild";
-import { chromium, type BrowserContext, type Page } from "playwright-core";
+import { type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CHROMIUM, openCsWebLibPage, type CsWebLibPage } from "./cs-web-lib/harness.js";
 import { stackUnavailable, startStack, type Stack } from "./stack.js";
 
-const CHROMIUM = process.env.PVWIRE_CHROMIUM ?? "/usr/bin/chromium";
 const ARTIFACTS = join(import.meta.dirname, "../../../test-artifacts");
 const skip = stackUnavailable() ?? (existsSync(CHROMIUM) ? undefined : `no Chromium at ${CHROMIUM} (make chromium)`);
 // make test installs every prerequisite: a missing one is a failure, never a skip.
@@ -22,69 +18,21 @@ if (skip) throw new Error(`cs-web-lib tests cannot run: ${skip}`);
 const P = "PVWIRE:DEMO:";
 const PVS = [`ca://${P}COUNTER`, `ca://${P}SINE`, `ca://${P}MODE`, `ca://${P}MESSAGE`, `ca://${P}WAVEFORM`, `pva://${P}SP`, `loc://pvwire_test(42)`];
 
-/** Bundle the page for the browser. cs-web-lib reads its settings from `process.env` and
- * `import.meta.env` when the config passed to it lacks them: give it empty ones. One of its
- * bundled modules requires node's `buffer`: the `buffer` package stands in for it in the
- * browser. */
-async function buildPage(dir: string): Promise<void> {
-  await build({
-    entryPoints: [join(import.meta.dirname, "cs-web-lib/page.ts")],
-    bundle: true,
-    format: "esm",
-    target: "es2022",
-    outfile: join(dir, "page.js"),
-    logLevel: "warning",
-    define: { "process.env.NODE_ENV": '"production"', "process.env": "{}", "import.meta.env": "{}" },
-  });
-  writeFileSync(join(dir, "index.html"), '<!doctype html><html><head><meta charset="utf-8"><title>cs-web-lib on pvwire</title>'
-    + "<style>body{font:14px system-ui,sans-serif;margin:1em}td,th{padding:.2em .8em;text-align:left;border-bottom:1px solid #ddd}</style></head>"
-    + '<body><h1>cs-web-lib (npm) through pvwire /pvws/pv</h1><div id="root"></div><script type="module" src="page.js"></script></body></html>');
-}
-
-/** A plain static file server on its own port: the page's origin is not the pvwire server's. */
-async function serve(dir: string): Promise<Server> {
-  const types: Record<string, string> = { html: "text/html", js: "text/javascript" };
-  const server = createServer((req, res) => {
-    const name = (req.url ?? "/").split("?")[0] === "/page.js" ? "page.js" : "index.html";
-    res.writeHead(200, { "content-type": types[name.split(".")[1]!]! });
-    res.end(readFileSync(join(dir, name)));
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  return server;
-}
-
 describe("cs-web-lib's pvws connection against pvwire", () => {
   let stack: Stack;
-  let web: Server;
-  let dir: string;
-  let profile: string;
-  let browser: BrowserContext;
+  let shown: CsWebLibPage;
   let page: Page;
-  const errors: string[] = [];
-  const text = (pv: string, cell: string) => page.locator(`tr[data-pv="${pv}"] [data-testid="${cell}"]`).textContent();
+  let errors: string[];
+  const text = (pv: string, cell: string) => shown.text(pv, cell);
 
   beforeAll(async () => {
-    dir = mkdtempSync(join(tmpdir(), "pvwire-cs-web-lib-"));
     // Local PVs are written by screens for their own state: a site allows it with a write rule.
-    [stack] = await Promise.all([startStack(["--write-rule", "loc://*"]), buildPage(dir)]);
-    web = await serve(dir);
-    profile = mkdtempSync(join(tmpdir(), "pvwire-chromium-"));
-    browser = await chromium.launchPersistentContext(profile, {
-      executablePath: CHROMIUM,
-      headless: true,
-      viewport: { width: 1300, height: 500 },
-      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-    });
-    page = browser.pages()[0] ?? (await browser.newPage());
-    page.on("pageerror", (e) => errors.push(e.message));
-    const pvws = new URL(stack.url).host;
-    await page.goto(`http://127.0.0.1:${(web.address() as AddressInfo).port}/?pvws=${pvws}&pvs=${encodeURIComponent(PVS.join(","))}`);
+    stack = await startStack(["--write-rule", "loc://*"]);
+    shown = await openCsWebLibPage(stack.url, PVS);
+    ({ page, errors } = shown);
   });
   afterAll(async () => {
-    await browser?.close();
-    if (profile) rmSync(profile, { recursive: true, force: true });
-    await new Promise((r) => web ? web.close(r) : r(undefined));
-    if (dir) rmSync(dir, { recursive: true, force: true });
+    await shown?.close();
     await stack?.stop();
   });
 

@@ -17,8 +17,10 @@ for `stall_timeout` closes the connection with 4008.
 Differences from pvws, on purpose: a severity change is sent for every type (pvws drops it for
 arrays and for a value whose type changed, e.g. after a disconnect); metadata is sent again when
 it changes (pvws sends it only once); a refused subscription or a bad PV name is answered with an
-`error` message (pvws only logs it); updates are not throttled unless PV_THROTTLE_MS /
-PV_ARRAY_THROTTLE_MS say so.
+`error` message (pvws only logs it), to clients that read errors (`_may_read_errors`: not to
+Grafana's, which takes every message for data); updates are not throttled unless PV_THROTTLE_MS /
+PV_ARRAY_THROTTLE_MS say so. docs/PVWS.md has the whole comparison, message by message and type
+by type (`TYPES`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from .session import SessionLimits
 from .tokens import Claims
 
 __all__ = [
+    "CA_TYPES",
+    "CLIENT_MESSAGES",
+    "TYPES",
     "ChannelState",
     "Opened",
     "Ping",
@@ -48,6 +53,7 @@ __all__ = [
     "PvwsHost",
     "PvwsRefused",
     "PvwsSession",
+    "PvwsType",
     "Write",
 ]
 
@@ -55,37 +61,54 @@ log = logging.getLogger("pvwire.pvws")
 
 # pvws names the EPICS severities as model.py does, except NO_ALARM, which it calls NONE.
 SEVERITIES = tuple("NONE" if s == Severity.NO_ALARM else s.name for s in Severity)
+# The client messages pvws handles (WebSocket.java), all handled here too (docs/PVWS.md section 2).
+CLIENT_MESSAGES = ("subscribe", "monitor", "clear", "list", "write", "ping", "echo")
+MAX_HELD_ERRORS = 16  # errors kept for a client not yet known to read them (then dropped)
 UNDEFINED = "UNDEFINED"  # pvws's severity of a disconnected PV (Phoebus' Alarm.disconnected())
 
-# Metadata `type` -> (pvws vtype of a scalar, of an array). Phoebus' VType names.
-_VTYPES = {
-    "float64": ("VDouble", "VDoubleArray"),
-    "float32": ("VFloat", "VFloatArray"),
-    "int64": ("VLong", "VLongArray"),
-    "uint64": ("VULong", "VULongArray"),
-    "int32": ("VInt", "VIntArray"),
-    "uint32": ("VUInt", "VUIntArray"),
-    "int16": ("VShort", "VShortArray"),
-    "uint16": ("VUShort", "VUShortArray"),
-    "int8": ("VByte", "VByteArray"),
-    "uint8": ("VUByte", "VByteArray"),
-    "bool": ("VBoolean", "VBooleanArray"),
+
+@dataclass(frozen=True, slots=True)
+class PvwsType:
+    """How pvws sends one value type: Phoebus' VType names and the array's base64 field."""
+
+    scalar: str  # vtype of a scalar
+    array: str  # vtype of an array
+    field: str  # the array's member: b64dbl, b64flt, b64srt, b64int or b64byt
+    packed: str  # the dtype its elements are packed as (little-endian)
+
+
+# Value type (metadata `type`, or an array's dtype) -> how pvws sends it, as pvws does: its
+# Vtype2Json packs VDoubleArray, VFloatArray, VShortArray and VByteArray as themselves and every
+# other VNumberArray as int32 (`getInt`: int64 and uint32 keep their low 32 bits), and Phoebus'
+# PVA decoder makes VUByteArray, VUShortArray... of unsigned arrays, which are not VByteArray or
+# VShortArray. So a PVA ubyte[] travels as b64int (0..255 stays 0..255 in every client) while a
+# byte[] is b64byt, which cs-web-lib decodes as signed. docs/PVWS.md has the table with what
+# cs-web-lib shows; tests/test_pvws_types.py checks it over CA and PVA.
+TYPES = {
+    "float64": PvwsType("VDouble", "VDoubleArray", "b64dbl", "<f8"),
+    "float32": PvwsType("VFloat", "VFloatArray", "b64flt", "<f4"),
+    "int64": PvwsType("VLong", "VLongArray", "b64int", "<i4"),
+    "uint64": PvwsType("VULong", "VULongArray", "b64int", "<i4"),
+    "int32": PvwsType("VInt", "VIntArray", "b64int", "<i4"),
+    "uint32": PvwsType("VUInt", "VUIntArray", "b64int", "<i4"),
+    "int16": PvwsType("VShort", "VShortArray", "b64srt", "<i2"),
+    "uint16": PvwsType("VUShort", "VUShortArray", "b64int", "<i4"),
+    "int8": PvwsType("VByte", "VByteArray", "b64byt", "i1"),
+    "uint8": PvwsType("VUByte", "VUByteArray", "b64int", "<i4"),
+    # pvws has no mapping for PVA booleans (it sends their text); bytes 0/1 read in every client.
+    "bool": PvwsType("VBoolean", "VBooleanArray", "b64byt", "u1"),
 }
-# numpy dtype kind+size -> (pvws field, little-endian dtype the bytes are packed as). pvws packs
-# double/float/short/byte arrays as themselves and every other number array as int32.
-_ARRAY_FIELDS = {
-    "f8": ("b64dbl", "<f8"),
-    "f4": ("b64flt", "<f4"),
-    "i2": ("b64srt", "<i2"),
-    "i1": ("b64byt", "i1"),
-    "u1": ("b64byt", "u1"),
-}
-_INT_ARRAY = ("b64int", "<i4")
+# CA's DBR_CHAR (FTVL CHAR and UCHAR alike) is one type, which Phoebus' CA client reads as Java
+# (signed) bytes: pvws sends VByte / VByteArray as b64byt, and so does pvwire.
+CA_TYPES = {**TYPES, "uint8": PvwsType("VByte", "VByteArray", "b64byt", "u1")}
+_OTHER_ARRAY = PvwsType("VNumber", "VNumberArray", "b64int", "<i4")
 
 
 class ChannelState(Protocol):
     """What the encoder reads of a channel (core/channel.py's Channel)."""
 
+    @property
+    def id(self) -> str: ...
     @property
     def value(self) -> Any: ...
     @property
@@ -170,10 +193,14 @@ def _display(meta: Metadata) -> str:
     return _json(out)[1:-1]
 
 
-def _scalar_vtype(meta: Metadata, value: object) -> str:
-    names = _VTYPES.get(meta.type or "")
-    if names is not None:
-        return names[0]
+def _types(ch: ChannelState) -> dict[str, PvwsType]:
+    return CA_TYPES if ch.id.startswith("ca://") else TYPES
+
+
+def _scalar_vtype(ch: ChannelState, value: object) -> str:
+    known = _types(ch).get(ch.meta.type or "")
+    if known is not None:
+        return known.scalar
     return "VDouble" if isinstance(value, float) else "VLong"
 
 
@@ -182,14 +209,11 @@ def _value_parts(ch: ChannelState) -> tuple[str, str, bool]:
     value, meta = ch.value, ch.meta
     if isinstance(value, np.ndarray):
         arr = value.reshape(-1)  # images travel flattened, as pvws sends any array
-        field, packed = _ARRAY_FIELDS.get(f"{arr.dtype.kind}{arr.dtype.itemsize}", _INT_ARRAY)
-        if arr.dtype.kind == "b":
-            arr = arr.astype("u1")
-            field, packed = "b64byt", "u1"
-        data = np.ascontiguousarray(arr, dtype=packed)  # no copy when already packed so
-        names = _VTYPES.get(meta.type or "") or _VTYPES.get(arr.dtype.name, ("", "VNumberArray"))
+        kind = "bool" if meta.type == "bool" or arr.dtype.kind == "b" else arr.dtype.name
+        how = _types(ch).get(kind, _OTHER_ARRAY)
+        data = np.ascontiguousarray(arr, dtype=how.packed)  # no copy when already packed so
         text = base64.b64encode(data.data).decode("ascii")
-        return names[1], f'"{field}":"{text}"', True
+        return how.array, f'"{how.field}":"{text}"', True
     if meta.type == "enum" and isinstance(value, int):
         choices = meta.choices or ()
         label = choices[value] if 0 <= value < len(choices) else str(value)
@@ -198,9 +222,9 @@ def _value_parts(ch: ChannelState) -> tuple[str, str, bool]:
         return "VBoolean", f'"value":{int(value)}', True
     if isinstance(value, float):
         shown = repr(value) if math.isfinite(value) else '"NaN"'
-        return _scalar_vtype(meta, value), f'"value":{shown}', True
+        return _scalar_vtype(ch, value), f'"value":{shown}', True
     if isinstance(value, int):
-        return _scalar_vtype(meta, value), f'"value":{value}', True
+        return _scalar_vtype(ch, value), f'"value":{value}', True
     if isinstance(value, str):
         return "VString", f'"text":{_json(value)}', False
     if isinstance(value, list) and all(type(x) is str for x in value):
@@ -367,6 +391,10 @@ class PvwsSession(FlowView[str]):
         self._reopen: list[_Pv] = []
         self.conflated = 0
         self.bad_messages = 0
+        self._messages = 0  # valid client messages received
+        self.reads_errors = False  # see _may_read_errors
+        self._held: list[str] = []  # errors kept until the client shows it reads them
+        self.errors_dropped = 0  # errors never sent: past MAX_HELD_ERRORS while held
 
     # --- incoming -----------------------------------------------------------------------------
 
@@ -393,6 +421,12 @@ class PvwsSession(FlowView[str]):
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind is None:
             raise _BadMessage(f"Missing 'type' in {_shorten(text)}")
+        self._messages += 1
+        if not self.reads_errors and _may_read_errors(self._messages, kind, msg):
+            self.reads_errors = True
+            held, self._held = self._held, []
+            for error in held:
+                self._queue_text(error)
         if kind in ("subscribe", "monitor"):
             for name in _pvs(msg, text):
                 if name not in self.pvs:
@@ -454,7 +488,14 @@ class PvwsSession(FlowView[str]):
         self._host.close(pv.view, self, pv.att)
 
     def write_failed(self, message: str) -> None:
-        self._queue_text(_json({"type": "error", "message": message}))
+        """An `error` message, or held back while the client may not read errors."""
+        text = _json({"type": "error", "message": message})
+        if self.reads_errors:
+            self._queue_text(text)
+        elif len(self._held) < MAX_HELD_ERRORS:
+            self._held.append(text)
+        else:
+            self.errors_dropped += 1
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends one PV (the rules changed): an error names why."""
@@ -563,6 +604,23 @@ class PvwsSession(FlowView[str]):
 
 class _BadMessage(Exception):
     pass
+
+
+def _may_read_errors(count: int, kind: object, msg: dict[str, Any]) -> bool:
+    """Whether a client that sent this, its `count`-th message, reads `error` messages.
+
+    Grafana's Archiver Appliance data source (its live mode's Go proxy, pkg/aalive) opens one
+    socket per PV, sends one `subscribe` naming that PV and turns every message it receives into
+    a data point: an `error` became a value 0 at 1970. Clients that read errors send more than
+    that (cs-web-lib 0.10 subscribes its heartbeat PV besides the page's; pages of several PVs
+    subscribe several; they write and clear, and a write comes before its own error). So a
+    client that has sent nothing but one subscribe of one PV gets no `error` yet: errors wait, up
+    to MAX_HELD_ERRORS, for its next message.
+    """
+    if count > 1 or kind not in ("subscribe", "monitor"):
+        return True
+    pvs = msg.get("pvs")
+    return not isinstance(pvs, list | dict) or len(pvs) != 1
 
 
 def _shorten(text: str) -> str:
