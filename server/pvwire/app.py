@@ -27,6 +27,7 @@ from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.limits import ValueBudget
 from .api.metrics import render_metrics
+from .api.mjpeg import MjpegEndpoint
 from .api.pvws import PvwsEndpoint
 from .api.stream import serve_stream
 from .config import Settings
@@ -173,6 +174,10 @@ def create_app(
         await pvws.serve(websocket)
 
     app.include_router(pvws.router())
+
+    mjpeg = MjpegEndpoint(hub, authenticator)
+    app.state.mjpeg = mjpeg
+    app.include_router(mjpeg.router())
 
     @app.get("/status", response_model=None)
     async def status_page() -> FileResponse | PlainTextResponse:
