@@ -11,6 +11,7 @@ import contextlib
 import io
 import socket
 import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,11 @@ async def test_frames_of_a_sim_image_decode_at_their_size(server: ServerProcess)
             headers, jpeg = await parts.next()
             assert headers["Content-Type"] == "image/jpeg"
             frames.append(decode(jpeg))
+        # The feed is a client of the server like any other: listed, counted, measured.
+        clients = server.graphql("{ server { clients { endpoint channels } } }")
+        assert {"endpoint": "mjpeg", "channels": 1} in clients["data"]["server"]["clients"]
+        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as m:
+            assert m.status == 200
     assert all(f.size == (160, 120) and f.mode == "L" for f in frames)
     assert len({f.tobytes() for f in frames}) > 1, "the pattern moves"
 
