@@ -10,9 +10,12 @@ spaces allowed between the items of the initial value:
   `VEnum` (`loc://e<VEnum>(0, "A", "B")`: the index, then the labels) and `VTable` (the column
   names; the table starts empty).
 
-The initial value only counts when the PV is created: `loc://x(1)` and `loc://x(2)` are the same
-PV `x`, as in Phoebus. Every monitor of a name sees every put to it. Writable by anyone the access
-rules let write. `parse_value` is also what `sim://const(...)` uses, as Phoebus' `ConstPV` does.
+A bare `loc://x` that nobody wrote yet takes its type from its first write (a string or an
+array), as Phoebus' LocalPV does; after that, and for a PV with an initial value or a type, a
+write must fit. The initial value only counts when the PV is created: `loc://x(1)` and
+`loc://x(2)` are the same PV `x`, as in Phoebus. Every monitor of a name sees every put to it.
+Writable by anyone the access rules let write. `parse_value` is also what `sim://const(...)`
+uses, as Phoebus' `ConstPV` does.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class LocValue:
     value: Value
     meta: Metadata
     array: bool
+    untyped: bool = False  # `loc://x` alone: its first write may make it a string or an array
 
 
 def parse_loc(name: str) -> tuple[str, LocValue]:
@@ -176,7 +180,7 @@ def _value(
 
     if kind == "VDouble":
         number = 0.0 if items is None else _number(name, _one(name, items, "number"))
-        return LocValue(number, meta("float64", units=""), False)
+        return LocValue(number, meta("float64", units=""), False, items is None and vtype is None)
     if kind in ("VLong", "VInt"):
         number = _number(name, _one(name, items, "number"))
         if not np.isfinite(number):
@@ -209,18 +213,37 @@ def _value(
     return LocValue(columns, meta("table", len(headers)), False)
 
 
+def _first_write(value: object, meta: Metadata) -> LocValue | None:
+    """What a never written `loc://x` becomes by a write that is not a number, as in Phoebus'
+    LocalPV: a string, a number array, or a string array; None for anything else."""
+    if isinstance(value, str):
+        return LocValue(value, meta.replace(type="string", units=None), False)
+    if isinstance(value, list | tuple | np.ndarray):
+        items = list(value)
+        numeric = all(
+            isinstance(i, int | float | np.number) and not isinstance(i, bool) for i in items
+        )
+        if numeric:
+            array = np.array(items, dtype=np.float64)
+            return LocValue(array, meta.replace(count=len(array)), True)
+        strings = [str(i) for i in items]
+        return LocValue(strings, meta.replace(type="string", count=len(strings), units=None), True)
+    return None
+
+
 def _now() -> tuple[int, int]:
     s, ns = divmod(time.time_ns(), 1_000_000_000)
     return s, ns
 
 
 class _Local:
-    __slots__ = ("array", "meta", "ns", "s", "sinks", "value")
+    __slots__ = ("array", "meta", "ns", "s", "sinks", "untyped", "value")
 
     def __init__(self, initial: LocValue) -> None:
         self.value = initial.value
         self.meta = initial.meta
         self.array = initial.array
+        self.untyped = initial.untyped
         self.s, self.ns = _now()
         self.sinks: dict[ChannelSink, None] = {}
 
@@ -298,12 +321,19 @@ class LocBackend(Backend):
         uri = f"loc://{name}"
         if meta.type == "table":
             raise TypeMismatch(f"cannot write {uri}: a local table PV takes no writes")
-        local.value = coerce_put_value(
-            uri, value, meta.type or "float64", local.array, meta.choices
-        )
+        try:
+            local.value = coerce_put_value(
+                uri, value, meta.type or "float64", local.array, meta.choices
+            )
+        except TypeMismatch:
+            retyped = _first_write(value, meta) if local.untyped else None
+            if retyped is None:
+                raise
+            local.value, local.meta, local.array = retyped.value, retyped.meta, retyped.array
+        local.untyped = False  # the first write decides the type (Phoebus' LocalPV)
         array = local.array and isinstance(local.value, np.ndarray | list)
-        if array and len(local.value) != meta.count:  # type: ignore[arg-type]
-            local.meta = meta.replace(count=len(local.value))  # type: ignore[arg-type]
+        if array and len(local.value) != local.meta.count:  # type: ignore[arg-type]
+            local.meta = local.meta.replace(count=len(local.value))  # type: ignore[arg-type]
         local.s, local.ns = _now()
         for sink in tuple(local.sinks):
             if local.meta is not meta:
