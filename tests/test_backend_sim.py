@@ -38,7 +38,8 @@ def test_parse_defaults_label_and_params() -> None:
         ("sine?rate=abc", "rate='abc' is not a number"),
         ("sine?colour=red", "unknown parameter 'colour'"),
         ("sine?rate=0", "rate must be"),
-        ("ramp?min=5&max=1", "min < max"),
+        ("ramp?min=5&max=1", "min <= max"),
+        ("ramp?step=0", "a step other than 0"),
         ("waveform?shape=square", "shape must be"),
         ("waveform?length=0", "length must be"),
         ("enum?choices=", "at least one choice"),
@@ -62,7 +63,8 @@ async def test_every_kind_gets_with_metadata(sim: SimBackend, kind: str) -> None
     assert r.meta.writable is (kind in ("value", "string"))
     assert abs(r.seconds + r.nanoseconds * 1e-9 - time.time()) < 5
     expected: dict[str, type] = {
-        "counter": int, "enum": int, "string": str, "waveform": np.ndarray, "image": np.ndarray
+        "counter": int, "enum": int, "string": str, "strings": str,
+        "waveform": np.ndarray, "wave": np.ndarray, "image": np.ndarray,
     }  # fmt: skip
     assert isinstance(r.value, expected.get(kind, float))
 

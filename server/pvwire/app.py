@@ -27,6 +27,7 @@ from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.limits import ValueBudget
 from .api.metrics import render_metrics
+from .api.mjpeg import MjpegEndpoint
 from .api.pvws import PvwsEndpoint
 from .api.pvws_js import router as pvws_js_router
 from .api.stream import serve_stream
@@ -176,6 +177,10 @@ def create_app(
 
     app.include_router(pvws.router())
     app.include_router(pvws_js_router())
+
+    mjpeg = MjpegEndpoint(hub, authenticator)
+    app.state.mjpeg = mjpeg
+    app.include_router(mjpeg.router())
 
     @app.get("/status", response_model=None)
     async def status_page() -> FileResponse | PlainTextResponse:

@@ -1,4 +1,9 @@
-"""Channel ids: `ca://NAME`, `pva://NAME`, `sim://KIND...`; a bare name takes the default scheme."""
+"""Channel ids: `ca://NAME`, `pva://NAME`, `sim://KIND...`; a bare name takes the default scheme.
+
+A name may hold spaces: Phoebus and the web UIs written for pvws write `sim://sine(-10, 10, 0.2)`
+and `loc://msg("Hello World")`. What protects the server is the length bound and printable text
+(no control characters: a newline in an id would split log lines and audit records).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,13 @@ def parse_id(channel_id: str, default_scheme: str, schemes: Collection[str]) -> 
     if scheme not in schemes:
         known = ", ".join(sorted(schemes))
         raise BadChannelId(f"unknown scheme {scheme!r} in {channel_id!r} (known: {known})")
-    if not name or any(c.isspace() for c in name):
-        raise BadChannelId(f"{channel_id!r} has no usable name (empty or containing spaces)")
+    name = name.strip()
+    if not name:
+        raise BadChannelId(f"{channel_id!r} has no name after {scheme}://")
+    if not name.isprintable():
+        # isprintable() is False for control characters and for every space but U+0020.
+        raise BadChannelId(
+            f"{channel_id[:80]!r} holds a control character or a space other than U+0020; "
+            f"a channel id is printable text of at most {MAX_ID_LENGTH} characters"
+        )
     return scheme, name

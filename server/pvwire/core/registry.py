@@ -53,9 +53,12 @@ class Registry:
     # --- ids ---------------------------------------------------------------------------------
 
     def resolve(self, channel_id: str) -> tuple[str, Backend, str]:
-        """(canonical id, backend, name); raises BadChannelId."""
+        """(canonical id, backend, name); raises BadChannelId, also for a name its backend
+        knows can never work, so GraphQL, `/stream` and pvws all refuse it the same way."""
         scheme, name = parse_id(channel_id, self.settings.default_scheme, self.backends)
-        return f"{scheme}://{name}", self.backends[scheme], name
+        backend = self.backends[scheme]
+        backend.check(name)
+        return f"{scheme}://{name}", backend, name
 
     # --- channels -----------------------------------------------------------------------------
 

@@ -72,6 +72,11 @@ class Backend(ABC):
         `ConnState.FAILED` with a reason instead of raising.
         """
 
+    def check(self, name: str) -> None:  # noqa: B027 - optional hook
+        """Raise BadChannelId if `name` can never work (a bad sim parameter, a malformed local
+        PV), so every path refuses it with the reason before anything opens. Default: no check
+        (a CA or PVA name is only known to be wrong when no server answers)."""
+
     @abstractmethod
     async def get(self, name: str, timeout: float) -> Reading:
         """Read value, time, alarm and metadata. Raises ChannelNotFound / ChannelTimeout."""

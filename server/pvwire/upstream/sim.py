@@ -1,9 +1,12 @@
 """Simulated channels (`sim://KIND[/LABEL][?param=value&...]`), for demos, tests and benchmarks.
 
-Kinds: sine, ramp, counter, noise, waveform, image, enum (periodic), value, string (writable,
-updated only by puts). A periodic channel does not own a task or timer: channels are grouped by
-update rate and each group is driven by ONE `loop.call_at` chain that updates all its members in
-a tight loop with one shared timestamp. 10,000 counters at 10 Hz then cost one timer callback per
+Kinds: sine, ramp, counter, noise, uniform, intermittent, strings, waveform, wave, image, enum
+(periodic), value, string (writable, updated only by puts). Phoebus' names (`sine(-5, 5, 0.1)`,
+`sinewave`, `const(3.14)`...) map onto these (sim_phoebus.py).
+
+A periodic channel does not own a task or timer: channels are grouped by update rate and each
+group is driven by ONE `loop.call_at` chain that updates all its members in a tight loop with one
+shared timestamp. 10,000 counters at 10 Hz then cost one timer callback per
 tick plus a method call and a sink call per channel.
 """
 
@@ -27,7 +30,7 @@ from ..model import ConnState, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 from .sim_image import IMAGE_DTYPES, image_frame, image_metadata
-from .sim_phoebus import from_phoebus
+from .sim_phoebus import PHOEBUS_FUNCTIONS, from_phoebus, is_phoebus_function
 
 __all__ = ["KINDS", "SimBackend", "SimLimits", "SimSpec", "parse_sim"]
 
@@ -40,7 +43,21 @@ KINDS: dict[str, dict[str, Any]] = {
     "ramp": {"min": 0.0, "max": 10.0, "step": 1.0, "rate": 10.0},
     "counter": {"rate": 10.0},
     "noise": {"mean": 0.0, "sigma": 1.0, "rate": 10.0},
+    # The defaults of the Phoebus functions these serve (sim_phoebus.py), so a bare name agrees.
+    "uniform": {"min": -5.0, "max": 5.0, "rate": 1.0},
+    "intermittent": {"min": -5.0, "max": 5.0, "rate": 1.0},
+    "strings": {"length": 10.0, "rate": 10.0},
     "waveform": {"length": 1000.0, "rate": 10.0, "shape": "sine", "period": 10.0},
+    "wave": {
+        "shape": "sine",
+        "min": -1.0,
+        "max": 1.0,
+        "length": 50.0,
+        "wavelength": 10.0,
+        "period": 1.0,
+        "width": 100.0,
+        "rate": 10.0,
+    },
     "image": {"width": 640.0, "height": 480.0, "dtype": "uint16", "color": "mono", "rate": 10.0},
     "enum": {"choices": "Off,On", "rate": 1.0},
     "value": {"initial": 0.0},
@@ -60,6 +77,9 @@ class SimLimits:
     max_length: int = 2048 * 2048  # waveform or image elements: a 2048 x 2048 image's worth
     max_bytes_per_s: float = 200e6  # per channel: a 1,000,000-point float64 waveform at 10 Hz is 80
     max_stores: int = 10_000  # writable `value/NAME` and `string/NAME` instances kept at once
+    # `wave` computes every element of every update (sin over 1,000,000 points took 187 ms
+    # here): 1,000,000 elements/s per channel is under a fifth of a core at worst.
+    max_computed_per_s: float = 1e6
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +102,21 @@ class SimSpec:
 
 def parse_sim(name: str, limits: SimLimits = SimLimits()) -> SimSpec:
     """Parse the part after `sim://`; raise BadChannelId with the reason when it cannot work."""
-    if "(" in name:
-        name = from_phoebus(name)  # `flipflop(2)`: the names pvws-era web UIs use
+    if _is_phoebus(name):
+        # `flipflop(2)`, `sinewave`: the names Phoebus and the pvws-era web UIs use
+        kind, params = from_phoebus(name)
+        if kind != "const":
+            params = {**KINDS[kind], **params}
+            _check(name, kind, params, limits)
+        return SimSpec(kind, "", params)
     path, _, query = name.partition("?")
     kind, _, label = path.partition("/")
     if kind not in KINDS:
-        raise BadChannelId(f"sim://{name}: unknown sim kind {kind!r} (known: {', '.join(KINDS)})")
+        known = ", ".join(KINDS)
+        phoebus = ", ".join(PHOEBUS_FUNCTIONS)
+        raise BadChannelId(
+            f"sim://{name}: unknown sim kind {kind!r} (known: {known}; Phoebus': {phoebus})"
+        )
     defaults = KINDS[kind]
     params = dict(defaults)
     for key, text in parse_qsl(query, keep_blank_values=True):
@@ -108,16 +137,27 @@ def parse_sim(name: str, limits: SimLimits = SimLimits()) -> SimSpec:
     return SimSpec(kind, label, params)
 
 
+def _is_phoebus(name: str) -> bool:
+    """`FUNC(...)`, or a bare `FUNC` that is not one of pvwire's kinds (`sinewave`)."""
+    if "(" in name or name.startswith("const<"):
+        return True
+    return name not in KINDS and is_phoebus_function(name)
+
+
 def _check(name: str, kind: str, p: dict[str, Any], limits: SimLimits) -> None:
     def bad(why: str) -> BadChannelId:
         return BadChannelId(f"sim://{name}: {why}")
 
     if "rate" in p and not 0 < p["rate"] <= limits.max_rate:
         raise bad(f"rate must be in (0, {limits.max_rate:g}] Hz on this server, got {p['rate']:g}")
-    if "period" in p and p["period"] <= 0:
+    if "period" in p and p["period"] <= 0 and kind != "wave":
         raise bad(f"period must be > 0 s, got {p['period']:g}")
-    if kind == "ramp" and (p["max"] <= p["min"] or p["step"] <= 0):
-        raise bad("ramp needs min < max and step > 0")
+    if kind == "ramp" and (p["max"] < p["min"] or p["step"] == 0):
+        raise bad("ramp needs min <= max and a step other than 0 (< 0 ramps down)")
+    if kind == "strings" and not (1 <= p["length"] <= 40 and float(p["length"]).is_integer()):
+        raise bad("strings needs an integer length in [1, 40] (a CA string holds 40)")
+    if kind == "wave":
+        _check_wave(p, limits, bad)
     if kind == "noise" and p["sigma"] < 0:
         raise bad("sigma must be >= 0")
     if kind == "waveform":
@@ -136,6 +176,20 @@ def _check(name: str, kind: str, p: dict[str, Any], limits: SimLimits) -> None:
         choices = [c for c in p["choices"].split(",") if c]
         if not choices:
             raise bad("enum needs at least one choice")
+
+
+def _check_wave(p: dict[str, Any], limits: SimLimits, bad: Callable[[str], BadChannelId]) -> None:
+    if p["shape"] not in ("sine", "sawtooth", "gaussian", "uniform"):
+        raise bad(f"shape must be sine, sawtooth, gaussian or uniform, got {p['shape']!r}")
+    if not 0 <= p["length"] <= limits.max_length or not float(p["length"]).is_integer():
+        raise bad(f"length must be an integer in [0, {limits.max_length}] on this server")
+    if p["wavelength"] <= 0 or p["width"] <= 0:
+        raise bad("wavelength and width must be > 0")
+    if p["length"] * p["rate"] > limits.max_computed_per_s:
+        raise bad(
+            f"length x rate is {p['length'] * p['rate']:g} elements/s; this server computes at "
+            f"most {limits.max_computed_per_s:g} per wave channel"
+        )
 
 
 def _check_image(p: dict[str, Any], limits: SimLimits, bad: Callable[[str], BadChannelId]) -> None:
@@ -170,8 +224,16 @@ def _metadata(spec: SimSpec) -> Metadata:
     if kind == "sine":
         lo, hi = p["offset"] - abs(p["amplitude"]), p["offset"] + abs(p["amplitude"])
         return Metadata("float64", 1, desc, "", 3, display=(lo, hi), writable=False)
-    if kind == "ramp":
+    if kind in ("ramp", "uniform", "intermittent"):
         return Metadata("float64", 1, desc, "", 3, display=(p["min"], p["max"]), writable=False)
+    if kind == "strings":
+        return Metadata("string", 1, desc, writable=False)
+    if kind == "wave":
+        lo, hi = sorted((p["min"], p["max"]))
+        return Metadata("float64", int(p["length"]), desc, "", 3, display=(lo, hi), writable=False)
+    if kind == "const":
+        meta: Metadata = p["meta"]
+        return meta
     if kind == "counter":
         return Metadata("int64", 1, desc, "counts", 0, writable=False)
     if kind == "noise":
@@ -232,6 +294,35 @@ class _Sim:
         self.value = v
         self.sink.on_update(v, s, ns, 0, 0, "")
 
+    def _step_uniform(self, s: int, ns: int) -> None:
+        p = self.spec.params
+        v = random.uniform(p["min"], p["max"])
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_intermittent(self, s: int, ns: int) -> None:
+        # Phoebus' IntermittentPV: every other update is a disconnect.
+        self.k += 1
+        if self.k % 2:
+            self.sink.on_connection(ConnState.DISCONNECTED, "sim intermittent: every other update")
+            return
+        p = self.spec.params
+        v = random.uniform(p["min"], p["max"])
+        self.value = v
+        self.sink.on_connection(ConnState.CONNECTED)
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_strings(self, s: int, ns: int) -> None:
+        self.k += 1
+        v = _strings(self.spec.params, self.k)
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
+    def _step_wave(self, s: int, ns: int) -> None:
+        v = _wave(self.spec.params, s + ns * 1e-9)
+        self.value = v
+        self.sink.on_update(v, s, ns, 0, 0, "")
+
     def _step_waveform(self, s: int, ns: int) -> None:
         v = _waveform(self.spec.params, s + ns * 1e-9)
         self.value = v
@@ -254,8 +345,35 @@ _RNG = np.random.default_rng()
 
 
 def _ramp(p: dict[str, Any], k: int) -> float:
-    span = int((p["max"] - p["min"]) // p["step"]) + 1
-    return float(p["min"] + (k % span) * p["step"])
+    step = p["step"]
+    span = int((p["max"] - p["min"]) // abs(step)) + 1
+    start = p["min"] if step > 0 else p["max"]  # a negative step ramps down from max (Phoebus)
+    return float(start + (k % span) * step)
+
+
+def _strings(p: dict[str, Any], k: int) -> str:
+    return "A" * (k % int(p["length"]) + 1)  # Phoebus' StringsPV: A, AA, ... then A again
+
+
+def _wave(p: dict[str, Any], t: float) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """Phoebus' running waves, computed whole (sizes are small: 50 and 100 by default)."""
+    n, shape = int(p["length"]), p["shape"]
+    lo, hi = float(p["min"]), float(p["max"])
+    if shape == "uniform":
+        return lo + _RNG.random(n) * (hi - lo)
+    period = float(p["period"])
+    phase = t / period if period > 0 else 0.0  # period <= 0: a wave that stands still (Phoebus)
+    if shape == "gaussian":
+        dx = np.arange(n) - n / 2.0
+        table = np.exp(-dx * dx / float(p["width"]))
+        shift = int((phase % 1.0) * n)
+        return np.concatenate((table[shift:], table[:shift]))
+    wavelength = float(p["wavelength"])
+    x = phase + np.arange(n) / wavelength
+    if shape == "sine":
+        return lo + (np.sin(2 * math.pi * x) + 1.0) / 2.0 * (hi - lo)
+    # sawtooth: the range widened so the last sample of a wavelength (almost) reaches max
+    return lo + (x % 1.0) * (hi - lo) * (1.0 + 1.0 / wavelength)
 
 
 def _waveform(p: dict[str, Any], t: float) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -302,6 +420,15 @@ def _fresh_value(spec: SimSpec, k: int) -> Value:
         return _ramp(p, k)
     if kind == "noise":
         return random.gauss(p["mean"], p["sigma"])
+    if kind in ("uniform", "intermittent"):
+        return random.uniform(p["min"], p["max"])
+    if kind == "strings":
+        return _strings(p, k)
+    if kind == "wave":
+        return _wave(p, time.time())
+    if kind == "const":
+        value: Value = p["value"]
+        return value
     if kind == "waveform":
         return _waveform(p, time.time())
     if kind == "image":
@@ -396,6 +523,8 @@ class _SimMonitor:
             return
         if self._store is not None:
             self._handle = loop.call_soon(self._start_store)
+        elif spec.kind == "const":
+            self._handle = loop.call_soon(self._start_const, spec)
         else:
             self._sim = _Sim(spec, sink)
             self._handle = loop.call_soon(self._start_sim)
@@ -410,6 +539,13 @@ class _SimMonitor:
         self._sink.on_update(sim.initial(), s, ns, 0, 0, "")
         self._backend.group(sim.spec.rate).add(sim)
         self._backend.live[self._name] = sim
+
+    def _start_const(self, spec: SimSpec) -> None:
+        self._handle = None
+        s, ns = _now()
+        self._sink.on_meta(_metadata(spec))
+        self._sink.on_connection(ConnState.CONNECTED)
+        self._sink.on_update(_fresh_value(spec, 0), s, ns, 0, 0, "")
 
     def _start_store(self) -> None:
         self._handle = None
@@ -502,6 +638,9 @@ class SimBackend(Backend):
         store.s, store.ns = _now()
         for sink in tuple(store.sinks):
             sink.on_update(store.value, store.s, store.ns, 0, 0, "")
+
+    def check(self, name: str) -> None:
+        parse_sim(name, self.limits)
 
     def names(self) -> Iterable[str]:
         return tuple(KINDS)
