@@ -106,23 +106,47 @@ class Control:
         old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
         self.stats.puts += 1
         started = time.perf_counter()
-        result, code = "ok", ""
+        result, code, refused_by = "ok", "", ""
         try:
             if not self._puts.take(identity.user or identity.address):
                 raise RateLimited(
                     f"{identity.describe()} sent more than {self._puts.rate:g} puts per second"
                 )
             self._check_write(identity, canonical)
-            await backend.put(name, value, wait, timeout)
+            if backend.forwards_identity:
+                user = self._user_at_ioc(identity, canonical)
+                await backend.put_as(user, name, value, wait, timeout)
+            else:
+                await backend.put(name, value, wait, timeout)
         except PvwireError as exc:
             self.stats.put_errors += 1
-            result, code = str(exc), exc.code
+            result, code, refused_by = str(exc), exc.code, exc.refused_by
             raise
         finally:
             self._audit.put(
-                identity, canonical, old, value, result, code, time.perf_counter() - started, wait
+                identity,
+                canonical,
+                old,
+                value,
+                result,
+                code,
+                time.perf_counter() - started,
+                wait,
+                refused_by=refused_by,
             )
         return canonical
+
+    @staticmethod
+    def _user_at_ioc(identity: Identity, canonical: str) -> str:
+        """The name a forwarded put carries to the IOC: the user's (JWT or trusted proxy alike).
+        Anonymous puts are refused: the IOC would see pvwire's own account for a writer nobody
+        knows, which is what forwarding exists to end (docs/ACCESS.md)."""
+        if identity.anonymous:
+            raise WriteDenied(
+                f"anonymous writes to {canonical} are refused: writes carry the writer's name "
+                "to the IOC (--forward-identity); sign in"
+            )
+        return identity.user
 
     def _check_write(self, identity: Identity, canonical: str) -> None:
         access = self.access(identity, canonical)

@@ -122,6 +122,9 @@ _current_context.restype = ctypes.c_void_p
 _is_preemptive = _libca["ca_preemtive_callback_is_enabled"]  # sic: libca's spelling
 _is_preemptive.argtypes = []
 _is_preemptive.restype = ctypes.c_int
+_host_name = _libca["ca_host_name"]
+_host_name.argtypes = [ctypes.c_void_p]
+_host_name.restype = ctypes.c_char_p
 _pend_event = _libca["ca_pend_event"]
 _pend_event.argtypes = [ctypes.c_double]
 _pend_event.restype = ctypes.c_int
@@ -474,6 +477,14 @@ class CaChannel:
     @property
     def writable(self) -> bool:
         return bool(cadef.ca_write_access(self))
+
+    @property
+    def server(self) -> str:
+        """The server of a connected channel as libca names it: `HOST:PORT`, HOST a dotted
+        address or, once libca's reverse lookup answered, a host name (`localhost:5064`)."""
+        if not self.connected:
+            raise cadef.Disconnected(self)
+        return (_host_name(self._as_parameter_) or b"").decode(errors="replace")
 
     async def get(self, datatype: Any, fmt: int, count: int, timeout: float) -> Any:
         """One read as aioca's caget returns it; CANothing on failure or timeout."""
