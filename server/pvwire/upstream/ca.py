@@ -252,7 +252,7 @@ class CaMonitor:
         self._subs: list[CaSubscription] = []
         self._renew: asyncio.TimerHandle | None = None
         self._down_at = -FLAP_WINDOW  # loop time of the last disconnect
-        self._chan = CaChannel(name, self._on_channel)
+        self._chan = CaChannel(name, self._on_channel, self._on_write_access)
 
     def close(self) -> None:
         if self._closed:
@@ -294,7 +294,7 @@ class CaMonitor:
         self._down_at = now
         # Clear now: the old channel would otherwise reconnect by itself, up to 10 s late.
         self._chan.close()
-        self._chan = CaChannel(self._name, self._on_channel)
+        self._chan = CaChannel(self._name, self._on_channel, self._on_write_access)
         self._schedule_renew(RENEW_PERIOD if flapping else RECREATE_AFTER)
 
     def _schedule_renew(self, delay: float) -> None:
@@ -309,7 +309,7 @@ class CaMonitor:
         if self._closed or self._chan.connected:
             return
         self._chan.close()
-        self._chan = CaChannel(self._name, self._on_channel)
+        self._chan = CaChannel(self._name, self._on_channel, self._on_write_access)
         down_for = asyncio.get_running_loop().time() - self._down_at
         self._schedule_renew(RENEW_PERIOD if down_for < RENEW_FAST_FOR else RENEW_SLOW_PERIOD)
 
@@ -374,6 +374,20 @@ class CaMonitor:
             self._desc_task = asyncio.ensure_future(self._read_desc())
         self._publish_meta()
         self._maybe_ready()
+
+    def _on_write_access(self, writable: bool) -> None:
+        """The IOC changed pvwire's write access (ACF reloaded, ASG changed): the metadata goes
+        out again with the new `writable`, in the next tick. rsrv also sends one more event on
+        each subscription then, which re-reads the rights in `_ctrl`, but that event carries no
+        value (ECA_NORDACCESS) when read access went too: only this callback sees that change."""
+        try:
+            meta = self._ctrl_meta
+            if meta is None or not self._rights or meta.writable is writable:
+                return  # before the first DBR_CTRL event, which reads the rights itself
+            self._ctrl_meta = meta.replace(writable=writable)
+            self._publish_meta()
+        except Exception as exc:
+            self._guard.fail(exc)
 
     def _on_disconnect(self) -> None:
         self._connected = False

@@ -13,7 +13,7 @@ used is closed first). Only puts travel here; monitors stay on pvwire's shared l
 The server's address is not searched for here: the caller learns it from pvwire's own libca
 channel for the name (`ca_host_name`), so name resolution follows the site's EPICS_CA_* settings
 exactly as monitors do. Measured on loopback (docs/ACCESS.md): the first put of a user on a new
-circuit ~2-4 ms over a connected libca channel, later puts as cheap as libca's.
+circuit 4.5 ms, later ones 0.34 ms, a put through libca 0.64 ms.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 # Circuits held at once: one per user writing to an IOC. Beyond it the least recently used one
-# is closed (its puts in flight fail); a control room's operators times its IOCs fits easily.
+# is closed (its puts in flight fail); the operators writing at once, times the IOCs each one
+# writes to, stay well below it.
 MAX_CIRCUITS = 256
 # A circuit unused this long is closed: an operator's burst of puts reuses it, a user who went
 # home leaves no TCP connection at the IOC (each costs the IOC a client structure and a thread).
