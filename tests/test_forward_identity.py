@@ -6,6 +6,7 @@ the audit lines say which of the two refused.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -157,3 +158,13 @@ async def test_over_pva_the_ioc_sees_pvwires_account(forwarding: Path) -> None:
             await c.put("pva://ACF:SP", 1.0, wait=True)
     (line,) = audit(forwarding)[before:]
     assert (line["user"], line["refused_by"], line["code"]) == ("olga", "ioc", "READ_ONLY")
+
+
+async def test_writable_is_not_pvwires_own_when_forwarding(forwarding: Path) -> None:
+    """pvwire's own account may not write ACF:SP, olga may: the stream must not show pvwire's
+    rights as hers, so `writable` is left out and the put box follows pvwire's rules."""
+    async with Client(url(forwarding), token=OLGA) as c:
+        async with asyncio.timeout(30):
+            update = await anext(aiter(c.monitor("ca://ACF:SP")))
+        assert update.channel.metadata.get("writable") is None
+        assert update.channel.writable and (await c.get("ca://ACF:SP")).writable

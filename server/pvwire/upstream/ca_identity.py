@@ -158,6 +158,10 @@ class _Circuit:
             await self._wait(created, deadline, f"ca://{name}: the IOC did not create the channel")
         finally:
             self._creating.pop(chan.cid, None)
+        existing = self._channels.get(name)
+        if existing is not None:  # a concurrent put to the same name created it first
+            await self._send(chan.clear())
+            return existing
         self._channels[name] = chan
         while len(self._channels) > MAX_CHANNELS:
             _, old = self._channels.popitem(last=False)
