@@ -156,7 +156,11 @@ async def test_over_pva_the_ioc_sees_pvwires_account(forwarding: Path) -> None:
     async with Client(url(forwarding), token=OLGA) as c:
         with pytest.raises(ReadOnly):
             await c.put("pva://ACF:SP", 1.0, wait=True)
-    (line,) = audit(forwarding)[before:]
+        # The host QSRV decides with is pvwire's address; over CA it is the host name sent.
+        assert (await c.put("pva://ACF:PEER", 2.0, wait=True)).ok
+        with pytest.raises(ReadOnly):
+            await c.put("ca://ACF:PEER", 3.0, wait=True)
+    line = audit(forwarding)[before]
     assert (line["user"], line["refused_by"], line["code"]) == ("olga", "ioc", "READ_ONLY")
 
 
@@ -164,7 +168,11 @@ async def test_writable_is_not_pvwires_own_when_forwarding(forwarding: Path) -> 
     """pvwire's own account may not write ACF:SP, olga may: the stream must not show pvwire's
     rights as hers, so `writable` is left out and the put box follows pvwire's rules."""
     async with Client(url(forwarding), token=OLGA) as c:
-        async with asyncio.timeout(30):
-            update = await anext(aiter(c.monitor("ca://ACF:SP")))
+        updates = c.monitor("ca://ACF:SP")
+        try:
+            async with asyncio.timeout(30):
+                update = await anext(updates)
+        finally:
+            await updates.aclose()
         assert update.channel.metadata.get("writable") is None
         assert update.channel.writable and (await c.get("ca://ACF:SP")).writable
