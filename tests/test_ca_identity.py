@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pvwire.errors import ChannelNotFound, IocDenied, PutRejected
+from pvwire.errors import ChannelNotFound, IocDenied, PutRejected, WriteDenied
 from pvwire.ioc import IocProcess, free_port
 from pvwire.upstream.ca_identity import Address, IdentityCircuits
 
@@ -40,10 +40,14 @@ async def test_the_ioc_decides_with_the_user_name(address: Address) -> None:
     circuits = IdentityCircuits("pvwire-host")
     try:
         await put(circuits, "olga", address, "ACF:SP", 1.25)
-        with pytest.raises(IocDenied, match="vic"):
-            await put(circuits, "vic", address, "ACF:SP", 2.5)
+        for other in ("vic", "Ольга", "olga2"):  # any name but olga's, in any script
+            with pytest.raises(IocDenied, match=other):
+                await put(circuits, other, address, "ACF:SP", 2.5)
+        for forged in ("olga\x00vic", "olga\n", "o" * 300, ""):  # the IOC would misread these
+            with pytest.raises(WriteDenied):
+                await put(circuits, forged, address, "ACF:SP", 2.5)
         await circuits.put("olga", address, "ACF:STR", [b"olga's"], DBR_STRING, 1, True, 10.0)
-        assert len(circuits) == 2  # one per user
+        assert len(circuits) == 4  # one per user
     finally:
         circuits.close()
 

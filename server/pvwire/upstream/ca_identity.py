@@ -45,7 +45,7 @@ from caproto import (  # type: ignore[import-untyped]
 )
 from caproto._status import eca_value_to_status  # type: ignore[import-untyped]
 
-from ..errors import ChannelNotFound, ChannelTimeout, IocDenied, PutRejected
+from ..errors import ChannelNotFound, ChannelTimeout, IocDenied, PutRejected, WriteDenied
 
 __all__ = ["Address", "IdentityCircuits"]
 
@@ -64,8 +64,20 @@ IDLE_S = 30.0
 # setpoints skip the channel creation round trip.
 MAX_CHANNELS = 64
 _READ_SIZE = 65536
+MAX_NAME_BYTES = 255
 ECA_NORMAL = 1
 ECA_NOWTACCESS = 376  # caerr.h: DEFMSG(CA_K_WARNING, 47)
+
+
+def _check_name(user: str) -> None:
+    """Refuse a name the IOC would read as another: it stops at a NUL ("olga\\0x" is olga to the
+    IOC), and no account name holds control characters or runs to hundreds of bytes."""
+    if (
+        not user
+        or len(user.encode()) > MAX_NAME_BYTES
+        or any(ord(c) < 32 or c == "\x7f" for c in user)
+    ):
+        raise WriteDenied(f"the user name {user[:40]!r} cannot be sent to an IOC")
 
 
 class _Circuit:
@@ -177,7 +189,8 @@ class _Circuit:
     async def _run(self, host_name: str) -> None:
         try:
             reader, self._writer = await asyncio.open_connection(*self.address)
-            # What libca sends first on every circuit, with this user's name.
+            # What libca sends first on every circuit, with this user's name (caproto sends
+            # text as UTF-8 with its NUL; the IOC compares the bytes with its ACF's).
             self._writer.write(
                 b"".join(
                     self._vc.send(
@@ -272,6 +285,7 @@ class IdentityCircuits:
         Raises IocDenied when the IOC's access security refuses, ChannelTimeout, PutRejected.
         """
         deadline = time.monotonic() + timeout
+        _check_name(user)
         circuit = self._circuit(user, address)
         circuit.busy += 1
         try:
