@@ -83,7 +83,7 @@ async def test_failures_stay_with_their_circuit(address: Address) -> None:
     try:
         with pytest.raises(PutRejected, match="no circuit"):  # nothing listens there
             await put(circuits, "olga", ("127.0.0.1", free_port()), "ACF:OPEN", 1.0)
-        with pytest.raises(ChannelNotFound):
+        with pytest.raises(ChannelNotFound, match="ca://ACF:NO_SUCH_RECORD"):
             await put(circuits, "olga", address, "ACF:NO_SUCH_RECORD", 1.0)
         await put(circuits, "olga", address, "ACF:OPEN", 5.0)  # the same user, still fine
         wave = np.array([1, 2, 3], dtype=np.int16)

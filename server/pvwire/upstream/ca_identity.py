@@ -230,7 +230,9 @@ class _Circuit:
         elif isinstance(command, CreateChFailResponse):
             created = self._creating.get(command.cid)
             if created is not None and not created.done():
-                created.set_exception(ChannelNotFound("the IOC refused to create the channel"))
+                chan = self._vc.channels.get(command.cid)
+                what = f"ca://{chan.name}" if chan is not None else "channel"
+                created.set_exception(ChannelNotFound(f"{what}: the IOC has no such channel"))
         elif isinstance(command, WriteNotifyResponse):
             done = self._writes.get(command.ioid)
             if done is not None and not done.done():
