@@ -17,6 +17,8 @@ from typing import Any
 import jwt
 import numpy as np
 import pytest
+from pvwire.cli import build_parser
+from pvwire.config import Settings
 from pvwire.ioc import IocProcess
 from pvwire_client import Client, NotFound, ReadOnly, TypeMismatch, WriteDenied
 
@@ -176,3 +178,10 @@ async def test_writable_is_not_pvwires_own_when_forwarding(forwarding: Path) -> 
             await updates.aclose()
         assert update.channel.metadata.get("writable") is None
         assert update.channel.writable and (await c.get("ca://ACF:SP")).writable
+
+
+def test_forwarding_is_off_unless_asked_for() -> None:
+    assert not Settings.load(env={}).forward_identity
+    assert Settings.load(env={"PVWIRE_FORWARD_IDENTITY": "1"}).forward_identity
+    assert build_parser().parse_args(["serve", "--forward-identity"]).forward_identity
+    assert not build_parser().parse_args(["serve"]).forward_identity

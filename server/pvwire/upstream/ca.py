@@ -10,7 +10,8 @@ values unpacked in one call): callbacks run on the event loop thread, batched pe
 value callback does O(1) work and creates no task or future. A monitor clears and re-creates its
 channel shortly after a disconnect, so it comes back on libca's fast search timer instead of its
 10 s disconnect governor; gets and puts of unmonitored names borrow a channel from a small pool
-that clears it after use.
+that clears it after use. With --forward-identity, `put_as` writes on a circuit that carries the
+user's name (ca_identity.py), after the same type checks and value conversion.
 """
 
 from __future__ import annotations
