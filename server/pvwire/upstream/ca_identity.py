@@ -12,8 +12,8 @@ used is closed first). Only puts travel here; monitors stay on pvwire's shared l
 
 The server's address is not searched for here: the caller learns it from pvwire's own libca
 channel for the name (`ca_host_name`), so name resolution follows the site's EPICS_CA_* settings
-exactly as monitors do. Measured on loopback (docs/ACCESS.md): the first put of a user on a new
-circuit 4.5 ms, later ones 0.34 ms, a put through libca 0.64 ms.
+exactly as monitors do. Measured on loopback (bench/identity_puts.py, medians): a user's first put
+on a new circuit 2.1 ms, later ones 0.31 ms, a put through libca 0.24 ms.
 """
 
 from __future__ import annotations
