@@ -52,7 +52,7 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
     from .upstream.sim import SimBackend, SimLimits
 
     backends: dict[str, Backend] = {
-        "ca": CaBackend(),
+        "ca": CaBackend(settings.forward_identity, settings.forward_host_name),
         "pva": PvaBackend(settings.pva_queue_size),
         "loc": LocBackend(),
     }

@@ -97,6 +97,8 @@ def _settings(args: argparse.Namespace) -> Any:
         settings.trusted_proxies = [*settings.trusted_proxies, *args.trusted_proxy]
     if args.no_sim:
         settings.sim_enabled = False
+    if args.forward_identity:
+        settings.forward_identity = True
     if args.token_key:
         settings.token_keys = {**settings.token_keys, "cli": args.token_key}
         settings.token_kid = "cli"
@@ -239,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "--user-header is believed")  # fmt: skip
         p.add_argument("--user-header", help="header a trusted proxy puts the user name in")
         p.add_argument("--groups-header", help="header with comma-separated groups (proxy)")
+        p.add_argument(
+            "--forward-identity",
+            action="store_true",
+            help="CA puts of a signed-in user carry the user's name to the IOC, whose access "
+            "security then decides; anonymous CA puts are refused (PVWIRE_FORWARD_IDENTITY)",
+        )
         p.add_argument("--workers", type=int, default=1, help="worker processes (same port)")
         p.add_argument(
             "--log-level", choices=["debug", "info", "warning", "error"], help="default info"

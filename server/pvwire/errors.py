@@ -6,6 +6,7 @@ __all__ = [
     "BadChannelId",
     "ChannelNotFound",
     "ChannelTimeout",
+    "IocDenied",
     "PutRejected",
     "PvwireError",
     "ReadOnlyChannel",
@@ -18,6 +19,9 @@ class PvwireError(Exception):
     """Base of every error pvwire reports to a client. `code` is stable and machine-readable."""
 
     code = "ERROR"
+    # Who refused a put, for the audit line: "pvwire" (its rules and limits) or "ioc" (the
+    # upstream server's own access security); "" when nobody refused (a failure, not a refusal).
+    refused_by = ""
 
 
 class BadChannelId(PvwireError):
@@ -50,10 +54,17 @@ class ReadOnlyChannel(PvwireError):
     code = "READ_ONLY"
 
 
+class IocDenied(ReadOnlyChannel):
+    """The IOC's own access security (its ACF) refused the write: same code as READ_ONLY."""
+
+    refused_by = "ioc"
+
+
 class WriteDenied(PvwireError):
     """pvwire's own write rules do not allow writes to the channel."""
 
     code = "WRITE_DENIED"
+    refused_by = "pvwire"
 
 
 class PutRejected(PvwireError):
@@ -66,9 +77,11 @@ class Forbidden(PvwireError):
     """The identity may not read this channel (access rules)."""
 
     code = "FORBIDDEN"
+    refused_by = "pvwire"
 
 
 class RateLimited(PvwireError):
     """The identity asked for more than its share (puts per second, query cost per second)."""
 
     code = "RATE_LIMITED"
+    refused_by = "pvwire"

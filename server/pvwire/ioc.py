@@ -26,6 +26,14 @@ from .loopback import loopback_env
 __all__ = ["IocPorts", "IocProcess", "free_port"]
 
 
+# `python -m pvxslibs.ioc` calls iocInit itself, and an ACF must be named before it (asInit at
+# run time would leave the records open to everyone until it is done): wrap its iocInit.
+_WITH_ACF = (
+    "import runpy, sys; import epicscorelibs.ioc as e; acf = sys.argv.pop(1); init = e.iocInit; "
+    "e.iocInit = lambda: (e.ioc(f'asSetFilename(\"{acf}\")'), init())[1]; "
+    "runpy.run_module('pvxslibs.ioc', run_name='__main__')"
+)
+
 # Ports handed out below the kernel's ephemeral range, from here up.
 _LOWEST_PORT = 10_000
 
@@ -106,8 +114,11 @@ class IocProcess:
         dbs: Sequence[Path | str],
         macros: Mapping[str, str] | None = None,
         ports: IocPorts | None = None,
+        acf: Path | str | None = None,
     ) -> None:
+        """`acf`: an access security file the IOC enforces from its start (asSetFilename)."""
         self.dbs = [Path(p) for p in dbs]
+        self.acf = Path(acf) if acf is not None else None
         self.macros = dict(macros or {})
         self.ports = ports or IocPorts.allocate()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -128,6 +139,8 @@ class IocProcess:
             return
         macro_text = ",".join(f"{k}={v}" for k, v in self.macros.items())
         args = [sys.executable, "-m", "pvxslibs.ioc"]
+        if self.acf is not None:
+            args = [sys.executable, "-c", _WITH_ACF, str(self.acf.resolve())]
         for db in self.dbs:
             args += ["-m", macro_text, "-d", str(db)] if macro_text else ["-d", str(db)]
         env = {**os.environ, **self.ports.server_env(), "PVXS_QSRV_ENABLE": "YES"}

@@ -4,9 +4,11 @@ Prints one JSON line `{"url": ..., "prefix": ..., ...}` when both are ready, the
 from stdin, one per line, and answers each with one JSON line:
   kill-ioc | start-ioc (with the demo's images) | restart-server | stop-server | start-server
   kill-server (SIGKILL, then a new server on the same port) | freeze-ioc (SIGSTOP) | resume-ioc
+  dbpf NAME VALUE (the IOC's own dbpf: e.g. a record's .ASG changed at run time)
 At EOF on stdin (the test process ended, even by a crash) everything is torn down.
 PVWIRE_SERVER_CMD (default `-m pvwire.cli`) replaces the server's module/script, for debugging.
-PVWIRE_STACK_DB, when set, names a .db file the IOC serves instead of the demo (prefix "").
+PVWIRE_STACK_DB, when set, names a .db file the IOC serves instead of the demo (prefix "");
+PVWIRE_STACK_ACF an access security file that IOC enforces.
 
 Other arguments go to `pvwire serve`, except two that set up identities for a test:
   --jwt-secret SECRET        written to a file passed as --jwt-secret-file (HS256 bearer JWTs)
@@ -146,7 +148,7 @@ def main() -> None:
         db = os.environ.get("PVWIRE_STACK_DB")
         extra, has_rules = identity_args(sys.argv[1:])
         if db:
-            ioc = IocProcess([Path(db)])
+            ioc = IocProcess([Path(db)], acf=os.environ.get("PVWIRE_STACK_ACF") or None)
             ioc.start()
             server = Server(ioc, extra)
         else:
@@ -181,6 +183,8 @@ def main() -> None:
                     if pid is None:
                         raise RuntimeError("the IOC is not running")
                     os.kill(pid, signal.SIGSTOP if cmd == "freeze-ioc" else signal.SIGCONT)
+                elif cmd.startswith("dbpf "):
+                    ioc.execute(f"import epicscorelibs.ioc as _e; _e.iocshCmd({cmd!r}.encode())")
                 else:
                     raise ValueError(f"unknown command {cmd!r}")
                 reply({"ok": True, "cmd": cmd})

@@ -9,7 +9,7 @@ const ROOT = join(import.meta.dirname, "../../..");
 
 export type StackCommand =
   | "kill-ioc" | "start-ioc" | "restart-server" | "stop-server" | "start-server"
-  | "kill-server" | "freeze-ioc" | "resume-ioc";
+  | "kill-server" | "freeze-ioc" | "resume-ioc" | `dbpf ${string}`;
 
 export interface Stack {
   url: string;

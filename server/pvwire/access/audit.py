@@ -1,8 +1,8 @@
 """The audit trail: one JSON line per put, allowed or denied, to a file and to `pvwire.audit`.
 
-Neither CA nor PVA lets one client process put on behalf of several users (both send one user
-name per client context, the server process's), so the IOC sees pvwire's account for every put;
-this file is the record of who asked.
+Unless CA puts carry the user's name (--forward-identity, docs/ACCESS.md), the IOC sees pvwire's
+account for every put; this file is the record of who asked, and of who refused: pvwire's rules
+or the IOC's access security (`refused_by`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class AuditLog:
         code: str,
         latency_s: float,
         wait: bool,
+        refused_by: str = "",
     ) -> None:
         record = {
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
@@ -72,6 +73,8 @@ class AuditLog:
             "new": _jsonable(new),
             "result": result,
             "code": code,
+            # Who refused: "pvwire" (its rules and limits) or "ioc" (the IOC's access security).
+            "refused_by": refused_by or None,
             "latency_ms": round(latency_s * 1000.0, 3),
             "wait": wait,
         }

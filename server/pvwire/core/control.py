@@ -113,7 +113,7 @@ class Control:
         # Every way out is audited with what really happened, an id that names no channel
         # included, and anything but success counts as an error: the audit file is the record
         # of who asked for what.
-        canonical, old, result, code = channel_id, None, "cancelled", ""
+        canonical, old, result, code, refused_by = channel_id, None, "cancelled", "", ""
         try:
             canonical, backend, name = registry.resolve(channel_id)
             ch = registry.channels.get(canonical)
@@ -123,10 +123,14 @@ class Control:
                     f"{identity.describe()} sent more than {self._puts.rate:g} puts per second"
                 )
             self._check_write(identity, canonical)
-            await backend.put(name, value, wait, timeout)
+            if backend.forwards_identity:
+                user = self._user_at_ioc(identity, canonical)
+                await backend.put_as(user, name, value, wait, timeout)
+            else:
+                await backend.put(name, value, wait, timeout)
             result = "ok"
         except PvwireError as exc:
-            result, code = str(exc), exc.code
+            result, code, refused_by = str(exc), exc.code, exc.refused_by
             raise
         except asyncio.CancelledError:
             # The caller went away (the HTTP client closed, the server stops); whether the
@@ -144,9 +148,29 @@ class Control:
             if result != "ok":
                 self.stats.put_errors += 1
             self._audit.put(
-                identity, canonical, old, value, result, code, time.perf_counter() - started, wait
+                identity,
+                canonical,
+                old,
+                value,
+                result,
+                code,
+                time.perf_counter() - started,
+                wait,
+                refused_by=refused_by,
             )
         return canonical
+
+    @staticmethod
+    def _user_at_ioc(identity: Identity, canonical: str) -> str:
+        """The name a forwarded put carries to the IOC: the user's (JWT or trusted proxy alike).
+        Anonymous puts are refused: the IOC would see pvwire's own account for a writer nobody
+        knows, which is what forwarding exists to end (docs/ACCESS.md)."""
+        if identity.anonymous:
+            raise WriteDenied(
+                f"anonymous writes to {canonical} are refused: writes carry the writer's name "
+                "to the IOC (--forward-identity); sign in"
+            )
+        return identity.user
 
     def _check_write(self, identity: Identity, canonical: str) -> None:
         access = self.access(identity, canonical)

@@ -62,6 +62,9 @@ class Backend(ABC):
     """Upstream access for one channel-id scheme. `name` excludes the `scheme://` prefix."""
 
     scheme: str
+    # True when `put_as` writes under the user's own name at the upstream server (CA with
+    # --forward-identity): the server's own access security then decides for that user.
+    forwards_identity: bool = False
 
     @abstractmethod
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
@@ -89,6 +92,11 @@ class Backend(ABC):
         PVA put). Raises TypeMismatch, ReadOnlyChannel, ChannelNotFound, ChannelTimeout,
         PutRejected.
         """
+
+    async def put_as(self, user: str, name: str, value: object, wait: bool, timeout: float) -> None:
+        """`put`, with the upstream server told that `user` writes. Only where
+        `forwards_identity` is True."""
+        raise NotImplementedError(f"{self.scheme}:// cannot put as a user")
 
     def channel_counts(self) -> dict[str, int]:
         """Upstream channels this backend holds open, by state (e.g. `searching`, `connected`),

@@ -10,7 +10,8 @@ values unpacked in one call): callbacks run on the event loop thread, batched pe
 value callback does O(1) work and creates no task or future. A monitor clears and re-creates its
 channel shortly after a disconnect, so it comes back on libca's fast search timer instead of its
 10 s disconnect governor; gets and puts of unmonitored names borrow a channel from a small pool
-that clears it after use.
+that clears it after use. With --forward-identity, `put_as` writes on a circuit that carries the
+user's name (ca_identity.py), after the same type checks and value conversion.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import time
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 from aioca import (
     DBE_ALARM,
     DBE_PROPERTY,
@@ -37,13 +40,14 @@ from epicscorelibs.ca import cadef
 from ..errors import (
     ChannelNotFound,
     ChannelTimeout,
+    IocDenied,
     PutRejected,
-    ReadOnlyChannel,
     TypeMismatch,
 )
 from ..model import ConnState, Limits, Metadata, Reading, Value, alarm_status_name
 from .base import Backend, ChannelSink, Monitor
 from .ca_channel import CaChannel, CaSubscription, GetChannelPool, channel_counts
+from .ca_identity import Address, IdentityCircuits
 from .convert import coerce_put_value
 from .values import CallbackGuard, long_string, wire_value
 
@@ -102,7 +106,7 @@ def _is_long_string(name: str) -> bool:
 
 
 def _meta_from_ctrl(
-    ctrl: Any, field_type: int, count: int, writable: bool, name: str = ""
+    ctrl: Any, field_type: int, count: int, writable: bool | None, name: str = ""
 ) -> Metadata:
     """Metadata from a DBR_CTRL value (or DBR_TIME for strings, which have no CTRL form)."""
     type_name = _TYPE_NAMES.get(field_type, "string")
@@ -133,6 +137,37 @@ def _meta_from_ctrl(
         warning=_limits(ctrl.lower_warning_limit, ctrl.upper_warning_limit),
         writable=writable,
     )
+
+
+async def _resolve(uri: str, server: str) -> Address:
+    """The IPv4 address of libca's `HOST:PORT` for a channel's server (CA is IPv4 only)."""
+    host, _, port = server.rpartition(":")
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
+        )
+    except (OSError, ValueError) as exc:
+        raise PutRejected(f"{uri}: no address for its server {server!r}: {exc}") from None
+    ip, port_number = infos[0][4][:2]
+    return str(ip), int(port_number)
+
+
+# DBR codes (db_access.h) the identity circuits write with: the channel's native type.
+_DBR_STRING, _DBR_ENUM, _DBR_CHAR = 0, 3, 4
+
+
+def _as_dbr(field_type: int, out: Any, datatype: int | None) -> tuple[Any, int, int]:
+    """(data, DBR type, count) for caproto from a value `coerce_put_value` converted: the same
+    value libca would send, in the channel's native type (the IOC converts either the same)."""
+    if datatype == DBR_CHAR_STR:  # a long string: its UTF-8 bytes and a terminating NUL
+        raw = str(out).encode() + b"\0"
+        return raw, _DBR_CHAR, len(raw)
+    if field_type == DBF_STRING:
+        strings = out if isinstance(out, list) else [out]
+        return [s.encode() for s in strings], _DBR_STRING, len(strings)
+    if isinstance(out, np.ndarray):
+        return out, field_type, int(out.size)
+    return [out], field_type, 1
 
 
 def _plain(value: Any) -> Value:
@@ -176,6 +211,7 @@ class CaMonitor:
         "_pending",
         "_pool",
         "_renew",
+        "_rights",
         "_sink",
         "_subs",
         "_uri",
@@ -184,8 +220,13 @@ class CaMonitor:
     # _desc_state values: DESC not asked yet, being read, known (or given up on).
     _DESC_NONE, _DESC_BUSY, _DESC_DONE = 0, 1, 2
 
-    def __init__(self, name: str, sink: ChannelSink, pool: GetChannelPool) -> None:
+    def __init__(
+        self, name: str, sink: ChannelSink, pool: GetChannelPool, rights: bool = True
+    ) -> None:
+        """`rights`: publish pvwire's own access rights as `writable` (False when puts go as
+        each user, whose rights at the IOC are not pvwire's: `writable` is then unknown)."""
         self._name = name
+        self._rights = rights
         self._pool = pool
         self._uri = f"ca://{name}"
         self._sink = sink
@@ -205,7 +246,7 @@ class CaMonitor:
         self._subs: list[CaSubscription] = []
         self._renew: asyncio.TimerHandle | None = None
         self._down_at = -FLAP_WINDOW  # loop time of the last disconnect
-        self._chan = CaChannel(name, self._on_channel)
+        self._chan = CaChannel(name, self._on_channel, self._on_write_access)
 
     def close(self) -> None:
         if self._closed:
@@ -247,7 +288,7 @@ class CaMonitor:
         self._down_at = now
         # Clear now: the old channel would otherwise reconnect by itself, up to 10 s late.
         self._chan.close()
-        self._chan = CaChannel(self._name, self._on_channel)
+        self._chan = CaChannel(self._name, self._on_channel, self._on_write_access)
         self._schedule_renew(RENEW_PERIOD if flapping else RECREATE_AFTER)
 
     def _schedule_renew(self, delay: float) -> None:
@@ -262,7 +303,7 @@ class CaMonitor:
         if self._closed or self._chan.connected:
             return
         self._chan.close()
-        self._chan = CaChannel(self._name, self._on_channel)
+        self._chan = CaChannel(self._name, self._on_channel, self._on_write_access)
         down_for = asyncio.get_running_loop().time() - self._down_at
         self._schedule_renew(RENEW_PERIOD if down_for < RENEW_FAST_FOR else RENEW_SLOW_PERIOD)
 
@@ -320,7 +361,7 @@ class CaMonitor:
         try:
             field_type = cadef.ca_field_type(chan)
             count = cadef.ca_element_count(chan)
-            writable = bool(cadef.ca_write_access(chan))
+            writable = bool(cadef.ca_write_access(chan)) if self._rights else None
         except Exception:  # channel dropped between the event and now; the next one will do
             return
         self._ctrl_meta = _meta_from_ctrl(ctrl, field_type, count, writable, self._name)
@@ -329,6 +370,20 @@ class CaMonitor:
             self._desc_task = asyncio.ensure_future(self._read_desc())
         self._publish_meta()
         self._maybe_ready()
+
+    def _on_write_access(self, writable: bool) -> None:
+        """The IOC changed pvwire's write access (ACF reloaded, ASG changed): the metadata goes
+        out again with the new `writable`, in the next tick. rsrv also sends one more event on
+        each subscription then, which re-reads the rights in `_ctrl`, but that event carries no
+        value (ECA_NORDACCESS) when read access went too: only this callback sees that change."""
+        try:
+            meta = self._ctrl_meta
+            if meta is None or not self._rights or meta.writable is writable:
+                return  # before the first DBR_CTRL event, which reads the rights itself
+            self._ctrl_meta = meta.replace(writable=writable)
+            self._publish_meta()
+        except Exception as exc:
+            self._guard.fail(exc)
 
     def _on_disconnect(self) -> None:
         self._connected = False
@@ -386,14 +441,20 @@ class CaBackend(Backend):
 
     scheme = "ca"
 
-    def __init__(self) -> None:
+    def __init__(self, forward_identity: bool = False, host_name: str = "") -> None:
+        """`forward_identity`: `put_as` writes on a circuit carrying the user's name, and the
+        host name sent there is `host_name`, by default this machine's (as libca sends it)."""
+        self.forwards_identity = forward_identity
+        self._circuits = (
+            IdentityCircuits(host_name or socket.gethostname()) if forward_identity else None
+        )
         # Enum labels per channel name, for puts by label; refreshed when a label is not found.
         # Bounded: puts to ever new names must not grow it without end.
         self._choices: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._pool = GetChannelPool()
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
-        return CaMonitor(name, sink, self._pool)
+        return CaMonitor(name, sink, self._pool, rights=not self.forwards_identity)
 
     def channel_counts(self) -> dict[str, int]:
         return channel_counts()
@@ -433,7 +494,8 @@ class CaBackend(Backend):
                 raise r
         value: Any = results[0]
         ctrl: Any = results[1]
-        meta = _meta_from_ctrl(ctrl, field_type, count, writable, name)
+        rights = None if self.forwards_identity else writable  # see CaMonitor's `rights`
+        meta = _meta_from_ctrl(ctrl, field_type, count, rights, name)
         if len(results) > 2 and not isinstance(results[2], BaseException):
             meta = meta.replace(description=str(results[2]))
         if field_type == DBF_ENUM and count == 1:
@@ -464,6 +526,19 @@ class CaBackend(Backend):
         return choices
 
     async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
+        await self._put(name, value, wait, timeout, "")
+
+    async def put_as(self, user: str, name: str, value: object, wait: bool, timeout: float) -> None:
+        if self._circuits is None:
+            raise RuntimeError("puts as a user need CaBackend(forward_identity=True)")
+        await self._put(name, value, wait, timeout, user)
+
+    async def _put(self, name: str, value: object, wait: bool, timeout: float, user: str) -> None:
+        """Write through pvwire's own libca channel, or as `user` on that user's circuit.
+
+        Both convert the value the same way, with the type and enum labels read from pvwire's
+        libca channel (which also finds the server); only the circuit the put travels on differs.
+        """
         deadline = time.monotonic() + timeout
         uri = f"ca://{name}"
         async with self._pool.borrow(name) as chan:
@@ -472,10 +547,12 @@ class CaBackend(Backend):
             # current ones, so an IOC reloaded with another record type is handled too.
             try:
                 field_type, count, writable = chan.field_type, chan.element_count, chan.writable
+                server = chan.server if user else ""
             except cadef.Disconnected:
                 raise ChannelTimeout(f"{uri}: disconnected before the put") from None
-            if not writable:
-                raise ReadOnlyChannel(f"{uri}: the IOC denies write access")
+            # pvwire's own access rights say nothing about a user's: their circuit's do.
+            if not writable and not user:
+                raise IocDenied(f"{uri}: the IOC denies write access")
             type_name = _TYPE_NAMES.get(field_type, "string")
             datatype: int | None = None
             out: Any
@@ -494,6 +571,13 @@ class CaBackend(Backend):
                 out = coerce_put_value(uri, value, type_name, count != 1, None)
                 if type_name == "string" and count == 1 and len(out.encode()) > 39:
                     raise TypeMismatch(f"cannot write a string of more than 39 bytes to {uri}")
+            if user:
+                address = await _resolve(uri, server)
+                data, dbr_type, n = _as_dbr(field_type, out, datatype)
+                assert self._circuits is not None
+                left = max(deadline - time.monotonic(), 0.001)
+                await self._circuits.put(user, address, name, data, dbr_type, n, wait, left)
+                return
             left = max(deadline - time.monotonic(), 0.001)
             try:
                 await chan.put(out, datatype, wait, left)
@@ -503,12 +587,14 @@ class CaBackend(Backend):
                         f"{uri}: put did not complete within {timeout:g} s"
                     ) from None
                 if e.errorcode == ECA_NOWTACCESS:
-                    raise ReadOnlyChannel(f"{uri}: the IOC denies write access") from None
+                    raise IocDenied(f"{uri}: the IOC denies write access") from None
                 raise PutRejected(f"{uri}: {e}") from None
             except cadef.CAException as e:
                 if "access" in str(e).lower():
-                    raise ReadOnlyChannel(f"{uri}: the IOC denies write access") from None
+                    raise IocDenied(f"{uri}: the IOC denies write access") from None
                 raise PutRejected(f"{uri}: {e}") from None
 
     async def close(self) -> None:
+        if self._circuits is not None:
+            self._circuits.close()
         self._pool.close()

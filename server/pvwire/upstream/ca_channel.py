@@ -67,6 +67,15 @@ class _EventArgs(ctypes.Structure):
 _EVENT_HANDLER = ctypes.CFUNCTYPE(None, _EventArgs)
 
 
+class _AccessRightsArgs(ctypes.Structure):
+    # access_rights_handler_args of cadef.h: the channel, then caar's bit field (read = bit 0,
+    # write = bit 1) in one unsigned int.
+    _fields_ = [("chid", ctypes.c_void_p), ("ar", ctypes.c_uint)]
+
+
+_ACCESS_HANDLER = ctypes.CFUNCTYPE(None, _AccessRightsArgs)
+
+
 def _prototype(name: str, argtypes: list[Any]) -> Any:
     # A fresh function pointer (indexing the library), so aioca's prototypes stay as they are.
     fn = _libca[name]
@@ -113,6 +122,9 @@ _create_subscription = _prototype(
         ctypes.POINTER(ctypes.c_void_p),
     ],
 )
+_replace_access_rights_event = _prototype(
+    "ca_replace_access_rights_event", [ctypes.c_void_p, _ACCESS_HANDLER]
+)
 _puser = _libca["ca_puser"]
 _puser.argtypes = [ctypes.c_void_p]
 _puser.restype = ctypes.c_void_p
@@ -122,6 +134,9 @@ _current_context.restype = ctypes.c_void_p
 _is_preemptive = _libca["ca_preemtive_callback_is_enabled"]  # sic: libca's spelling
 _is_preemptive.argtypes = []
 _is_preemptive.restype = ctypes.c_int
+_host_name = _libca["ca_host_name"]
+_host_name.argtypes = [ctypes.c_void_p]
+_host_name.restype = ctypes.c_char_p
 _pend_event = _libca["ca_pend_event"]
 _pend_event.argtypes = [ctypes.c_double]
 _pend_event.restype = ctypes.c_int
@@ -324,9 +339,17 @@ def _on_request_done(args: Any) -> None:  # libca thread
     driver.post(partial(_settle, future, result))
 
 
+def _on_access_rights(args: Any) -> None:  # libca thread
+    _pin_thread()
+    channel = _channels.get(_puser(args.chid) or 0)
+    if channel is not None:
+        channel._driver.post(partial(channel._on_access, bool(args.ar & 2)))
+
+
 # The C callbacks: module-level, so they live as long as libca may call them.
 _c_on_connection = cadef.connection_handler(_on_connection)
 _c_on_request_done = _EVENT_HANDLER(_on_request_done)
+_c_on_access_rights = _ACCESS_HANDLER(_on_access_rights)
 
 
 def _settle(future: asyncio.Future[Any], result: Any) -> None:
@@ -411,17 +434,26 @@ class CaChannel:
         "_driver",
         "_key",
         "_on_change",
+        "_on_write_access",
         "_waiters",
         "closed",
         "connected",
         "name",
     )
 
-    def __init__(self, name: str, on_connection: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        on_connection: Callable[[bool], None] | None = None,
+        on_write_access: Callable[[bool], None] | None = None,
+    ) -> None:
+        """`on_write_access(writable)`: the IOC changed this client's write access to the
+        channel (an ACF reloaded with asInit, the record's ASG changed), on the event loop."""
         self.name = name
         self.connected = False
         self.closed = False
         self._on_change = on_connection
+        self._on_write_access = on_write_access
         self._waiters: list[asyncio.Future[None]] = []
         self._driver = _driver()
         self._key = next(_keys)
@@ -434,6 +466,9 @@ class CaChannel:
             raise
         # ctypes passes the channel as its chid wherever cadef expects one.
         self._as_parameter_ = chid.value
+        if on_write_access is not None:
+            # libca calls it at every connection and whenever the server sends new rights.
+            _replace_access_rights_event(self, _c_on_access_rights)
         cadef.ca_flush_io()
 
     def _on_connection(self, up: bool) -> None:
@@ -447,6 +482,10 @@ class CaChannel:
                     w.set_result(None)
         if self._on_change is not None:
             self._on_change(up)
+
+    def _on_access(self, writable: bool) -> None:
+        if not self.closed and self._on_write_access is not None:
+            self._on_write_access(writable)
 
     async def wait_connected(self, timeout: float) -> bool:
         """True once connected; False if `timeout` passed first."""
@@ -474,6 +513,14 @@ class CaChannel:
     @property
     def writable(self) -> bool:
         return bool(cadef.ca_write_access(self))
+
+    @property
+    def server(self) -> str:
+        """The server of a connected channel as libca names it: `HOST:PORT`, HOST a dotted
+        address or, once libca's reverse lookup answered, a host name (`localhost:5064`)."""
+        if not self.connected:
+            raise cadef.Disconnected(self)
+        return (_host_name(self._as_parameter_) or b"").decode(errors="replace")
 
     async def get(self, datatype: Any, fmt: int, count: int, timeout: float) -> Any:
         """One read as aioca's caget returns it; CANothing on failure or timeout."""

@@ -29,8 +29,8 @@ from p4p.client.raw import Cancelled, Finished
 from ..errors import (
     ChannelNotFound,
     ChannelTimeout,
+    IocDenied,
     PutRejected,
-    ReadOnlyChannel,
     TypeMismatch,
 )
 from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value, dtype_name
@@ -386,7 +386,7 @@ def _write_error(uri: str, value: object, type_name: str, e: Exception) -> Excep
     lower = text.lower()
     if isinstance(e, RemoteError):
         if any(w in lower for w in ("denied", "permission", "not permitted", "read-only")):
-            return ReadOnlyChannel(f"{uri}: {text}")
+            return IocDenied(f"{uri}: {text}")
         return PutRejected(f"{uri}: {text}")
     return TypeMismatch(f"cannot write {value!r:.60} to {uri} ({type_name}): {text}")
 

@@ -1,0 +1,75 @@
+"""What a put under the user's own name costs (--forward-identity, docs/ACCESS.md).
+
+`python -m bench.identity_puts [--puts 30] [--rounds 3]`
+
+One IOC enforcing tests/dbs/acf.acf; CaBackend puts with `wait` to ACF:OPEN, whose libca channel
+is already connected (as after a get or an earlier put), in one process, rounds interleaved:
+- `libca`: `put`, through pvwire's own libca channel (pvwire's account);
+- `new circuit`: `put_as` by a user never seen before: TCP connect, version exchange, host and
+  user name, channel creation, the put;
+- `open circuit`: `put_as` again by the same user, on that user's circuit.
+Prints the median and the 90th percentile of each, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from pvwire.ioc import IocProcess
+from pvwire.loopback import apply_loopback_env
+
+DBS = Path(__file__).resolve().parent.parent / "tests" / "dbs"
+
+
+async def timed(put: Callable[[int], Awaitable[None]], n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        await put(i)
+        out.append((time.perf_counter() - t0) * 1000.0)
+    return out
+
+
+async def run(puts: int, rounds: int) -> dict[str, list[float]]:
+    from pvwire.upstream.ca import CaBackend  # after the environment names the IOC
+
+    backend = CaBackend(forward_identity=True)
+    results: dict[str, list[float]] = {"libca": [], "new circuit": [], "open circuit": []}
+    try:
+        await backend.put("ACF:OPEN", 0.0, True, 10.0)  # connects pvwire's libca channel
+        for r in range(rounds):
+            results["libca"] += await timed(lambda i: backend.put("ACF:OPEN", i, True, 10.0), puts)
+            results["new circuit"] += await timed(
+                lambda i, r=r: backend.put_as(f"user{r}-{i}", "ACF:OPEN", i, True, 10.0), puts
+            )
+            results["open circuit"] += await timed(
+                lambda i, r=r: backend.put_as(f"user{r}-0", "ACF:OPEN", i, True, 10.0), puts
+            )
+    finally:
+        await backend.close()
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--puts", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    apply_loopback_env()
+    with IocProcess([DBS / "acf.db"], acf=DBS / "acf.acf") as ioc:
+        os.environ.update(ioc.ports.client_env())
+        results = asyncio.run(run(args.puts, args.rounds))
+    print(f"{'put':<14} {'median ms':>10} {'p90 ms':>8}")
+    for name, times in results.items():
+        p90 = statistics.quantiles(times, n=10)[-1]
+        print(f"{name:<14} {statistics.median(times):>10.2f} {p90:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
