@@ -62,11 +62,14 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         return
     offered = list(websocket.scope.get("subprotocols") or [])
     aligned = ALIGNED_SUBPROTOCOL in offered
+    hello = _hello(hub)
     if offered and not aligned and SUBPROTOCOL not in offered:
         # A browser fails the handshake (1006, no reason) when the server selects none of the
-        # subprotocols it offered, so select its first offer, then say why with 4406. A client
-        # offering none (older clients, curl, wscat) is served.
+        # subprotocols it offered, so select its first offer, send HELLO (first on every
+        # connection, PROTOCOL.md section 2.1: it says which version this server speaks), then
+        # say why with 4406. A client offering none (older clients, curl, wscat) is served.
         await websocket.accept(subprotocol=offered[0])
+        await websocket.send_bytes(hello)
         await websocket.close(
             UNSUPPORTED, f"this server speaks {SUBPROTOCOL}; offered {offered}"[:123]
         )
@@ -77,7 +80,7 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
     )
     wakeup = Wakeup()
     session = Session(
-        hub.client_number(), address, hub, _hello(hub), _limits(hub), wakeup, aligned=aligned
+        hub.client_number(), address, hub, hello, _limits(hub), wakeup, aligned=aligned
     )
 
     def handle(message: Message) -> None:
