@@ -278,3 +278,19 @@ def test_a_jwt_inside_its_leeway_after_exp_registers(server: ServerProcess) -> N
     # A stream token outlives no credentials that registered it (PROTOCOL.md section 7).
     assert doc["data"]["subscribe"]["expiresAt"] == exp
 
+
+def test_pvget_applies_the_access_rules(server: ServerProcess) -> None:
+    status, denied = request(server, "/pvws/pvget?name=ca://PVW:MBBO", VIEWER)
+    assert status == 403
+    assert denied == {
+        "type": "error", "pv": "ca://PVW:MBBO", "code": "FORBIDDEN",
+        "message": "vic may not read ca://PVW:MBBO",
+    }  # fmt: skip
+    status, update = request(server, "/pvws/pvget?name=ca://PVW:MBBO", OPERATOR)
+    assert (status, update["type"], update["vtype"]) == (200, "update", "VEnum")
+    # readonly as a /pvws/pv client of this identity is told: operators may write PVW:AO only.
+    assert update["readonly"] is True
+    assert request(server, "/pvws/pvget?name=ca://PVW:AO", OPERATOR)[1]["readonly"] is False
+    assert request(server, "/pvws/pvget?name=ca://PVW:AO", VIEWER)[1]["readonly"] is True
+    status, refused = request(server, "/pvws/pvget?name=ca://PVW:AO", WRONG_KEY)
+    assert (status, refused["code"]) == (401, "UNAUTHENTICATED")

@@ -1,13 +1,15 @@
-"""The pvws-compatible endpoint: `/pvws/pv` (WebSocket, JSON) and pvws's inspection URLs.
+"""The pvws-compatible endpoint: `/pvws/pv` (WebSocket, JSON), `/pvws/pvget` and pvws's
+inspection URLs.
 
 Admission and the session only, as `stream.py` is for `/stream`: the connection's life is
 `run_connection` (connection.py), the protocol `wire/pvws.py`'s `PvwsSession`. Each PV is an
 attachment of a one-channel view from the hub, so `/stream` and `/pvws/pv` clients share one
 upstream monitor and one encoding per tick.
 
-`/pvws/info`, `/pvws/summary`, `/pvws/socket[/ID]` (GET, DELETE) and `/pvws/pool` answer with
-pvws's field names, for administrators only (they show who is connected from where), from
-snapshots of the sessions (wire/pvws_snapshot.py).
+`/pvws/info` answers everyone (cs-web-lib 0.10 fetches it from the browser and switches host only
+on 200; it holds no client data). `/pvws/summary`, `/pvws/socket[/ID]` (GET, DELETE) and
+`/pvws/pool` answer with pvws's field names, for administrators only (they show who is connected
+from where), from snapshots of the sessions (wire/pvws_snapshot.py).
 
 A pvws `ping` asks the server to send a WebSocket ping, which keeps proxies from dropping an idle
 connection (pvws.js sends it when idle; a browser cannot see the ping). ASGI cannot express a
@@ -22,6 +24,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
@@ -32,7 +35,8 @@ from ..access.identity import Authenticator, AuthError, Identity
 from ..core.clients import Client
 from ..core.hub import Hub
 from ..core.view import View
-from ..errors import PvwireError
+from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
+from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import POLICY, TRY_AGAIN
 from ..wire.pvws import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
 from ..wire.pvws_snapshot import PvwsSocketSnapshot, snapshot
@@ -45,6 +49,8 @@ __all__ = ["PvwsEndpoint", "throttle_rates"]
 log = logging.getLogger("pvwire.pvws")
 
 PUT_TIMEOUT = 5.0
+# pvget's answer to each error, by HTTP status.
+_STATUS = {BadChannelId: 400, Forbidden: 403, ChannelNotFound: 404, ChannelTimeout: 504}
 
 
 def throttle_rates(env: dict[str, str] | None = None) -> tuple[float, float]:
@@ -101,6 +107,27 @@ class _Host:
 
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None:
         self._hub.close_view(cast(View, view), cast(Client, session), att)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A get's reading as the pvws encoder reads a channel's state (wire/pvws.py ChannelState)."""
+
+    value: Value
+    seconds: int
+    nanoseconds: int
+    severity: int
+    meta: Metadata
+    state: ConnState = ConnState.CONNECTED
+    updates: int = 1
+    known: int = VALUE
+    fault: str = ""
+
+    @classmethod
+    def of(cls, reading: Reading) -> _Read:
+        return cls(
+            reading.value, reading.seconds, reading.nanoseconds, reading.severity, reading.meta
+        )
 
 
 class PvwsEndpoint:
@@ -179,10 +206,11 @@ class PvwsEndpoint:
             log.exception("pvws write to %s failed", command.pv)
             session.write_failed(f"write to {command.pv} failed: {exc}")
 
-    # --- HTTP: pvws's inspection URLs -----------------------------------------------------
+    # --- HTTP: pvget and pvws's inspection URLs -----------------------------------------------
 
     def router(self) -> APIRouter:
         router = APIRouter()
+        router.add_api_route("/pvws/pvget", self.pvget, methods=["GET"])
         router.add_api_route("/pvws/info", self.info, methods=["GET"])
         router.add_api_route("/pvws/summary", self.summary, methods=["GET"])
         router.add_api_route("/pvws/socket", self.socket, methods=["GET"])
@@ -207,12 +235,41 @@ class PvwsEndpoint:
             )
         return None
 
+    async def pvget(self, request: Request) -> Response:
+        """One read (pvws-springboot's `GET /pvws/pvget?name=PV`): the update a `/pvws/pv` client
+        gets first for the PV, metadata and value, under the same access rules; an error as
+        `{"type": "error", "pv", "code", "message"}` with a 4xx/5xx status."""
+        name = request.query_params.get("name", "")
+
+        def error(status: int, code: str, message: str) -> JSONResponse:
+            body = {"type": "error", "pv": name, "code": code, "message": message}
+            return JSONResponse(body, status_code=status)
+
+        allowed = self.hub.settings.allowed_origins
+        origin = request.headers.get("origin")
+        if allowed and origin is not None and origin not in allowed:
+            return error(403, "ORIGIN_NOT_ALLOWED", f"origin {origin!r} is not allowed")
+        try:
+            identity = self._identify(request)
+        except AuthError as exc:
+            return error(401, exc.code, str(exc))
+        if not name:
+            return error(400, "BAD_REQUEST", "pvget needs a PV name: /pvws/pvget?name=PV")
+        try:
+            _, reading = await self.hub.get(name, self.hub.settings.get_timeout_s, identity)
+        except PvwireError as exc:
+            status = next((v for k, v in _STATUS.items() if isinstance(exc, k)), 502)
+            return error(status, exc.code, str(exc))
+        readonly = not reading.meta.writable
+        text = self.encoder.text(name, _Read.of(reading), True, True, readonly)
+        return Response(text, media_type="application/json")
+
     async def info(self, request: Request) -> Response:
-        if refused := self._refused(request):
-            return refused
+        """Everyone may read this: when the server started and what runs it. The environment
+        (`?env=true`) names the site's networks (EPICS_CA_ADDR_LIST): administrators only."""
         started = datetime.fromtimestamp(self.started).strftime("%Y-%m-%d %H:%M:%S")
         body: dict[str, Any] = {"start_time": started, "jre": f"Python {sys.version.split()[0]}"}
-        if request.query_params.get("env", "").lower() == "true":
+        if request.query_params.get("env", "").lower() == "true" and not self._refused(request):
             # pvws lists every variable; here only those that configure this endpoint, since the
             # environment may hold secrets.
             names = ("PV_THROTTLE_MS", "PV_ARRAY_THROTTLE_MS", "EPICS_CA_ADDR_LIST")
