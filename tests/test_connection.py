@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 from pvwire.access.identity import Authenticator
+from pvwire.api.connection import refuse
 from pvwire.api.pvws import PvwsEndpoint
 from pvwire.api.stream import serve_stream
 from pvwire.core.hub import Hub
@@ -35,9 +36,10 @@ class FakeSocket:
         self.closes: list[tuple[int, str]] = []
         self.held = held
         self.frame_out = asyncio.Event()
+        self.accepted: list[str | None] = []
 
     async def accept(self, subprotocol: str | None = None) -> None:
-        pass
+        self.accepted.append(subprotocol)
 
     async def receive(self) -> dict[str, Any]:
         return await self.incoming.get()
@@ -108,3 +110,18 @@ async def test_a_client_close_releases_the_session_and_counts_its_code(
     await asyncio.wait_for(task, 30)
     assert not hub.sessions and not ws.closes
     assert hub.snapshot().closes_by_code == {4000: 1}
+
+
+async def test_a_refusal_selects_the_first_offer_and_its_reason_fits_a_close_frame(
+    hub: Hub,
+) -> None:
+    ws = FakeSocket()
+    ws.scope["subprotocols"] = ["pvwire.v1.aligned", "pvwire.v1"]
+    await refuse(cast(WebSocket, ws), hub, 1008, "origin 'https://\u00e9" + "x" * 200)
+    assert ws.accepted == ["pvwire.v1.aligned"]
+    ((code, reason),) = ws.closes
+    # 123 bytes of UTF-8 at most (a longer reason makes the close fail); whole characters.
+    assert (
+        code == 1008 and len(reason.encode()) == 123 and reason.startswith("origin 'https://\u00e9")
+    )
+    assert hub.snapshot().closes_by_code == {1008: 1}

@@ -74,3 +74,13 @@ async def test_a_stalled_pvws_client_sees_4008_once_it_reads_again(
         # at once, while the close frame still waits behind what the client has not read.
         await wait_until("the stalled client released", lambda: metric(server, "clients") == 0)
         assert await closed_with(slow.ws, timeout=60) == 4008
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+async def test_a_long_refused_origin_still_closes_with_1008(
+    strict_server: ServerProcess, path: str
+) -> None:
+    # The reason names the Origin; a close frame holds 123 bytes of it.
+    origin = websockets.Origin("https://" + "x" * 300 + ".example.org")
+    async with websockets.connect(ws_url(strict_server, path), origin=origin) as ws:
+        assert await closed_with(ws) == 1008

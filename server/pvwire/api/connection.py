@@ -79,7 +79,8 @@ async def refuse(websocket: WebSocket, hub: Hub, code: int, reason: str) -> None
     client that offers none gets none."""
     offered = list(websocket.scope.get("subprotocols") or [])
     await websocket.accept(subprotocol=offered[0] if offered else None)
-    await websocket.close(code, reason[:123])  # a close frame's reason holds 123 bytes
+    # A close frame's reason holds 123 bytes of UTF-8 (an Origin may hold any character).
+    await websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
     hub.count_close(code)
 
 
