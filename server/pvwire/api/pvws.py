@@ -135,6 +135,9 @@ class PvwsEndpoint:
         self.hub = hub
         self.authenticator = authenticator
         self.encoder = PvwsEncoder()
+        # pvget's own: a one-shot read must not replace what the subscribers' shared texts were
+        # made from (it is never acquired, so each read is encoded on its own).
+        self._reads = PvwsEncoder()
         self.rates = throttle_rates()
         self.sessions: dict[str, PvwsSession] = {}
         self.started = time.time()
@@ -261,7 +264,7 @@ class PvwsEndpoint:
             status = next((v for k, v in _STATUS.items() if isinstance(exc, k)), 502)
             return error(status, exc.code, str(exc))
         readonly = not reading.meta.writable
-        text = self.encoder.text(name, _Read.of(reading), True, True, readonly)
+        text = self._reads.text(name, _Read.of(reading), True, True, readonly)
         return Response(text, media_type="application/json")
 
     async def info(self, request: Request) -> Response:
