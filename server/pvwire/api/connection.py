@@ -28,6 +28,7 @@ __all__ = [
     "SHUTDOWN_CLOSE_TIMEOUT",
     "Message",
     "Wakeup",
+    "close_reason",
     "pump",
     "refuse",
     "run_connection",
@@ -79,9 +80,15 @@ async def refuse(websocket: WebSocket, hub: Hub, code: int, reason: str) -> None
     client that offers none gets none."""
     offered = list(websocket.scope.get("subprotocols") or [])
     await websocket.accept(subprotocol=offered[0] if offered else None)
-    # A close frame's reason holds 123 bytes of UTF-8 (an Origin may hold any character).
-    await websocket.close(code, reason.encode()[:123].decode(errors="ignore"))
+    await websocket.close(code, close_reason(reason))
     hub.count_close(code)
+
+
+def close_reason(text: str) -> str:
+    """`text` cut to what a close frame holds, 123 bytes of UTF-8, on a character boundary: a
+    longer reason makes the close itself fail (the reasons name what the client sent, an Origin
+    or subprotocols, which may be long and hold any character)."""
+    return text.encode()[:123].decode(errors="ignore")
 
 
 async def run_connection(

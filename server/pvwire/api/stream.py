@@ -13,7 +13,7 @@ from ..core.hub import Hub
 from ..wire import codec as wire
 from ..wire.codes import POLICY, TRY_AGAIN, UNSUPPORTED
 from ..wire.session import Session, SessionLimits
-from .connection import Message, Wakeup, refuse, run_connection
+from .connection import Message, Wakeup, close_reason, refuse, run_connection
 
 __all__ = ["ALIGNED_SUBPROTOCOL", "SUBPROTOCOL", "serve_stream"]
 
@@ -71,7 +71,7 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         await websocket.accept(subprotocol=offered[0])
         await websocket.send_bytes(hello)
         await websocket.close(
-            UNSUPPORTED, f"this server speaks {SUBPROTOCOL}; offered {offered}"[:123]
+            UNSUPPORTED, close_reason(f"this server speaks {SUBPROTOCOL}; offered {offered}")
         )
         hub.count_close(UNSUPPORTED)
         return
