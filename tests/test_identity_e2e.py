@@ -7,14 +7,18 @@ Operators may write ca://PVW:AO; viewers may read everything but ca://PVW:MBBO; 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
@@ -250,3 +254,43 @@ async def test_a_server_restarted_with_another_key_gets_fresh_tokens(
                 second.stop()
     finally:
         first.stop()
+
+
+def request(server: ServerProcess, path: str, token: str, body: Any = None) -> tuple[int, Any]:
+    """GET (or POST `body` as JSON) with a bearer token: the status and the JSON answer."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    req = urllib.request.Request(server.url + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_jwt_inside_its_leeway_after_exp_registers(server: ServerProcess) -> None:
+    # 5 s past its exp, within the server's 60 s of clock skew (jwt_leeway_s): accepted.
+    late = mint("olga", "operators", ttl=-5)
+    exp = jwt.decode(late, options={"verify_signature": False})["exp"]
+    query = 'mutation { subscribe(ids: ["ca://PVW:AI"]) { token expiresAt } }'
+    status, doc = request(server, "/graphql", late, {"query": query})
+    assert (status, doc.get("errors")) == (200, None)
+    # A stream token outlives no credentials that registered it (PROTOCOL.md section 7).
+    assert doc["data"]["subscribe"]["expiresAt"] == exp
+
+
+def test_pvget_applies_the_access_rules(server: ServerProcess) -> None:
+    status, denied = request(server, "/pvws/pvget?name=ca://PVW:MBBO", VIEWER)
+    assert status == 403
+    assert denied == {
+        "type": "error", "pv": "ca://PVW:MBBO", "code": "FORBIDDEN",
+        "message": "vic may not read ca://PVW:MBBO",
+    }  # fmt: skip
+    status, update = request(server, "/pvws/pvget?name=ca://PVW:MBBO", OPERATOR)
+    assert (status, update["type"], update["vtype"]) == (200, "update", "VEnum")
+    # readonly as a /pvws/pv client of this identity is told: operators may write PVW:AO only.
+    assert update["readonly"] is True
+    assert request(server, "/pvws/pvget?name=ca://PVW:AO", OPERATOR)[1]["readonly"] is False
+    assert request(server, "/pvws/pvget?name=ca://PVW:AO", VIEWER)[1]["readonly"] is True
+    status, refused = request(server, "/pvws/pvget?name=ca://PVW:AO", WRONG_KEY)
+    assert (status, refused["code"]) == (401, "UNAUTHENTICATED")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from pvwire.ioc import IocProcess
 
 from tests.pvws_client import PingRecorder, PvwsClient, array_of
 from tests.server_process import ServerProcess, server_args_for_tests
+from tests.test_hub_faults import until
 
 DB = Path(__file__).parent / "dbs" / "test.db"
 NUMBER_META = [
@@ -33,7 +35,8 @@ NUMBER_META = [
 @pytest.fixture(scope="module")
 def pvws_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
     args = server_args_for_tests(["--write-rule", "loc://w*"])
-    with ServerProcess(*args) as server:
+    # Pings every second (20 s by default), so that a test sees one soon.
+    with ServerProcess(*args, env={"PVWIRE_WS_PING_INTERVAL_S": "1"}) as server:
         yield server
 
 
@@ -51,6 +54,17 @@ def http(url: str, method: str = "GET") -> Any:
     with urllib.request.urlopen(req, timeout=10) as r:
         body = r.read()
     return json.loads(body) if body else None
+
+
+def pvget(server: ServerProcess, name: str) -> tuple[int, Any]:
+    """GET /pvws/pvget?name=...: the status and the JSON answer, error or not."""
+    url = f"{server.url}/pvws/pvget?" + urllib.parse.urlencode({"name": name})
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.headers["content-type"] == "application/json"
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 async def test_number_first_message_then_severity_only_on_change(client: PvwsClient) -> None:
@@ -172,11 +186,16 @@ async def test_clear_list_echo_and_bad_messages(client: PvwsClient) -> None:
     assert await client.recv() == echo
 
 
-async def test_ping_is_answered_with_a_websocket_ping(client: PvwsClient) -> None:
+async def test_ping_is_served_by_the_keepalive(client: PvwsClient) -> None:
+    # pvws.js asks for a ping when its connection is idle, to keep proxies from dropping it: the
+    # server pings every connection anyway (`ws_ping_interval_s`), idle or not, and `ping` is no
+    # error and stops nothing.
     await client.send(type="ping")
     await client.send(type="echo", body="after ping")
-    await client.next("echo")
-    assert isinstance(client.ws, PingRecorder) and client.ws.pings >= 1
+    assert await client.next("echo") == {"type": "echo", "body": "after ping"}
+    ws = client.ws
+    assert isinstance(ws, PingRecorder)
+    await until(lambda: ws.pings >= 2)
 
 
 async def test_large_subscribe_message(client: PvwsClient) -> None:
@@ -207,6 +226,7 @@ async def test_inspection_urls(client: PvwsClient, pvws_server: ServerProcess) -
     base = pvws_server.url + "/pvws"
     info = http(base + "/info")
     assert set(info) == {"start_time", "jre"}
+    assert "env" in http(base + "/info?env=true")  # for administrators (here: this machine)
     summary = http(base + "/summary")["sockets"]
     mine = [s for s in summary if s["pvs"] == 2]
     assert mine and set(mine[0]) == {
@@ -269,8 +289,48 @@ async def test_disconnect_as_pvws_shows_it() -> None:
         ioc.stop()
 
 
-def test_inspection_needs_an_admin(epics_env: IocProcess) -> None:
-    with ServerProcess(*server_args_for_tests(["--admin-group", "ops"])) as server:
-        with pytest.raises(urllib.error.HTTPError) as err:
-            http(server.url + "/pvws/summary")
-        assert err.value.code == 403
+def test_inspection_needs_an_admin_but_info_is_for_everyone(epics_env: IocProcess) -> None:
+    env = {"EPICS_CA_ADDR_LIST": "10.11.12.255"}
+    with ServerProcess(*server_args_for_tests(["--admin-group", "ops"]), env=env) as server:
+        for page in ("/summary", "/socket", "/socket/1", "/pool"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                http(server.url + "/pvws" + page)
+            assert err.value.code == 403
+        # cs-web-lib 0.10 fetches /pvws/info from the browser, as whoever uses the page, and
+        # moves to this server only on 200. It names no client; the environment names the
+        # site's networks, and only administrators see it.
+        for query in ("", "?env=true"):
+            assert set(http(server.url + "/pvws/info" + query)) == {"start_time", "jre"}
+
+
+async def test_pvget_answers_with_the_first_update_of_a_subscriber(
+    client: PvwsClient, pvws_server: ServerProcess
+) -> None:
+    await client.subscribe("ca://PVW:AO")
+    first = await client.next("update", "ca://PVW:AO")
+    status, got = pvget(pvws_server, "ca://PVW:AO")
+    assert status == 200 and list(got) == list(first) == NUMBER_META
+    changing = ("value", "severity", "seconds", "nanos")  # other tests write this record
+    assert {k: v for k, v in got.items() if k not in changing} == {
+        k: v for k, v in first.items() if k not in changing
+    }
+
+
+async def test_pvget_of_sim_channels(pvws_server: ServerProcess) -> None:
+    status, wave = pvget(pvws_server, "sim://waveform/pvget?length=8&rate=5")
+    assert (status, wave["type"], wave["vtype"]) == (200, "update", "VDoubleArray")
+    values = array_of(wave)
+    assert values is not None and len(values) == 8
+    status, flip = pvget(pvws_server, "sim://flipflop(0.5)")  # cs-web-lib's heartbeat
+    assert (status, flip["vtype"], flip["labels"]) == (200, "VEnum", ["false", "true"])
+    assert flip["text"] in ("false", "true") and flip["readonly"] is True
+
+
+async def test_pvget_errors_are_json(pvws_server: ServerProcess) -> None:
+    status, bad = pvget(pvws_server, "nosuch://X")
+    assert status == 400 and bad["type"] == "error" and bad["code"] == "BAD_CHANNEL_ID"
+    assert bad["pv"] == "nosuch://X" and "nosuch" in bad["message"]
+    status, unknown = pvget(pvws_server, "ca://PVW:NO_SUCH_RECORD")
+    assert (status, unknown["code"]) == (404, "NOT_FOUND")
+    status, missing = pvget(pvws_server, "")
+    assert (status, missing["code"]) == (400, "BAD_REQUEST")

@@ -56,8 +56,12 @@ async def test_client_offering_other_subprotocols_only_is_closed_with_4406(
     server: ServerProcess,
 ) -> None:
     async with websockets.connect(server.ws_url, subprotocols=["pvwire.v2"]) as ws:
-        # The server selected the offer (so a browser's handshake succeeds) to say why: 4406.
+        # The server selected the offer (so a browser's handshake succeeds) to say why: 4406,
+        # after HELLO, first on every connection (PROTOCOL.md section 2.1): its version tells
+        # the client what this server speaks.
         assert ws.subprotocol == "pvwire.v2"
+        hello = wire.decode_message(await ws.recv())
+        assert isinstance(hello, wire.Hello) and hello.version == 1
         assert await closed_with(ws) == 4406
 
 

@@ -160,7 +160,7 @@ def serve(settings: Any, workers: int = 1) -> None:
         # Browsers ask for per-message deflate; it cut 64 KB frames from 13,500/s to 623/s.
         ws_per_message_deflate=False,
         ws_max_size=settings.max_in_bytes,
-        ws_ping_interval=20.0,
+        ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=20.0,
         log_level=settings.log_level,
         log_config=logging_config(settings.log_format, settings.log_level),

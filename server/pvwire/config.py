@@ -22,6 +22,9 @@ class Settings:
     default_scheme: str = "ca"
     tick_ms: float = 20.0  # nominal interval between frames under load (DESIGN.md section 4)
     heartbeat_s: float = 15.0  # proxies drop sockets idle for ~60 s
+    # WebSocket ping from the server on every connection, both endpoints (uvicorn's keepalive;
+    # 20 s unanswered then ends it). It is also what a pvws client's `ping` asks for.
+    ws_ping_interval_s: float = 20.0
     send_budget: int = 4 << 20  # per-connection queued bytes before conflation
     stall_timeout_s: float = 10.0  # no send progress this long: close with 4008 SLOW
     linger_s: float = 5.0  # an unwatched channel's monitor stays open this long

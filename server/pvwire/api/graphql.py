@@ -23,10 +23,10 @@ from strawberry.types import Info
 
 from .. import __version__
 from ..access.identity import Identity
-from ..access.rules import Access
 from ..core.hub import Hub
 from ..core.reduce import MAX_COLUMNS, MIN_PIXELS
 from ..core.stats import HubSnapshot
+from ..core.subscribe import StreamOptions
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
 from ..logs import LoggingSchema
@@ -437,7 +437,7 @@ class Query:
             version=__version__,
             uptime=snap.uptime,
             tick_ms=hub.settings.tick_ms,
-            writes_enabled=hub.rules.rules.may_write_somewhere(),
+            writes_enabled=hub.writes_enabled,
             loop_lag_ms=snap.loop_lag * 1000.0,
             ticks=float(snap.ticks),
             tick_seconds=snap.tick_seconds,
@@ -532,46 +532,32 @@ class Mutation:
                 extensions={"code": "BAD_REQUEST"},
             )
         _check_reduction(options)
-        canonical = []
-        for i in ids:
-            try:
-                canonical.append(hub.resolve(i)[0])
-            except PvwireError as exc:
-                raise _error(exc) from None
-        identity = _identity(info)
         try:
-            hub.control.require_read(identity, canonical)
+            registration = hub.subscribe(
+                ids,
+                _identity(info),
+                StreamOptions(
+                    options.mode.value,
+                    options.max_rate,
+                    options.max_columns,
+                    options.max_pixels,
+                ),
+            )
         except PvwireError as exc:
             raise _error(exc) from None
-        token = hub.signer.sign(
-            canonical,
-            options.mode.value,
-            options.max_rate,
-            user=identity.user,
-            groups=sorted(identity.groups),
-            auth=identity.source,
-            address=identity.address,
-            not_after=identity.expires_at,
-            max_columns=options.max_columns,
-            max_pixels=options.max_pixels,
-        )
-        claims = hub.signer.verify(token)
-        channels = []
-        for sid, cid in enumerate(canonical):
-            ch = hub.registry.channels.get(cid)
-            writes = hub.control.access(identity, cid) == Access.WRITE
-            meta = (
-                _metadata(ch.meta.for_client(writes))
-                if ch is not None and ch.meta != ModelMetadata()
-                else None
-            )
-            level = AccessLevel.WRITE if writes else AccessLevel.READ
-            channels.append(StreamChannel(sid=sid, id=cid, access=level, metadata=meta))
         return StreamRegistration(
-            token=token,
-            expires_at=float(claims.expires_at),
+            token=registration.token,
+            expires_at=float(registration.expires_at),
             stream_path="/stream",
-            channels=channels,
+            channels=[
+                StreamChannel(
+                    sid=ch.sid,
+                    id=ch.id,
+                    access=AccessLevel.WRITE if ch.may_write else AccessLevel.READ,
+                    metadata=_metadata(ch.metadata) if ch.metadata is not None else None,
+                )
+                for ch in registration.channels
+            ],
         )
 
 

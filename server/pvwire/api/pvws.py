@@ -1,22 +1,30 @@
-"""The pvws-compatible endpoint: `/pvws/pv` (WebSocket, JSON) and pvws's inspection URLs.
+"""The pvws-compatible endpoint: `/pvws/pv` (WebSocket, JSON), `/pvws/pvget` and pvws's
+inspection URLs.
 
-A thin pump around `wire/pvws.py`'s `PvwsSession`, as `stream.py` is around `Session`: a reader
-feeds client messages in and carries out writes and pings, a writer sends what the session queued
-(the only place that awaits the client). Each PV is an attachment of a one-channel view from the
-hub, so `/stream` and `/pvws/pv` clients share one upstream monitor and one encoding per tick.
+Admission and the session only, as `stream.py` is for `/stream`: the connection's life is
+`run_connection` (connection.py), the protocol `wire/pvws.py`'s `PvwsSession`. Each PV is an
+attachment of a one-channel view from the hub, so `/stream` and `/pvws/pv` clients share one
+upstream monitor and one encoding per tick.
 
-`/pvws/info`, `/pvws/summary`, `/pvws/socket[/ID]` (GET, DELETE) and `/pvws/pool` answer with
-pvws's field names, for administrators only (they show who is connected from where).
+`/pvws/info` answers everyone (cs-web-lib 0.10 fetches it from the browser and switches host only
+on 200; it holds no client data). `/pvws/summary`, `/pvws/socket[/ID]` (GET, DELETE) and
+`/pvws/pool` answer with pvws's field names, for administrators only (they show who is connected
+from where), from snapshots of the sessions (wire/pvws_snapshot.py).
+
+A pvws `ping` asks the server to send a WebSocket ping, which keeps proxies from dropping an idle
+connection (pvws.js sends it when idle; a browser cannot see the ping). ASGI cannot express a
+ping; the server's own keepalive (uvicorn's, every `ws_ping_interval_s`, 20 s by default) pings
+every connection anyway, so `ping` needs no answer of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
@@ -27,19 +35,22 @@ from ..access.identity import Authenticator, AuthError, Identity
 from ..core.clients import Client
 from ..core.hub import Hub
 from ..core.view import View
-from ..errors import PvwireError
-from ..wire.codes import GOING_AWAY, INTERNAL, NORMAL, POLICY, TRY_AGAIN
-from ..wire.pvws import Opened, Ping, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
+from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
+from ..model import VALUE, ConnState, Metadata, Reading, Value
+from ..wire.codes import POLICY, TRY_AGAIN
+from ..wire.pvws import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
+from ..wire.pvws_snapshot import PvwsSocketSnapshot, snapshot
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
-from .stream import pump
+from .connection import Message, Wakeup, refuse, run_connection
 
 __all__ = ["PvwsEndpoint", "throttle_rates"]
 
 log = logging.getLogger("pvwire.pvws")
 
-CLOSE_TIMEOUT = 5.0
 PUT_TIMEOUT = 5.0
+# pvget's answer to each error, by HTTP status.
+_STATUS = {BadChannelId: 400, Forbidden: 403, ChannelNotFound: 404, ChannelTimeout: 504}
 
 
 def throttle_rates(env: dict[str, str] | None = None) -> tuple[float, float]:
@@ -92,11 +103,31 @@ class _Host:
             view = hub.open_view(claims, cast(Client, session), att)
         except AttachRefused as exc:
             raise PvwsRefused(str(exc)) from None
-        may_write = hub.control.access(who, canonical).name == "WRITE"
-        return Opened(cast(View, view), claims, may_write)
+        return Opened(cast(View, view), claims, hub.may_write(who, canonical))
 
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None:
         self._hub.close_view(cast(View, view), cast(Client, session), att)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A get's reading as the pvws encoder reads a channel's state (wire/pvws.py ChannelState)."""
+
+    value: Value
+    seconds: int
+    nanoseconds: int
+    severity: int
+    meta: Metadata
+    state: ConnState = ConnState.CONNECTED
+    updates: int = 1
+    known: int = VALUE
+    fault: str = ""
+
+    @classmethod
+    def of(cls, reading: Reading) -> _Read:
+        return cls(
+            reading.value, reading.seconds, reading.nanoseconds, reading.severity, reading.meta
+        )
 
 
 class PvwsEndpoint:
@@ -104,10 +135,12 @@ class PvwsEndpoint:
         self.hub = hub
         self.authenticator = authenticator
         self.encoder = PvwsEncoder()
+        # pvget's own: a one-shot read must not replace what the subscribers' shared texts were
+        # made from (it is never acquired, so each read is encoded on its own).
+        self._reads = PvwsEncoder()
         self.rates = throttle_rates()
         self.sessions: dict[str, PvwsSession] = {}
         self.started = time.time()
-        self._ping_unsupported_logged = False
         self._writes: set[asyncio.Task[None]] = set()
 
     # --- the WebSocket ------------------------------------------------------------------------
@@ -117,101 +150,55 @@ class PvwsEndpoint:
         origin = websocket.headers.get("origin")
         peer = websocket.client.host if websocket.client else ""
         address = self.authenticator.client_address(websocket.headers, peer)
-        refusal, code = "", POLICY
-        identity = Identity("", address=address)
         try:
             identity = self.authenticator.identify(websocket.headers, peer)
         except AuthError as exc:
-            refusal = str(exc)
+            await refuse(websocket, hub, POLICY, str(exc))
+            return
         allowed = settings.allowed_origins
         if allowed and origin is not None and origin not in allowed:
-            refusal = f"origin {origin!r} is not allowed"
-        elif hub.connections_from(address) >= settings.max_connections_per_address:
-            code = TRY_AGAIN
-            refusal = f"{settings.max_connections_per_address} connections from {address} already"
-        if refusal:
-            await websocket.accept()
-            await websocket.close(code, refusal)
-            hub.count_close(code)
+            await refuse(websocket, hub, POLICY, f"origin {origin!r} is not allowed")
+            return
+        if hub.connections_from(address) >= settings.max_connections_per_address:
+            limit = settings.max_connections_per_address
+            await refuse(websocket, hub, TRY_AGAIN, f"{limit} connections from {address} already")
             return
         await websocket.accept()
-
-        wake = asyncio.Event()
-        closing = asyncio.Event()
-        created: list[PvwsSession] = []
-
-        def on_wake() -> None:
-            wake.set()
-            if created and created[0].close_request:
-                closing.set()
-
+        wakeup = Wakeup()
         limits = SessionLimits(
             send_budget=settings.send_budget, stall_timeout=settings.stall_timeout_s
         )
         session = PvwsSession(
-            self.hub.client_number(),
+            hub.client_number(),
             address,
             _Host(hub, identity, self.rates),
             self.encoder,
             limits,
-            on_wake,
+            wakeup,
             self.rates,
         )
-        created.append(session)
-        self.sessions[session.id] = session
-        hub.add_session(cast(Client, session))
-        reader = asyncio.create_task(self._read(websocket, session, identity))
-        writer = asyncio.create_task(_write(websocket, session, wake))
-        closer = asyncio.create_task(closing.wait())
-        code = NORMAL
-        try:
-            await asyncio.wait({reader, writer, closer}, return_when=asyncio.FIRST_COMPLETED)
-            if session.close_request:
-                code, reason = session.close_request
-                writer.cancel()
-                reader.cancel()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(websocket.close(code, reason), CLOSE_TIMEOUT)
-            elif reader.done() and reader.exception() is not None:
-                log.error("pvws reader failed", exc_info=reader.exception())
-                code = INTERNAL
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(websocket.close(INTERNAL, "internal error"), 1.0)
-            elif reader.done():
-                code = reader.result()
-            else:
-                code = 1006
-        except asyncio.CancelledError:
-            code = GOING_AWAY
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(websocket.close(GOING_AWAY, "server shutting down"), 1.0)
-            raise
-        finally:
-            for task in (reader, writer, closer):
-                task.cancel()
-            self.sessions.pop(session.id, None)
-            hub.remove_session(cast(Client, session))
-            hub.count_close(code)
 
-    async def _read(self, websocket: WebSocket, session: PvwsSession, identity: Identity) -> int:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return int(message.get("code") or 1005)
+        def handle(message: Message) -> None:
             text = message.get("text")
             if text is None:
                 data = message.get("bytes")
                 text = data.decode(errors="replace") if data is not None else ""
             for command in session.receive(text):
-                if isinstance(command, Ping):
-                    self._ping(websocket)
-                elif isinstance(command, Write):
+                if isinstance(command, Write):
                     # Not awaited here: a slow put must not hold this client's other messages.
                     task = asyncio.create_task(self._write_pv(session, command, identity))
                     self._writes.add(task)
                     task.add_done_callback(self._writes.discard)
-            if session.close_request:
-                return session.close_request[0]
+                # A Ping needs nothing: the server's keepalive pings (module docstring).
+
+        self.sessions[session.id] = session
+        try:
+            await run_connection(
+                websocket, hub, cast(Client, session), wakeup, handle, websocket.send_text,
+                session.next_text, session.sent, log,
+            )  # fmt: skip
+        finally:
+            self.sessions.pop(session.id, None)
 
     async def _write_pv(self, session: PvwsSession, command: Write, identity: Identity) -> None:
         try:
@@ -222,24 +209,11 @@ class PvwsEndpoint:
             log.exception("pvws write to %s failed", command.pv)
             session.write_failed(f"write to {command.pv} failed: {exc}")
 
-    def _ping(self, websocket: WebSocket) -> None:
-        """A WebSocket ping frame, which ASGI cannot express: sent through the server's protocol
-        object when it is uvicorn's sans-I/O implementation (the one `pvwire serve` runs)."""
-        proto = _server_protocol(websocket._send)
-        conn = getattr(proto, "conn", None)
-        transport = getattr(proto, "transport", None)
-        if conn is None or transport is None or not hasattr(conn, "send_ping"):
-            if not self._ping_unsupported_logged:
-                self._ping_unsupported_logged = True
-                log.warning("pvws 'ping': this server's WebSocket implementation cannot ping")
-            return
-        conn.send_ping(b"")
-        transport.write(b"".join(conn.data_to_send()))
-
-    # --- HTTP: pvws's inspection URLs ---------------------------------------------------------
+    # --- HTTP: pvget and pvws's inspection URLs -----------------------------------------------
 
     def router(self) -> APIRouter:
         router = APIRouter()
+        router.add_api_route("/pvws/pvget", self.pvget, methods=["GET"])
         router.add_api_route("/pvws/info", self.info, methods=["GET"])
         router.add_api_route("/pvws/summary", self.summary, methods=["GET"])
         router.add_api_route("/pvws/socket", self.socket, methods=["GET"])
@@ -248,10 +222,13 @@ class PvwsEndpoint:
         router.add_api_route("/pvws/pool", self.pool, methods=["GET"])
         return router
 
-    def _refused(self, request: Request) -> JSONResponse | None:
+    def _identify(self, request: Request) -> Identity:
         peer = request.client.host if request.client else ""
+        return self.authenticator.identify(request.headers, peer)
+
+    def _refused(self, request: Request) -> JSONResponse | None:
         try:
-            identity = self.authenticator.identify(request.headers, peer)
+            identity = self._identify(request)
         except AuthError as exc:
             return JSONResponse({"error": str(exc)}, status_code=401)
         if not self.hub.is_admin(identity):
@@ -261,60 +238,74 @@ class PvwsEndpoint:
             )
         return None
 
+    async def pvget(self, request: Request) -> Response:
+        """One read (pvws-springboot's `GET /pvws/pvget?name=PV`): the update a `/pvws/pv` client
+        gets first for the PV, metadata and value, under the same access rules; an error as
+        `{"type": "error", "pv", "code", "message"}` with a 4xx/5xx status."""
+        name = request.query_params.get("name", "")
+
+        def error(status: int, code: str, message: str) -> JSONResponse:
+            body = {"type": "error", "pv": name, "code": code, "message": message}
+            return JSONResponse(body, status_code=status)
+
+        allowed = self.hub.settings.allowed_origins
+        origin = request.headers.get("origin")
+        if allowed and origin is not None and origin not in allowed:
+            return error(403, "ORIGIN_NOT_ALLOWED", f"origin {origin!r} is not allowed")
+        try:
+            identity = self._identify(request)
+        except AuthError as exc:
+            return error(401, exc.code, str(exc))
+        if not name:
+            return error(400, "BAD_REQUEST", "pvget needs a PV name: /pvws/pvget?name=PV")
+        try:
+            _, reading = await self.hub.get(name, self.hub.settings.get_timeout_s, identity)
+        except PvwireError as exc:
+            status = next((v for k, v in _STATUS.items() if isinstance(exc, k)), 502)
+            return error(status, exc.code, str(exc))
+        readonly = not reading.meta.writable
+        text = self._reads.text(name, _Read.of(reading), True, True, readonly)
+        return Response(text, media_type="application/json")
+
     async def info(self, request: Request) -> Response:
-        if refused := self._refused(request):
-            return refused
+        """Everyone may read this: when the server started and what runs it. The environment
+        (`?env=true`) names the site's networks (EPICS_CA_ADDR_LIST): administrators only."""
         started = datetime.fromtimestamp(self.started).strftime("%Y-%m-%d %H:%M:%S")
         body: dict[str, Any] = {"start_time": started, "jre": f"Python {sys.version.split()[0]}"}
-        if request.query_params.get("env", "").lower() == "true":
+        if request.query_params.get("env", "").lower() == "true" and not self._refused(request):
             # pvws lists every variable; here only those that configure this endpoint, since the
             # environment may hold secrets.
             names = ("PV_THROTTLE_MS", "PV_ARRAY_THROTTLE_MS", "EPICS_CA_ADDR_LIST")
             body["env"] = [{n: os.environ[n]} for n in names if n in os.environ]
         return JSONResponse(body)
 
-    def _socket_head(self, s: PvwsSession) -> dict[str, Any]:
-        return {
-            "id": s.id,
-            "created": s.created_ms,
-            "last_client_message": s.last_client_message_ms,
-            "last_message_sent": s.last_message_sent_ms,
-            "queued": s.queued_bytes,
-        }
+    def _snapshots(self) -> list[PvwsSocketSnapshot]:
+        return [snapshot(s) for s in list(self.sessions.values())]
 
     async def summary(self, request: Request) -> Response:
         if refused := self._refused(request):
             return refused
         sockets = []
-        for s in list(self.sessions.values()):
-            arrays = sizes = 0
-            for pv in s.pvs.values():
-                count = pv.view.channels[0].meta.count or 0
-                if count > 1:
-                    arrays += 1
-                    sizes = max(sizes, count)
-            head = self._socket_head(s)
-            sockets.append({**head, "pvs": len(s.pvs), "arrays": arrays, "max_size": sizes})
+        for s in self._snapshots():
+            arrays = [pv.count for pv in s.pvs if pv.count > 1]
+            sockets.append(
+                {
+                    **_head(s),
+                    "pvs": len(s.pvs),
+                    "arrays": len(arrays),
+                    "max_size": max(arrays, default=0),
+                }
+            )
         return JSONResponse({"sockets": sockets})
 
     async def socket(self, request: Request, sid: str | None = None) -> Response:
         if refused := self._refused(request):
             return refused
-        sockets = []
-        for s in list(self.sessions.values()):
-            if sid is not None and s.id != sid:
-                continue
-            pvs = []
-            for name, pv in s.pvs.items():
-                ch = pv.view.channels[0]
-                value = ch.value
-                shown = (
-                    f"{type(value).__name__}, size {getattr(value, 'size', 0)}"
-                    if hasattr(value, "size")
-                    else str(value)
-                )
-                pvs.append({"name": name, "value": shown})
-            sockets.append({**self._socket_head(s), "pvs": pvs})
+        sockets = [
+            {**_head(s), "pvs": [{"name": pv.name, "value": pv.shown} for pv in s.pvs]}
+            for s in self._snapshots()
+            if sid is None or s.id == sid
+        ]
         return JSONResponse({"sockets": sockets})
 
     async def delete_socket(self, request: Request, sid: str) -> Response:
@@ -331,26 +322,17 @@ class PvwsEndpoint:
         if refused := self._refused(request):
             return refused
         refs: dict[str, int] = {}
-        for s in list(self.sessions.values()):
-            for pv in s.pvs.values():
+        for s in self._snapshots():
+            for pv in s.pvs:
                 refs[pv.name] = refs.get(pv.name, 0) + 1
         return JSONResponse([{"refs": n, "pv": name} for name, n in refs.items()])
 
 
-def _server_protocol(send: Any) -> Any:
-    """The server's protocol object behind an ASGI `send`: middleware wraps `send` in closures
-    (starlette's `sender`), so follow them, a bounded number of steps, to the bound method."""
-    for _ in range(16):
-        owner = getattr(send, "__self__", None)
-        if owner is not None:
-            return owner
-        cells = dict(zip(send.__code__.co_freevars, send.__closure__ or (), strict=False))
-        cell = cells.get("send")
-        if cell is None:
-            return None
-        send = cell.cell_contents
-    return None
-
-
-async def _write(websocket: WebSocket, session: PvwsSession, wake: asyncio.Event) -> None:
-    await pump(websocket.send_text, session.next_text, session.sent, wake)
+def _head(s: PvwsSocketSnapshot) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "created": s.created_ms,
+        "last_client_message": s.last_client_message_ms,
+        "last_message_sent": s.last_message_sent_ms,
+        "queued": s.queued_bytes,
+    }

@@ -13,7 +13,7 @@ import ipaddress
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from ..access.audit import AuditLog
@@ -30,6 +30,7 @@ from .control import Control
 from .reduce import Reduction
 from .registry import Registry
 from .stats import ChannelSnapshot, ClientSnapshot, HubSnapshot
+from .subscribe import Registration, StreamOptions, register
 from .tick import INTERNAL_ERROR, Ticker
 from .view import View, ViewKey
 
@@ -91,6 +92,25 @@ class Hub:
 
     def search(self, pattern: str, limit: int, identity: Identity) -> list[str]:
         return self.control.search(pattern, limit, identity)
+
+    def subscribe(
+        self, ids: Sequence[str], identity: Identity, options: StreamOptions
+    ) -> Registration:
+        """Register a stream for `identity` (core/subscribe.py); raises a PvwireError for an id
+        that does not resolve or that the identity may not read."""
+        canonical = [self.registry.resolve(i)[0] for i in ids]
+        return register(
+            self.control, self.signer, self.registry.channels, canonical, identity, options
+        )
+
+    def may_write(self, identity: Identity, canonical_id: str) -> bool:
+        """The access rules let `identity` write the channel (the upstream may still refuse)."""
+        return self.control.access(identity, canonical_id) == Access.WRITE
+
+    @property
+    def writes_enabled(self) -> bool:
+        """Some rule lets someone write something."""
+        return self.rules.rules.may_write_somewhere()
 
     def is_admin(self, identity: Identity) -> bool:
         admins = self.settings.admin_groups

@@ -16,10 +16,11 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .codes import BAD_TOKEN, TOKEN_EXPIRED
 
-__all__ = ["Claims", "TokenError", "TokenExpired", "TokenSigner"]
+__all__ = ["Claims", "Issued", "TokenError", "TokenExpired", "TokenSigner"]
 
 PREFIX = "pvw1"
 # Bounds what a forged or corrupted token can make the server parse.
@@ -58,6 +59,13 @@ class Claims:
     # Array reduction (PROTOCOL.md section 4.6); 0 = off.
     max_columns: int = 0
     max_pixels: int = 0
+
+
+class Issued(NamedTuple):
+    """A token and its expiry (POSIX seconds), as the signer made it."""
+
+    token: str
+    expires_at: int
 
 
 def _b64(data: bytes) -> str:
@@ -102,8 +110,30 @@ class TokenSigner:
         max_columns: int = 0,
         max_pixels: int = 0,
     ) -> str:
-        """A token for `ids`; it expires after `ttl`, or at `not_after` (the identity's own
-        expiry, e.g. its JWT's) if that comes first."""
+        """`issue`'s token alone."""
+        return self.issue(
+            ids, mode, max_rate, user=user, groups=groups, auth=auth, address=address,
+            not_after=not_after, max_columns=max_columns, max_pixels=max_pixels,
+        ).token  # fmt: skip
+
+    def issue(
+        self,
+        ids: Sequence[str],
+        mode: str = "LATEST",
+        max_rate: float = 0.0,
+        *,
+        user: str = "",
+        groups: Sequence[str] = (),
+        auth: str = "anonymous",
+        address: str = "",
+        not_after: float | None = None,
+        max_columns: int = 0,
+        max_pixels: int = 0,
+    ) -> Issued:
+        """A token for `ids` and its expiry: after `ttl`, or at `not_after` (the identity's own
+        expiry, e.g. its JWT's) if that comes first. The expiry comes from here rather than from
+        verifying the token: a JWT accepted within its leeway after `exp` makes a token that has
+        expired already, which `verify` would refuse."""
         now = int(self._clock())
         exp = now + int(self.ttl)
         if not_after is not None:
@@ -124,7 +154,7 @@ class TokenSigner:
             payload.update(sub=user, grp=sorted(groups), src=auth, adr=address)
         body = _b64(zlib.compress(json.dumps(payload, separators=(",", ":")).encode()))
         signed = f"{PREFIX}.{self._kid}.{body}"
-        return f"{signed}.{self._mac(self._kid, signed)}"
+        return Issued(f"{signed}.{self._mac(self._kid, signed)}", exp)
 
     def verify(self, token: str) -> Claims:
         if len(token) > MAX_TOKEN_BYTES:

@@ -1,0 +1,127 @@
+"""`api/connection.py`'s lifecycle, the same for both endpoints, in memory: the real endpoints,
+sessions and hub, with the socket replaced by a double (the server process cannot be made to
+cancel a connection, or to hold a close frame, on cue).
+
+The end-to-end side (real server, real sockets) is in tests/test_connection_lifecycle.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import pytest
+from pvwire.access.identity import Authenticator
+from pvwire.api.connection import refuse
+from pvwire.api.pvws import PvwsEndpoint
+from pvwire.api.stream import serve_stream
+from pvwire.core.hub import Hub
+from starlette.websockets import WebSocket
+
+from tests.test_hub_faults import until
+
+Serve = Callable[[Hub, WebSocket], Awaitable[None]]
+
+
+class FakeSocket:
+    """What the endpoints use of starlette's WebSocket. `close` waits for `frame_out` when
+    `held`: a close frame stuck behind data the client has not read."""
+
+    def __init__(self, held: bool = False) -> None:
+        self.scope: dict[str, Any] = {"subprotocols": []}
+        self.headers: dict[str, str] = {}
+        self.client = None
+        self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.sent: list[bytes | str] = []
+        self.closes: list[tuple[int, str]] = []
+        self.held = held
+        self.frame_out = asyncio.Event()
+        self.accepted: list[str | None] = []
+
+    async def accept(self, subprotocol: str | None = None) -> None:
+        self.accepted.append(subprotocol)
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.incoming.get()
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(text)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closes.append((code, reason))
+        if self.held:
+            await self.frame_out.wait()
+
+
+async def stream(hub: Hub, ws: WebSocket) -> None:
+    await serve_stream(ws, hub, Authenticator())
+
+
+async def pvws(hub: Hub, ws: WebSocket) -> None:
+    await PvwsEndpoint(hub, Authenticator()).serve(ws)
+
+
+ENDPOINTS = [pytest.param(stream, id="stream"), pytest.param(pvws, id="pvws")]
+
+
+@pytest.mark.parametrize("serve", ENDPOINTS)
+async def test_a_cancelled_connection_closes_with_1012(hub: Hub, serve: Serve) -> None:
+    ws = FakeSocket()
+    task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
+    await until(lambda: len(hub.sessions) == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # 1012 on both endpoints, as uvicorn's own shutdown sends (pvws sent 1001 here).
+    assert ws.closes == [(1012, "server shutting down")]
+    assert not hub.sessions
+    assert hub.snapshot().closes_by_code == {1012: 1}
+
+
+@pytest.mark.parametrize("serve", ENDPOINTS)
+async def test_the_session_is_released_before_its_close_frame_gets_out(
+    hub: Hub, serve: Serve
+) -> None:
+    ws = FakeSocket(held=True)
+    task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
+    await until(lambda: len(hub.sessions) == 1)
+    (session,) = hub.sessions
+    session.request_close(4008, "too slow")
+    await until(lambda: bool(ws.closes))
+    # The close frame waits behind unread data (up to a minute); the session, its views and their
+    # upstream monitors are let go already.
+    assert ws.closes == [(4008, "too slow")] and not hub.sessions
+    ws.frame_out.set()
+    await asyncio.wait_for(task, 30)
+    assert hub.snapshot().closes_by_code == {4008: 1}
+
+
+@pytest.mark.parametrize("serve", ENDPOINTS)
+async def test_a_client_close_releases_the_session_and_counts_its_code(
+    hub: Hub, serve: Serve
+) -> None:
+    ws = FakeSocket()
+    task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
+    await until(lambda: len(hub.sessions) == 1)
+    await ws.incoming.put({"type": "websocket.disconnect", "code": 4000})
+    await asyncio.wait_for(task, 30)
+    assert not hub.sessions and not ws.closes
+    assert hub.snapshot().closes_by_code == {4000: 1}
+
+
+async def test_a_refusal_selects_the_first_offer_and_its_reason_fits_a_close_frame(
+    hub: Hub,
+) -> None:
+    ws = FakeSocket()
+    ws.scope["subprotocols"] = ["pvwire.v1.aligned", "pvwire.v1"]
+    await refuse(cast(WebSocket, ws), hub, 1008, "origin 'https://\u00e9" + "x" * 200)
+    assert ws.accepted == ["pvwire.v1.aligned"]
+    ((code, reason),) = ws.closes
+    # 123 bytes of UTF-8 at most (a longer reason makes the close fail); whole characters.
+    assert (
+        code == 1008 and len(reason.encode()) == 123 and reason.startswith("origin 'https://\u00e9")
+    )
+    assert hub.snapshot().closes_by_code == {1008: 1}
