@@ -230,8 +230,8 @@ async def test_inspection_urls(client: PvwsClient, pvws_server: ServerProcess) -
     summary = http(base + "/summary")["sockets"]
     mine = [s for s in summary if s["pvs"] == 2]
     assert mine and set(mine[0]) == {
-        "id", "created", "last_client_message", "last_message_sent", "queued", "pvs", "arrays",
-        "max_size",
+        "id", "created", "last_client_message", "client_messages", "last_message_sent", "queued",
+        "pvs", "arrays", "max_size",
     }  # fmt: skip
     assert mine[0]["arrays"] == 1 and mine[0]["max_size"] == 10
     sid = mine[0]["id"]

@@ -25,7 +25,6 @@ from fastapi.responses import PlainTextResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from ..access.identity import Authenticator, AuthError, Identity
-from ..access.rules import Access
 from ..core.clients import Client
 from ..core.mjpeg import Frame, MjpegFeed, MjpegOptions
 from ..errors import PvwireError
@@ -106,7 +105,7 @@ class MjpegEndpoint:
             canonical = hub.resolve(channel_id)[0]
         except (BadOptions, PvwireError) as exc:
             return _text(400, str(exc))
-        if hub.control.access(identity, canonical) == Access.NONE:
+        if not hub.may_read(identity, canonical):
             return _text(403, f"{identity.describe()} may not read {canonical}")
         address = identity.address
         per_address = hub.settings.max_connections_per_address
@@ -152,7 +151,7 @@ class MjpegEndpoint:
             self.hub.remove_session(cast(Client, feed))  # closes it: the channel is released
 
     def may_read(self, identity: Identity, canonical: str) -> bool:
-        return self.hub.control.access(identity, canonical) != Access.NONE
+        return self.hub.may_read(identity, canonical)
 
 
 def _text(status: int, message: str) -> PlainTextResponse:

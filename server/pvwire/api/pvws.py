@@ -122,11 +122,17 @@ class _Read:
     updates: int = 1
     known: int = VALUE
     fault: str = ""
+    id: str = ""  # canonical: the encoder sends CA's DBR_CHAR arrays as pvws does (docs/PVWS.md)
 
     @classmethod
-    def of(cls, reading: Reading) -> _Read:
+    def of(cls, canonical: str, reading: Reading) -> _Read:
         return cls(
-            reading.value, reading.seconds, reading.nanoseconds, reading.severity, reading.meta
+            reading.value,
+            reading.seconds,
+            reading.nanoseconds,
+            reading.severity,
+            reading.meta,
+            id=canonical,
         )
 
 
@@ -259,12 +265,12 @@ class PvwsEndpoint:
         if not name:
             return error(400, "BAD_REQUEST", "pvget needs a PV name: /pvws/pvget?name=PV")
         try:
-            _, reading = await self.hub.get(name, self.hub.settings.get_timeout_s, identity)
+            canonical, reading = await self.hub.get(name, self.hub.settings.get_timeout_s, identity)
         except PvwireError as exc:
             status = next((v for k, v in _STATUS.items() if isinstance(exc, k)), 502)
             return error(status, exc.code, str(exc))
         readonly = not reading.meta.writable
-        text = self._reads.text(name, _Read.of(reading), True, True, readonly)
+        text = self._reads.text(name, _Read.of(canonical, reading), True, True, readonly)
         return Response(text, media_type="application/json")
 
     async def info(self, request: Request) -> Response:
@@ -333,6 +339,7 @@ def _head(s: PvwsSocketSnapshot) -> dict[str, Any]:
         "id": s.id,
         "created": s.created_ms,
         "last_client_message": s.last_client_message_ms,
+        "client_messages": s.client_messages,  # pvwire's own: pvws's summary has no count
         "last_message_sent": s.last_message_sent_ms,
         "queued": s.queued_bytes,
     }

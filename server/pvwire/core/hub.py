@@ -107,6 +107,10 @@ class Hub:
         """The access rules let `identity` write the channel (the upstream may still refuse)."""
         return self.control.access(identity, canonical_id) == Access.WRITE
 
+    def may_read(self, identity: Identity, canonical_id: str) -> bool:
+        """The access rules let `identity` read the channel."""
+        return self.control.access(identity, canonical_id) != Access.NONE
+
     @property
     def writes_enabled(self) -> bool:
         """Some rule lets someone write something."""

@@ -376,6 +376,7 @@ class PvwsSession(FlowView[str]):
         self.connected_at = clock()
         self.created_ms = round(wall() * 1000)
         self.last_client_message_ms = self.created_ms
+        self.client_messages = 0  # every message received, read or refused (admin pages)
         self.last_message_sent_ms = 0
         self.pvs: dict[str, _Pv] = {}  # subscription order, as `list` answers
         self._by_att: dict[int, _Pv] = {}
@@ -401,6 +402,7 @@ class PvwsSession(FlowView[str]):
     def receive(self, text: str) -> list[Ping | Write]:
         """Handle one client message; returns what the endpoint must do (pings, writes)."""
         self.last_client_message_ms = round(self._wall() * 1000)
+        self.client_messages += 1
         if self.close_request or self._flow.flooded():
             return []
         try:

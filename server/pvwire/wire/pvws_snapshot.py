@@ -25,6 +25,7 @@ class PvwsSocketSnapshot:
     id: str  # pvws's socket id
     created_ms: int  # POSIX milliseconds
     last_client_message_ms: int
+    client_messages: int  # received so far: a millisecond clock cannot tell "one arrived"
     last_message_sent_ms: int
     queued_bytes: int
     pvs: tuple[PvSnapshot, ...]  # in subscription order
@@ -42,6 +43,7 @@ def snapshot(session: PvwsSession) -> PvwsSocketSnapshot:
         id=session.id,
         created_ms=session.created_ms,
         last_client_message_ms=session.last_client_message_ms,
+        client_messages=session.client_messages,
         last_message_sent_ms=session.last_message_sent_ms,
         queued_bytes=session.queued_bytes,
         pvs=tuple(pvs),
