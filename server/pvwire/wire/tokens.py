@@ -120,8 +120,13 @@ class TokenSigner:
             payload["maxColumns"] = max_columns
         if max_pixels:
             payload["maxPixels"] = max_pixels
-        if user or auth != "anonymous" or address:
-            payload.update(sub=user, grp=sorted(groups), src=auth, adr=address)
+        # PROTOCOL.md section 7: `sub`, `grp` and `src` belong to identified callers only; the
+        # address goes with every token that has one, because host rules are checked again on
+        # ATTACH and on a rules reload, for anonymous callers too.
+        if user or groups or auth != "anonymous":
+            payload.update(sub=user, grp=sorted(groups), src=auth)
+        if address:
+            payload["adr"] = address
         body = _b64(zlib.compress(json.dumps(payload, separators=(",", ":")).encode()))
         signed = f"{PREFIX}.{self._kid}.{body}"
         return f"{signed}.{self._mac(self._kid, signed)}"
