@@ -92,9 +92,11 @@ def test_server_rejects_client_vectors_echoing_the_readable_req(name: str) -> No
         (msgpack.packb([18]), "PING is"),
         (msgpack.packb([18, 1]) + b"\x00", "trailing bytes"),
         (msgpack.packb([16, 1]), "needs an unsigned integer req"),
-        (msgpack.packb([18, {1: 2}]), "nonce must be an integer or a string, got dict"),
+        (msgpack.packb([18, {"a": 2}]), "nonce must be an integer or a string, got dict"),
         (msgpack.packb([18, 1.5]), "nonce must be an integer or a string, got float"),
-        (msgpack.packb([16, 3, {1: 2}]), "string token"),
+        (msgpack.packb([16, 3, {"a": 2}]), "string token"),
+        (msgpack.packb([16, 3, {1: 2}]), "map with a key that is not a str"),
+        (b"\x93\x10\x03\xa2\xc3\x28", "str is not valid UTF-8"),
     ],
 )
 def test_bad_client_messages_are_named(data: bytes, complaint: str) -> None:

@@ -445,14 +445,24 @@ _NAMES = {Kind.ATTACH: "ATTACH", Kind.DETACH: "DETACH", Kind.PING: "PING"}
 def decode_client_message(data: bytes) -> ClientMessage:
     """Parse one client message. The size limit is enforced by the transport before this."""
     try:
-        # Any MessagePack value must parse, maps with non-string keys included, so that the
-        # complaint below names the field at fault and the req can still be echoed.
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except msgpack.ExtraData as exc:
         raise BadMessage(
             "trailing bytes after the MessagePack value", _readable_req(exc.unpacked)
         ) from None
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+    except UnicodeDecodeError:
+        # PROTOCOL.md section 1: every str is UTF-8. The req is still echoed (section 6).
+        raise BadMessage(
+            "a MessagePack str is not valid UTF-8", _readable_req(_lenient(data))
+        ) from None
+    except ValueError as exc:
+        if "map key" not in str(exc):
+            raise BadMessage(f"not a MessagePack value: {exc}") from None
+        # PROTOCOL.md section 1: every map has str keys, wherever it is in the message.
+        raise BadMessage(
+            "a MessagePack map with a key that is not a str", _readable_req(_lenient(data))
+        ) from None
+    except (TypeError, msgpack.UnpackException) as exc:
         raise BadMessage(f"not a MessagePack value: {exc}") from None
     if not isinstance(msg, list) or not msg or type(msg[0]) is not int:
         raise BadMessage("a message must be an array starting with an integer kind")
@@ -480,6 +490,17 @@ def decode_client_message(data: bytes) -> ClientMessage:
     if not _is_uint(msg[2]):
         raise BadMessage("DETACH is [17, req, att] with an unsigned integer att", req)
     return Detach(req, msg[2])
+
+
+def _lenient(data: bytes) -> object:
+    """The message read with no rule but MessagePack's own (str as bytes, any map key, trailing
+    bytes ignored), only to find its req for the ERROR; None if even that fails."""
+    unpacker = msgpack.Unpacker(raw=True, strict_map_key=False, use_list=True)
+    unpacker.feed(data)
+    try:
+        return unpacker.unpack()
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
 
 
 def _readable_req(msg: object) -> int | None:
