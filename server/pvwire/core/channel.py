@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..limits import ALL_MODE_PER_CHANNEL
 from ..model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
 from ..upstream.base import Backend, Monitor
 from ..wire import codec as wire
@@ -28,7 +29,7 @@ log = logging.getLogger("pvwire.channel")
 # ALL mode keeps at most this many updates of one channel between two ticks; beyond it updates
 # are dropped and the serial tells clients how many. Bounds memory under overload: aioca's own
 # unbounded `all_updates` queue grew 195 MB -> 641 MB in 95 s (DESIGN.md section 9).
-ALL_MODE_LIMIT = 1000
+ALL_MODE_LIMIT = ALL_MODE_PER_CHANNEL
 
 _VALUE_TIME = VALUE | TIME
 _VALUE_TIME_ALARM = VALUE | TIME | ALARM

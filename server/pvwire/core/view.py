@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..limits import ALL_MODE_PER_VIEW
 from ..model import CONN, META
 from ..wire import codec as wire
 from .channel import Channel
@@ -27,7 +28,7 @@ __all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
 
 # ALL mode: most entries one view holds between emissions (a maxRate-limited ALL view under
 # heavy load); about 3 MB of small entries.
-ALL_PENDING_LIMIT = 100_000
+ALL_PENDING_LIMIT = ALL_MODE_PER_VIEW
 
 
 @dataclass(frozen=True, slots=True)

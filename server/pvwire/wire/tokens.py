@@ -17,17 +17,18 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .. import limits
 from .codes import BAD_TOKEN, TOKEN_EXPIRED
 
 __all__ = ["Claims", "TokenError", "TokenExpired", "TokenSigner"]
 
 PREFIX = "pvw1"
 # Bounds what a forged or corrupted token can make the server parse.
-MAX_TOKEN_BYTES = 1 << 20
+MAX_TOKEN_BYTES = limits.MAX_TOKEN_BYTES
 # The payload is zlib-compressed: channel ids share long prefixes, so a 10,000-channel token
 # shrinks about tenfold and fits a client message. Decompression happens only after the
 # signature checked out, and is bounded all the same.
-MAX_PAYLOAD_BYTES = 16 << 20
+MAX_PAYLOAD_BYTES = limits.MAX_TOKEN_PAYLOAD_BYTES
 
 
 class TokenError(Exception):
@@ -75,7 +76,7 @@ class TokenSigner:
         self,
         keys: Mapping[str, bytes],
         signing_kid: str,
-        ttl: float = 24 * 3600,
+        ttl: float = limits.number("token_ttl_s"),
         clock: Callable[[], float] = time.time,
     ) -> None:
         if signing_kid not in keys:
