@@ -134,6 +134,25 @@ def test_big_endian_and_strided_arrays_are_sent_little_endian_contiguous() -> No
     assert packed.endswith(np.array([[0, 2], [3, 5]], dtype="<i4").tobytes())
 
 
+def test_encoder_refuses_a_value_deeper_than_clients_read() -> None:
+    """PROTOCOL.md section 4: 64 levels of arrays and maps, the value's own outermost one level 1
+    (vectors accept_value_depth_64, reject_value_depth_65); deeper fails the channel, not the
+    clients."""
+
+    def nested(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    assert msgpack.unpackb(wire.pack_value(nested(64))) == nested(64)
+    assert msgpack.unpackb(wire.pack_value({"a": nested(63)})) == {"a": nested(63)}
+    with pytest.raises(ValueError, match="deeper than 64"):
+        wire.pack_value(nested(65))
+    with pytest.raises(ValueError, match="deeper than 64"):
+        wire.encode_entry_body(1, value={"a": nested(64)}, serial=1)
+
+
 def test_vectors_dir_exists() -> None:
     assert Path(VECTORS).is_dir() and len(ON_DISK) >= 40
 

@@ -120,18 +120,25 @@ def _ndarray_parts(arr: np.ndarray[Any, Any]) -> list[bytes | memoryview]:
 PLAIN_TYPES = frozenset((float, int, str, type(None)))
 
 
-def _value_parts(value: Value, parts: list[bytes | memoryview]) -> None:
+# PROTOCOL.md section 4: a value holds at most this many levels of arrays and maps; clients
+# refuse a deeper one (and would reconnect to meet it again), so the channel fails instead.
+MAX_VALUE_DEPTH = 64
+
+
+def _value_parts(value: Value, parts: list[bytes | memoryview], level: int = 0) -> None:
     if type(value) in PLAIN_TYPES:
         parts.append(_pack(value))  # the common case first: one type test
     elif isinstance(value, bool | np.bool_):
         parts.append(_pack(int(value)))  # PROTOCOL.md section 4: booleans travel as 0/1
     elif isinstance(value, np.ndarray):
         parts.extend(_ndarray_parts(value))
+    elif isinstance(value, dict | list) and level >= MAX_VALUE_DEPTH:
+        raise ValueError(f"value nested deeper than {MAX_VALUE_DEPTH} arrays and maps")
     elif isinstance(value, dict):
         parts.append(_map_header(len(value)))
         for k, v in value.items():
             parts.append(_pack(k))
-            _value_parts(v, parts)
+            _value_parts(v, parts, level + 1)
     elif isinstance(value, list):
         # An array of str (one pack call), or of values (structure and union arrays).
         if all(type(x) is str for x in value):
@@ -139,7 +146,7 @@ def _value_parts(value: Value, parts: list[bytes | memoryview]) -> None:
         else:
             parts.append(array_header(len(value)))
             for x in value:
-                _value_parts(x, parts)
+                _value_parts(x, parts, level + 1)
     elif isinstance(value, np.generic):
         parts.append(_pack(value.item()))
     else:
