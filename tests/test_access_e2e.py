@@ -36,6 +36,10 @@ access = "WRITE"
 channels = ["ca://PVW:MBBO"]
 groups = ["viewers"]
 access = "NONE"
+[[rule]]
+channels = ["pva://PVW:AO"]
+groups = ["operators"]
+access = "WRITE"
 """
 
 
@@ -147,6 +151,35 @@ def test_subscribe_tells_each_channel_access(access: Access) -> None:
     assert [c["access"] for c in doc["data"]["subscribe"]["channels"]] == ["WRITE", "READ"]
     _, doc = access.graphql(query, token=VIEWER)
     assert [c["access"] for c in doc["data"]["subscribe"]["channels"]] == ["READ", "READ"]
+
+
+async def stream_writable(access: Access, ids: list[str], token: str | None) -> list[bool]:
+    """Each channel's `writable` as the stream's metadata says it to `token`'s identity."""
+    ids_text = ", ".join(f'"{i}"' for i in ids)
+    _, doc = access.graphql(f"mutation {{ subscribe(ids: [{ids_text}]) {{ token }} }}", token=token)
+    s = await RawStream.connect(access.server.ws_url)
+    try:
+        _, snapshot = await s.attach(doc["data"]["subscribe"]["token"])
+        meta = {e.sid: e.metadata for e in snapshot.entries if e.metadata is not None}
+        while len(meta) < len(ids):  # a channel not connected yet sends its META later
+            data = await s.next_data(30)
+            meta.update({e.sid: e.metadata for g in data.groups for e in g.entries if e.metadata})
+        return [meta[sid]["writable"] for sid in range(len(ids))]
+    finally:
+        await s.close()
+
+
+async def test_stream_metadata_says_writable_by_the_rules_and_the_upstream(
+    access: Access,
+) -> None:
+    """PROTOCOL.md section 5: `writable` is in every metadata map, the rules' answer for the
+    attaching identity AND the upstream's; PVA exposes no access rights, so there the rules
+    decide. The same channels, attached by three identities, say three things."""
+    # Not ca://PVW:AI: the rules reload test below needs that channel's first value.
+    ids = ["pva://PVW:AO", "pva://PVW:AI", "ca://PVW:AO", "ca://PVW:STR"]
+    assert await stream_writable(access, ids, OPERATOR) == [True, False, True, False]
+    assert await stream_writable(access, ids, VIEWER) == [False, False, False, False]
+    assert await stream_writable(access, ids, None) == [False, False, False, False]
 
 
 @pytest.mark.parametrize(

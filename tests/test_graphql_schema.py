@@ -14,4 +14,4 @@ def test_schema_file_equals_the_served_schema() -> None:
     text = SCHEMA_FILE.read_text()
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#")).strip()
     served = make_schema(Settings().max_query_depth).as_str().strip()
-    assert body == served, "regenerate: python -m pvwire.api.graphql > protocol/schema.graphql"
+    assert body == served, "regenerate: python scripts/generate_protocol.py"

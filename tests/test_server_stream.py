@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import websockets
 from pvwire.wire.tokens import TokenSigner
-from pvwire_client import wire
+from pvwire_client import closecodes, wire
 
 from tests.server_process import TEST_TOKEN_KEY, ServerProcess
 from tests.stream_client import RawStream
@@ -159,6 +159,23 @@ async def test_oversized_message_closes_with_1009(server: ServerProcess) -> None
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await s.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    other = await RawStream.connect(server.ws_url)  # the server is fine
+    await other.attach(token(server, ["ca://PVW:AO"]))
+    await other.close()
+
+
+async def test_a_text_frame_of_invalid_utf8_closes_with_1007_a_terminal_code(
+    server: ServerProcess,
+) -> None:
+    """RFC 6455 section 8.1: the WebSocket layer (uvicorn) fails a text frame that is not UTF-8
+    with 1007 before the application sees it, so no ERROR 4400 can answer it. PROTOCOL.md lists
+    1007 as terminal: the client that sent it would send it again."""
+    s = await RawStream.connect(server.ws_url)
+    await s.ws.send(b"\xc3\x28", text=True)  # a TEXT frame whose payload is not UTF-8
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await s.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
+    assert closecodes.name(1007) == "INVALID_DATA" and not closecodes.is_reconnect(1007)
     other = await RawStream.connect(server.ws_url)  # the server is fine
     await other.attach(token(server, ["ca://PVW:AO"]))
     await other.close()

@@ -92,9 +92,11 @@ def test_server_rejects_client_vectors_echoing_the_readable_req(name: str) -> No
         (msgpack.packb([18]), "PING is"),
         (msgpack.packb([18, 1]) + b"\x00", "trailing bytes"),
         (msgpack.packb([16, 1]), "needs an unsigned integer req"),
-        (msgpack.packb([18, {1: 2}]), "nonce must be an integer or a string, got dict"),
+        (msgpack.packb([18, {"a": 2}]), "nonce must be an integer or a string, got dict"),
         (msgpack.packb([18, 1.5]), "nonce must be an integer or a string, got float"),
-        (msgpack.packb([16, 3, {1: 2}]), "string token"),
+        (msgpack.packb([16, 3, {"a": 2}]), "string token"),
+        (msgpack.packb([16, 3, {1: 2}]), "map with a key that is not a str"),
+        (b"\x93\x10\x03\xa2\xc3\x28", "str is not valid UTF-8"),
     ],
 )
 def test_bad_client_messages_are_named(data: bytes, complaint: str) -> None:
@@ -130,6 +132,25 @@ def test_big_endian_and_strided_arrays_are_sent_little_endian_contiguous() -> No
     expected = wire.pack_value(np.ascontiguousarray(be, dtype="<i4"))
     assert packed == expected
     assert packed.endswith(np.array([[0, 2], [3, 5]], dtype="<i4").tobytes())
+
+
+def test_encoder_refuses_a_value_deeper_than_clients_read() -> None:
+    """PROTOCOL.md section 4: 64 levels of arrays and maps, the value's own outermost one level 1
+    (vectors accept_value_depth_64, reject_value_depth_65); deeper fails the channel, not the
+    clients."""
+
+    def nested(levels: int) -> Any:
+        value: Any = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    assert msgpack.unpackb(wire.pack_value(nested(64))) == nested(64)
+    assert msgpack.unpackb(wire.pack_value({"a": nested(63)})) == {"a": nested(63)}
+    with pytest.raises(ValueError, match="deeper than 64"):
+        wire.pack_value(nested(65))
+    with pytest.raises(ValueError, match="deeper than 64"):
+        wire.encode_entry_body(1, value={"a": nested(64)}, serial=1)
 
 
 def test_vectors_dir_exists() -> None:

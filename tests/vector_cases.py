@@ -224,6 +224,14 @@ _F64x3 = np.array([1.0, 2.0, 3.0], dtype="<f8").tobytes()
 _ATTACH = _p([16, 6, "pvw1.k1.e30.sig"])
 
 
+def _nested(levels: int) -> Any:
+    """`levels` arrays, one inside the other, around the integer 1: [[...[1]...]]."""
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 def _reject(name: str, description: str, data: bytes) -> HandBuilt:
     return (name, "server", description, "reject", {"reason": description}, data)
 
@@ -257,6 +265,47 @@ HAND_BUILT: list[HandBuilt] = [
      "ignore", {}, _p([8, 1, "from a later minor version"])),
     ("ignore_unknown_kind_high", "server", "a kind this version does not know (99): ignored",
      "ignore", {}, _p([99])),
+    ("ignore_unknown_kind_nested", "server",
+     "a kind this version does not know (9) with well-formed elements of any shape: ignored, "
+     "its elements are not interpreted",
+     "ignore", {}, _p([9, {"a": [1, "x", None]}, 2.5, [], {}])),
+    _reject("reject_unknown_kind_invalid_utf8",
+            "a kind this version does not know (9) holding a str that is not valid UTF-8: an "
+            "unknown kind is ignored only when it is well formed (section 1)",
+            b"\x92\x09\xa2\xc3\x28"),
+    _reject("reject_unknown_kind_bin",
+            "a kind this version does not know (9) holding a MessagePack bin (section 1: bin "
+            "is not used in any message)", _p([9, b"\x01"])),
+    ("accept_data_empty", "server",
+     "DATA without groups (a server never sends one; a receiver reads it: it advances seq and "
+     "changes nothing)", "accept", {"message": data(2)}, _p([3, 2, []])),
+    ("accept_data_empty_group", "server",
+     "DATA with a group of no entries (read; it changes nothing)", "accept",
+     {"message": data(2, (1, []))}, _p([3, 2, [[1, []]]])),
+    ("accept_data_duplicate_groups", "server",
+     "DATA with two groups of one att (a server never sends it; a receiver applies them in "
+     "order, as if they came in two DATA)", "accept",
+     {"message": data(2, (1, [e(0, VALUE | TIME, value=1.5, serial=8, **T)]),
+                         (1, [e(0, VALUE | TIME, value=2.5, serial=9, **T)]))},
+     _p([3, 2, [[1, [[0, 3, 1.5, 8, *_T]]], [1, [[0, 3, 2.5, 9, *_T]]]]])),
+    ("accept_nil_padding_edges", "server",
+     "SNAPSHOT whose entries array has nil items before its first entry and after its last: "
+     "padding may stand anywhere in the array", "accept",
+     {"message": {"kind": "SNAPSHOT", "seq": 1, "att": 1,
+                  "entries": [e(0, CONN, state=0, reason="")]}},
+     _p([2, 1, 1, [None, None, [0, 16, 0, ""], None]])),
+    ("accept_value_depth_64", "server",
+     "DATA: a value of 64 nested arrays (the most a value may hold, section 4)", "accept",
+     {"message": data(2, (1, [e(0, VALUE, value=_nested(64), serial=1)]))},
+     _data1([0, 1, _nested(64), 1])),
+    _reject("reject_value_depth_65", "a value of 65 nested arrays (section 4: at most 64)",
+            _data1([0, 1, _nested(65), 1])),
+    _reject("reject_metadata_key_type",
+            "metadata whose known key `units` is an integer, not a str (section 5)",
+            _data1([0, 8, {"units": 5}])),
+    _reject("reject_metadata_writable_type",
+            "metadata whose known key `writable` is the integer 1, not a bool (section 5)",
+            _data1([0, 8, {"writable": 1}])),
     _reject("reject_reserved_mask_bit", "entry mask has reserved bit 5 set",
             _data1([0, 33, 1.5, 8])),
     _reject("reject_entry_too_short", "entry of mask 3 (VALUE|TIME) with 5 elements, not 6",
@@ -308,8 +357,15 @@ HAND_BUILT: list[HandBuilt] = [
     _client_reject("client_reject_not_array", "a map instead of an array", None,
                    _p({"kind": 16})),
     _client_reject("client_reject_truncated", "ATTACH cut short", None, _ATTACH[:-2]),
-    _client_reject("client_reject_ping_map_nonce", "PING whose nonce is a map", None,
-                   _p([18, {1: 2}])),
+    _client_reject("client_reject_ping_map_nonce", "PING whose nonce is a map (of str keys)",
+                   None, _p([18, {"a": 2}])),
+    _client_reject("client_reject_map_key_not_string",
+                   "ATTACH with a trailing element (allowed) holding a map with an integer key "
+                   "(every map has str keys, section 1): req still read", 4,
+                   _p([16, 4, "pvw1.k1.e30.sig", {1: 2}])),
+    _client_reject("client_reject_invalid_utf8",
+                   "ATTACH whose token is a str that is not valid UTF-8: req still read", 3,
+                   b"\x93\x10\x03\xa2\xc3\x28"),
 ]  # fmt: skip
 
 

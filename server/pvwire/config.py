@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .limits import integer, number
+
 __all__ = ["CatalogueFile", "Settings", "read_catalogue"]
 
 log = logging.getLogger("pvwire.catalogue")
@@ -25,14 +27,15 @@ class Settings:
     # WebSocket ping from the server on every connection, both endpoints (uvicorn's keepalive;
     # 20 s unanswered then ends it). It is also what a pvws client's `ping` asks for.
     ws_ping_interval_s: float = 20.0
-    send_budget: int = 4 << 20  # per-connection queued bytes before conflation
-    stall_timeout_s: float = 10.0  # no send progress this long: close with 4008 SLOW
+    send_budget: int = integer("send_budget")  # per-connection queued bytes before conflation
+    stall_timeout_s: float = number("stall_timeout_s")  # no send progress: 4008 SLOW
     linger_s: float = 5.0  # an unwatched channel's monitor stays open this long
-    max_in_bytes: int = 1 << 20  # largest client message: a 10,000-channel ATTACH fits
-    max_channels_per_subscription: int = 10_000
-    max_channels_per_connection: int = 100_000
-    max_query_depth: int = 12
-    token_ttl_s: float = 24 * 3600.0
+    # Limits: their defaults and what they bound are pvwire/limits.py's table.
+    max_in_bytes: int = integer("max_in_bytes")  # a 10,000-channel ATTACH fits
+    max_channels_per_subscription: int = integer("max_channels_per_subscription")
+    max_channels_per_connection: int = integer("max_channels_per_connection")
+    max_query_depth: int = integer("max_query_depth")
+    token_ttl_s: float = number("token_ttl_s")
     token_keys: dict[str, str] = field(default_factory=dict)  # kid -> secret
     token_kid: str = ""
     write_rules: list[str] = field(default_factory=list)  # WRITE for everyone: rule shorthand
@@ -53,10 +56,10 @@ class Settings:
     # access security decides (docs/ACCESS.md); anonymous CA puts are then refused.
     forward_identity: bool = False
     forward_host_name: str = ""  # host name sent on those circuits; empty: this machine's
-    max_puts_per_s: float = 20.0  # per identity, bursts of twice that
-    max_cost_per_s: float = 100_000.0  # GraphQL query cost per identity per second
-    max_connections_per_address: int = 100  # stream connections from one client address
-    max_attachments_per_connection: int = 1_000
+    max_puts_per_s: float = number("max_puts_per_s")  # per identity, bursts of twice that
+    max_cost_per_s: float = number("max_cost_per_s")  # GraphQL cost per identity per second
+    max_connections_per_address: int = integer("max_connections_per_address")
+    max_attachments_per_connection: int = integer("max_attachments_per_connection")
     catalogue: list[str] = field(default_factory=list)  # ids offered by search
     catalogue_file: str = ""  # more ids, one per line; read again when it changes
     allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
@@ -64,13 +67,12 @@ class Settings:
     get_timeout_s: float = 3.0
     pva_queue_size: int = 16  # updates pvxs queues per PVA monitor, here and at the IOC
     sim_enabled: bool = True  # sim:// channels (demo, tests, benchmarks); off at a facility
-    sim_max_rate: float = 1000.0  # Hz per sim channel
-    sim_max_length: int = 2048 * 2048  # elements per sim waveform or image
-    sim_max_bytes_per_s: float = 200e6  # per sim channel
-    max_query_cost: int = 25_000  # GraphQL: fields (aliases count each) + ids in list arguments
-    max_graphql_elements: int = (
-        100_000  # array elements in one GraphQL response; the stream has no such cap
-    )
+    sim_max_rate: float = number("sim_max_rate")  # Hz per sim channel
+    sim_max_length: int = integer("sim_max_length")  # elements per sim waveform or image
+    sim_max_bytes_per_s: float = number("sim_max_bytes_per_s")  # per sim channel
+    max_query_cost: int = integer("max_query_cost")  # fields (aliases count each) + list ids
+    # Array elements in one GraphQL response; the stream has no such cap.
+    max_graphql_elements: int = integer("max_graphql_elements")
     not_found_s: float = 5.0  # CONNECTING this long with no server answering: NOT_FOUND
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from .errors import BadChannelId
+from .limits import MAX_ID_LENGTH
 
 __all__ = ["MAX_ID_LENGTH", "parse_id"]
-
-MAX_ID_LENGTH = 1024
 
 
 def parse_id(channel_id: str, default_scheme: str, schemes: Collection[str]) -> tuple[str, str]:

@@ -46,13 +46,13 @@ TOO_MANY_CHANNELS = 4413
 def is_reconnect(code: int) -> bool:
     """Whether a close with ``code`` means "reconnect with backoff" (else: terminal).
 
-    Codes not in the table follow the spec's default: reconnect in 1000-3999 except 1000, 1008,
-    1009 (those are listed anyway); terminal in 4000-4999 and anything else.
+    Codes not in the table follow the spec's default: reconnect in 1000-3999 except 1000, 1007,
+    1008, 1009 (those are listed anyway); terminal in 4000-4999 and anything else.
     """
     known = CODES.get(code)
     if known is not None:
         return known.reconnect
-    return 1000 <= code <= 3999 and code not in (1000, 1008, 1009)
+    return 1000 <= code <= 3999 and code not in (1000, 1007, 1008, 1009)
 
 
 def name(code: int) -> str:

@@ -231,6 +231,9 @@ def decode_message(data: bytes | bytearray, *, views: bool | None = None) -> Mes
         raise ProtocolError(f"message kind must be an unsigned integer, got {kind!r}")
     decoder = _DECODERS.get(kind)
     if decoder is None:
+        # Ignored only when well formed (section 1): the unpack above checked UTF-8, map keys
+        # and ext types; bin is the one rule left, as it is checked in values elsewhere.
+        _no_bin(obj, "message")
         return Unknown(kind)
     name, arity, fn = decoder
     if len(obj) < arity:
@@ -270,6 +273,18 @@ def _unpack(data: bytes | bytearray, views: bool | None) -> Any:
 
 def _is_uint(x: object) -> bool:
     return type(x) is int and x >= 0
+
+
+def _no_bin(x: object, what: str) -> None:
+    if isinstance(x, bytes):
+        raise ProtocolError(f"{what}: MessagePack bin is not used (section 1)")
+    if isinstance(x, list):
+        for i, y in enumerate(x):
+            _no_bin(y, f"{what}[{i}]")
+    elif isinstance(x, dict):
+        for k, y in x.items():
+            _no_bin(k, f"{what} key")
+            _no_bin(y, f"{what}.{k}")
 
 
 def _uint(x: object, what: str) -> int:
@@ -396,7 +411,10 @@ def _checked(e: object, where: str) -> list[Any]:
                 ok = ok and type(message) is str
                 i += 3
             if ok and mask & META:
-                ok, i = type(e[i]) is dict, i + 1
+                ok = type(e[i]) is dict
+                if ok:
+                    _metadata(e[i], "entry metadata")  # raises if a known key is of a wrong type
+                i += 1
             if ok and mask & CONN:
                 ok = type(e[i]) is int and e[i] >= 0 and type(e[i + 1]) is str
             if ok:
@@ -464,7 +482,7 @@ def decode_entry(e: object, where: str = "entry") -> Entry:
         md = e[i]
         if not isinstance(md, dict):
             raise ProtocolError(f"entry metadata must be a map, got {type(md).__name__}")
-        f["metadata"] = md
+        f["metadata"] = _metadata(md, "entry metadata")
         i += 1
     if mask & CONN:
         f["state"] = _uint(e[i], "entry state")  # unknown numbers: see state.py
@@ -472,7 +490,64 @@ def decode_entry(e: object, where: str = "entry") -> Entry:
     return Entry(sid, mask, **f)
 
 
-# Deepest nesting of structures and arrays a value may have (the TypeScript client's bound too).
+def _is_number(x: object) -> bool:
+    return type(x) is float or type(x) is int
+
+
+def _limits(x: object, what: str) -> object:
+    if type(x) is not list or len(x) != 2 or not all(map(_is_number, x)):
+        raise ProtocolError(f"{what} must be [low, high] numbers, got {x!r}")
+    return x
+
+
+def _int(x: object, what: str) -> int:
+    if type(x) is not int:
+        raise ProtocolError(f"{what} must be an integer, got {x!r}")
+    return x
+
+
+def _bool(x: object, what: str) -> bool:
+    if type(x) is not bool:
+        raise ProtocolError(f"{what} must be a boolean, got {x!r}")
+    return x
+
+
+def _choices(x: object, what: str) -> object:
+    for i, c in enumerate(_list(x, what)):
+        _str(c, f"{what}[{i}]")
+    return x
+
+
+def _reduced(x: object, what: str) -> object:
+    if not isinstance(x, dict):
+        raise ProtocolError(f"{what} must be a map, got {type(x).__name__}")
+    _str(x.get("method"), f"{what}.method")
+    for i, d in enumerate(_list(x.get("from"), f"{what}.from")):
+        _uint(d, f"{what}.from[{i}]")
+    if "step" in x:
+        _uint(x["step"], f"{what}.step")
+    return x
+
+
+# Section 5's keys and their types: a known key of another type is malformed (an unknown key is
+# kept as it came). The TypeScript client's META_CHECKS is the same table.
+_META_CHECKS: dict[str, Callable[[object, str], object]] = {
+    "type": _str, "description": _str, "units": _str, "form": _str, "colorMode": _str,
+    "count": _uint, "precision": _int,
+    "display": _limits, "control": _limits, "alarm": _limits, "warning": _limits,
+    "choices": _choices, "writable": _bool, "reduced": _reduced,
+}  # fmt: skip
+
+
+def _metadata(md: dict[str, Any], what: str) -> dict[str, Any]:
+    for key, check in _META_CHECKS.items():
+        if key in md:
+            check(md[key], f"{what}.{key}")
+    return md
+
+
+# Deepest nesting of structures and arrays a value may have (the TypeScript client's bound too):
+# the value's own outermost array or map is level 1, and 64 levels are allowed (section 4).
 MAX_VALUE_DEPTH = 64
 
 

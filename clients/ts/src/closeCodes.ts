@@ -9,6 +9,7 @@ export const CLOSE_CODES = {
   1001: { name: "GOING_AWAY", class: "reconnect" },
   1002: { name: "PROTOCOL_ERROR", class: "reconnect" },
   1006: { name: "ABNORMAL", class: "reconnect" },
+  1007: { name: "INVALID_DATA", class: "terminal" },
   1008: { name: "POLICY", class: "terminal" },
   1009: { name: "TOO_BIG", class: "terminal" },
   1011: { name: "INTERNAL", class: "reconnect" },
@@ -23,7 +24,7 @@ export const CLOSE_CODES = {
 } as const satisfies Record<number, { name: string; class: CloseClass }>;
 
 export const CloseCode = {
-  NORMAL: 1000, GOING_AWAY: 1001, PROTOCOL_ERROR: 1002, ABNORMAL: 1006, POLICY: 1008, TOO_BIG: 1009, INTERNAL: 1011,
+  NORMAL: 1000, GOING_AWAY: 1001, PROTOCOL_ERROR: 1002, ABNORMAL: 1006, INVALID_DATA: 1007, POLICY: 1008, TOO_BIG: 1009, INTERNAL: 1011,
   RESTART: 1012, TRY_AGAIN: 1013, HEARTBEAT_TIMEOUT: 4000, SLOW: 4008, BAD_TOKEN: 4401,
   TOKEN_EXPIRED: 4402, FORBIDDEN: 4403, UNSUPPORTED: 4406,
 } as const;

@@ -19,8 +19,9 @@ export class MsgpackError extends ProtocolError {
 /** Called for every ext value; returns the decoded value. `data` views the received bytes. */
 export type ExtDecoder = (type: number, data: Uint8Array) => unknown;
 
-/** Deepest nesting accepted (values are at most a few levels deep; this bounds the stack). */
-export const MAX_DEPTH = 64;
+/** Deepest nesting accepted, counted from the message itself: it bounds the reader's stack.
+ * protocol.ts holds values to section 4's 64 levels, under the 5 levels of a DATA message. */
+export const MAX_DEPTH = 100;
 
 // fatal: invalid UTF-8 is a malformed message (PROTOCOL.md section 1), not text to repair.
 const utf8 = new TextDecoder("utf-8", { fatal: true });

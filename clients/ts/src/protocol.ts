@@ -128,7 +128,7 @@ function limits(v: unknown, what: string): Limits {
 }
 
 const META_CHECKS: Record<string, (v: unknown, what: string) => unknown> = {
-  type: str, description: str, units: str, form: str,
+  type: str, description: str, units: str, form: str, colorMode: str,
   count: uint,
   precision: (v, w) => (typeof v === "number" && Number.isInteger(v) ? v : fail(`${w} must be an integer`, v)),
   display: limits, control: limits, alarm: limits, warning: limits,
@@ -152,14 +152,19 @@ function metadata(v: unknown, what: string): Metadata {
   return out as Metadata;
 }
 
-function value(v: unknown, what: string): Value {
+/** Most levels of arrays and maps in one value, its own outermost one being level 1 (section 4). */
+export const MAX_VALUE_DEPTH = 64;
+
+function value(v: unknown, what: string, level = 1): Value {
   if (v === null || typeof v === "number" || typeof v === "string" || typeof v === "bigint") return v;
   if (ArrayBuffer.isView(v)) return v as ArrayValue; // from the ndarray ext (bin is refused by the decoder)
-  // An array of str (string arrays, PROTOCOL.md 4.2) or of values (structure and union arrays, 4.3).
-  if (Array.isArray(v)) return v.map((x, i) => value(x, `${what}[${i}]`));
   if (typeof v === "boolean") return fail(`${what}: booleans travel as 0/1`, v);
+  const container = Array.isArray(v) || isMap(v);
+  if (container && level > MAX_VALUE_DEPTH) return fail(`${what}: nested deeper than ${MAX_VALUE_DEPTH} arrays and maps`, v);
+  // An array of str (string arrays, PROTOCOL.md 4.2) or of values (structure and union arrays, 4.3).
+  if (Array.isArray(v)) return v.map((x, i) => value(x, `${what}[${i}]`, level + 1));
   if (isMap(v)) {
-    for (const [k, x] of Object.entries(v)) value(x, `${what}.${k}`);
+    for (const [k, x] of Object.entries(v)) value(x, `${what}.${k}`, level + 1);
     return v as Value;
   }
   return v as ArrayValue; // NdArray (from the ext decoder)

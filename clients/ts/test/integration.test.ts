@@ -103,13 +103,13 @@ describe("against the real server and demo IOC", () => {
   });
 
   // The rules grant WRITE (subscribe's access); PVA cannot tell whether the upstream would
-  // accept, so the stream's metadata leaves `writable` out and only the grant decides.
+  // accept, so the stream's metadata says `writable` as the rules do (PROTOCOL.md section 5).
   it("says a PVA setpoint the rules allow is writable, and the put succeeds", async () => {
     const sub = client.subscribe([`pva://${stack.prefix}SP`], () => undefined);
     await sub.ready;
     await until(() => sub.channels[0]?.metadata.units !== undefined, 30_000, "pva SP metadata");
     expect(sub.channels[0]!.access).toBe("WRITE");
-    expect(sub.channels[0]!.metadata.writable).not.toBe(false);
+    expect(sub.channels[0]!.metadata.writable).toBe(true);
     expect(sub.channels[0]!.writable).toBe(true);
     await client.put(`pva://${stack.prefix}SP`, 7.25, { wait: true });
     await until(() => sub.channels[0]!.value === 7.25, 30_000, "pva SP to follow the put");

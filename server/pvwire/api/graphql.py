@@ -24,11 +24,20 @@ from strawberry.types import Info
 from .. import __version__
 from ..access.identity import Identity
 from ..core.hub import Hub
-from ..core.reduce import MAX_COLUMNS, MIN_PIXELS
 from ..core.stats import HubSnapshot
 from ..core.subscribe import StreamOptions
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
+from ..limits import (
+    MAX_COLUMNS,
+    MAX_PUT_TIMEOUT_S,
+    MAX_QUERY_TOKENS,
+    MAX_RATE_HZ,
+    MAX_SEARCH_RESULTS,
+    MIN_PIXELS,
+    integer,
+    shown,
+)
 from ..logs import LoggingSchema
 from ..model import ConnState as ModelConnState
 from ..model import Limits as ModelLimits
@@ -269,20 +278,21 @@ class SubscribeOptions:
     max_rate: float = strawberry.field(
         default=0.0,
         description="at most this many DATA groups per second for this subscription; "
-        "0 = every tick",
+        f"0 = every tick; at most {shown('max_rate_hz')}",
     )
     mode: StreamMode = StreamMode.LATEST
     max_columns: int = strawberry.field(
         default=0,
         description="1-D arrays of more than 2 x maxColumns elements arrive as the minimum and "
         "maximum of each of maxColumns equal slices, interleaved (metadata `reduced` says so "
-        "and gives the full length); 0 = whole arrays. LATEST mode only",
+        f"and gives the full length); 0 = whole arrays, else at most {shown('max_columns')}. "
+        "LATEST mode only",
     )
     max_pixels: int = strawberry.field(
         default=0,
         description="images of more pixels arrive subsampled by a whole factor per axis to at "
         "most maxPixels pixels (metadata `reduced` gives the full dims and the step); "
-        "0 = whole images. LATEST mode only",
+        f"0 = whole images, else at least {shown('min_pixels')}. LATEST mode only",
     )
 
 
@@ -394,7 +404,15 @@ def _failed(cid: str, exc: PvwireError) -> Channel:
 # --- root types ---------------------------------------------------------------------------------
 
 
-@strawberry.type
+@strawberry.type(
+    description="Limits (PROTOCOL.md section 11; defaults of this server's settings): a query "
+    f"nests at most {shown('max_query_depth')} and holds at most {shown('max_query_tokens')}; "
+    f"its cost (each field 1, each alias and fragment use again, each id in ids or puts 1) is "
+    f"at most {shown('max_query_cost')} per request and {shown('max_cost_per_s')} per "
+    f"identity; a response carries at most {shown('max_graphql_elements')} of arrays; "
+    f"channels(ids) takes at most {shown('max_channels_per_subscription')}, each id at most "
+    f"{shown('max_id_length')}; search returns at most {shown('max_search_results')}"
+)
 class Query:
     @strawberry.field(
         description="read one channel (from the cache when it is monitored); "
@@ -426,7 +444,7 @@ class Query:
         "ids returned in sorted order"
     )
     def search(self, info: Info, pattern: str, limit: int = 100) -> list[str]:
-        return _hub(info).search(pattern, min(limit, 10_000), _identity(info))
+        return _hub(info).search(pattern, min(limit, MAX_SEARCH_RESULTS), _identity(info))
 
     @strawberry.field
     def server(self, info: Info) -> ServerInfo:
@@ -469,7 +487,7 @@ def _clamp_timeout(timeout: float) -> float:
         raise GraphQLError(
             "timeout must be a positive number of seconds", extensions={"code": "BAD_REQUEST"}
         )
-    return min(timeout, 60.0)
+    return min(timeout, MAX_PUT_TIMEOUT_S)
 
 
 def _check_count(hub: Hub, ids: list[str]) -> None:
@@ -481,7 +499,13 @@ def _check_count(hub: Hub, ids: list[str]) -> None:
         )
 
 
-@strawberry.type
+@strawberry.type(
+    description="Limits (PROTOCOL.md section 11; defaults of this server's settings): subscribe "
+    f"and putMany take 1 to {shown('max_channels_per_subscription')}, each id at most "
+    f"{shown('max_id_length')}; a token lives at most {shown('token_ttl_s')} (less when the "
+    f"caller's credentials expire first); puts at most {shown('max_puts_per_s')} per identity; "
+    f"a put's timeout at most {shown('max_put_timeout_s')}"
+)
 class Mutation:
     @strawberry.mutation(
         description="errors: WRITE_DENIED, READ_ONLY, TYPE_MISMATCH, TIMEOUT, NOT_FOUND, "
@@ -526,9 +550,9 @@ class Mutation:
                 "subscribe needs at least one channel id", extensions={"code": "BAD_REQUEST"}
             )
         _check_count(hub, ids)
-        if not 0 <= options.max_rate <= 1000 or math.isnan(options.max_rate):
+        if not 0 <= options.max_rate <= MAX_RATE_HZ or math.isnan(options.max_rate):
             raise GraphQLError(
-                "maxRate must be between 0 (every tick) and 1000 Hz",
+                f"maxRate must be between 0 (every tick) and {MAX_RATE_HZ:g} Hz",
                 extensions={"code": "BAD_REQUEST"},
             )
         _check_reduction(options)
@@ -575,7 +599,7 @@ def _check_reduction(options: SubscribeOptions) -> None:
         raise bad("maxColumns and maxPixels need mode LATEST")
 
 
-def make_schema(max_depth: int, max_cost: int = 25_000) -> strawberry.Schema:
+def make_schema(max_depth: int, max_cost: int = integer("max_query_cost")) -> strawberry.Schema:
     cost = type("BoundedQueryCost", (QueryCost,), {"limit": max_cost})
     return LoggingSchema(
         query=Query,
@@ -583,14 +607,15 @@ def make_schema(max_depth: int, max_cost: int = 25_000) -> strawberry.Schema:
         extensions=[
             # Bound the cost of any one request (DESIGN.md section 7; api/limits.py).
             lambda: QueryDepthLimiter(max_depth=max_depth),
-            lambda: MaxTokensLimiter(max_token_count=20_000),
+            lambda: MaxTokensLimiter(max_token_count=MAX_QUERY_TOKENS),
             cost,
         ],
     )
 
 
 if __name__ == "__main__":
-    # Prints the schema that protocol/schema.graphql must equal (tests/test_graphql_schema.py).
+    # Prints the schema that protocol/schema.graphql must equal (tests/test_graphql_schema.py;
+    # scripts/generate_protocol.py writes the file).
     from ..config import Settings
 
     print(make_schema(Settings().max_query_depth).as_str())

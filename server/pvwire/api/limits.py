@@ -32,6 +32,7 @@ from strawberry.extensions import SchemaExtension
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
 from ..errors import PvwireError
+from ..limits import integer
 
 __all__ = ["LIST_ARGUMENTS", "QueryCost", "ValueBudget", "ValueTooLarge", "elements"]
 
@@ -75,7 +76,7 @@ def elements(value: object) -> int:
 class QueryCost(SchemaExtension):
     """Refuses a request whose cost exceeds `limit` before it executes."""
 
-    limit = 25_000
+    limit = integer("max_query_cost")
 
     def on_validate(self) -> Iterator[None]:
         ctx = self.execution_context

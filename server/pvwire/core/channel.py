@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
+from ..limits import ALL_MODE_PER_CHANNEL
 from ..model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
 from ..upstream.base import Backend, Monitor
 from ..wire import codec as wire
@@ -35,7 +36,7 @@ log = logging.getLogger("pvwire.channel")
 # ALL mode keeps at most this many updates of one channel between two ticks; beyond it updates
 # are dropped and the serial tells clients how many. Bounds memory under overload: aioca's own
 # unbounded `all_updates` queue grew 195 MB -> 641 MB in 95 s (DESIGN.md section 9).
-ALL_MODE_LIMIT = 1000
+ALL_MODE_LIMIT = ALL_MODE_PER_CHANNEL
 
 _VALUE_TIME = VALUE | TIME
 _VALUE_TIME_ALARM = VALUE | TIME | ALARM
@@ -80,6 +81,7 @@ class Channel:
         "message",
         "meta",
         "meta_wire",
+        "meta_wire_writable",
         "monitor",
         "name",
         "nanoseconds",
@@ -116,7 +118,11 @@ class Channel:
         self.status = 0
         self.message = ""
         self.meta = Metadata()
+        # The metadata map as a reader may not write (`meta_wire`) and as one whose rules allow
+        # writes (`meta_wire_writable`): `writable` is per identity (PROTOCOL.md section 5), so
+        # a view picks one; both are made once per metadata change.
         self.meta_wire: dict[str, Any] = {}
+        self.meta_wire_writable: dict[str, Any] = {}
         self.state = ConnState.CONNECTING
         self.reason = ""
         self.known = CONN  # fields with data: a snapshot sends exactly these
@@ -125,8 +131,9 @@ class Channel:
         self.views: list[tuple[ChangeSink, int]] = []  # (view, sid) pairs to notify at each tick
         self.all_views = 0  # ALL-mode views: only then is `history` kept
         self.history: list[wire.EntryBody] = []
-        # Keyed by mask, or (mask, reduction) for the views that asked for a reduction.
-        self._cache: dict[int | tuple[int, Reduction], wire.EntryBody] = {}
+        # Keyed by mask, or (mask, reduction, writes) for the views that asked for a reduction
+        # or whose mask holds META (`writable` differs by the view's access).
+        self._cache: dict[int | tuple[int, Reduction | None, bool], wire.EntryBody] = {}
         self.fault = ""  # why encoding failed; the channel stays FAILED until it reconnects
 
     # --- ChannelSink: called by the backend on the event loop, O(1) --------------------------
@@ -173,12 +180,13 @@ class Channel:
             self.history.append(self.body(mask, cache=False))
 
     def on_meta(self, meta: Metadata) -> None:
-        # `writable` stays the upstream's answer (absent when it cannot tell): who may write is
-        # per identity, told by `subscribe` (PROTOCOL.md section 5), so it cannot be encoded once.
+        # `meta.writable` is the upstream's answer (None when it cannot tell, as for PVA); the
+        # maps sent add the rules' answer to it (PROTOCOL.md section 5).
         if meta == self.meta and self.known & META:
             return
         self.meta = meta
-        self.meta_wire = meta.to_wire()
+        self.meta_wire = meta.for_client(False).to_wire()
+        self.meta_wire_writable = meta.for_client(True).to_wire()
         self._changed(META)
 
     def on_connection(self, state: ConnState, reason: str = "") -> None:
@@ -204,10 +212,15 @@ class Channel:
     # --- encoding -----------------------------------------------------------------------------
 
     def body(
-        self, mask: int, cache: bool = True, reduction: Reduction | None = None
+        self,
+        mask: int,
+        cache: bool = True,
+        reduction: Reduction | None = None,
+        writes: bool = False,
     ) -> wire.EntryBody:
-        """The entry body for `mask` (limited to known fields), encoded once per state and
-        reduction.
+        """The entry body for `mask` (limited to known fields), encoded once per state,
+        reduction and, when it holds META, `writes` (whether the view's identity may write this
+        channel under pvwire's rules; `writable` is that AND the upstream's answer).
 
         With a reduction, an array channel's VALUE and META always travel together: the
         metadata's `reduced` entry describes that value (PROTOCOL.md section 4.6), and a client
@@ -220,35 +233,43 @@ class Channel:
             mask |= _VALUE_META & self.known
         else:
             reduction = None
-        key: int | tuple[int, Reduction] = mask if reduction is None else (mask, reduction)
+        writes = writes and bool(mask & META)
+        key: int | tuple[int, Reduction | None, bool] = (
+            mask if reduction is None and not writes else (mask, reduction, writes)
+        )
         body = self._cache.get(key)
         if body is None:
             try:
-                body = self._encode(mask | CONN) if self.fault else self._encode(mask, reduction)
+                if self.fault:
+                    body = self._encode(mask | CONN, None, writes)
+                else:
+                    body = self._encode(mask, reduction, writes)
             except Exception as exc:
-                body = self._fail(mask, exc)
+                body = self._fail(mask, exc, writes)
             if cache:
                 self._cache[key] = body
         return body
 
-    def _fail(self, mask: int, exc: Exception) -> wire.EntryBody:
+    def _fail(self, mask: int, exc: Exception, writes: bool) -> wire.EntryBody:
         if not self.fault:
             # Logged once per channel and connection; counted every time.
             log.error("channel %s failed: cannot encode its value: %r", self.id, exc)
         self.fault = f"value cannot be sent: {exc}"[:200]
         self.value = None
         self.listener.count_failure("channel")
-        return self._encode(mask | CONN)
+        return self._encode(mask | CONN, None, writes)
 
-    def full_body(self, reduction: Reduction | None = None) -> wire.EntryBody:
+    def full_body(self, reduction: Reduction | None = None, writes: bool = False) -> wire.EntryBody:
         """The entry a snapshot sends: everything known."""
-        return self.body(self.known, reduction=reduction)
+        return self.body(self.known, reduction=reduction, writes=writes)
 
-    def _encode(self, mask: int, reduction: Reduction | None = None) -> wire.EntryBody:
+    def _encode(
+        self, mask: int, reduction: Reduction | None = None, writes: bool = False
+    ) -> wire.EntryBody:
         value = self.value
         if mask == _VALUE_TIME and type(value) in _PLAIN:
             return _update_body(value, self.serial, self.seconds, self.nanoseconds)
-        metadata = self.meta_wire
+        metadata = self.meta_wire_writable if writes else self.meta_wire
         if reduction is not None:
             try:
                 value, reduced = reduce_value(value, metadata, reduction)

@@ -155,15 +155,21 @@ class Hub:
         return self.signer.verify(token)
 
     def open_view(self, claims: Claims, session: Client, att: int) -> Source:
-        denied = self._denied(claims)
-        if denied:
-            raise AttachRefused(FORBIDDEN, denied)
+        identity = identity_of(claims)
+        rules = self.rules.rules
+        access = [rules.access(identity, cid) for cid in claims.ids]
+        if Access.NONE in access:
+            cid = claims.ids[access.index(Access.NONE)]
+            raise AttachRefused(FORBIDDEN, f"{identity.describe()} may not read {cid}")
         return self.registry.open_view(
             ViewKey(
                 claims.ids,
                 claims.mode,
                 claims.max_rate,
                 Reduction(claims.max_columns, claims.max_pixels),
+                # Metadata's `writable` is the rules' answer for this identity AND the
+                # upstream's (PROTOCOL.md section 5): PVA exposes none, so there the rules decide.
+                bytes(a == Access.WRITE for a in access),
             ),
             session,
             att,

@@ -19,14 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from ..limits import MAX_COLUMNS, MIN_PIXELS
 from ..model import Value
 
 __all__ = ["MAX_COLUMNS", "MIN_PIXELS", "NO_REDUCTION", "Reduction", "reduce_value"]
 
 # Bounds of the subscription options: a display wider than 100,000 columns does not exist, and a
 # frame of fewer than 1,024 pixels is not worth reducing.
-MAX_COLUMNS = 100_000
-MIN_PIXELS = 1024
 
 # Which dims of a 3-D image are the rows and columns, by colorMode (PROTOCOL.md section 4.5).
 _SPATIAL_3D = {"RGB1": (0, 1), "RGB2": (0, 2), "RGB3": (1, 2)}

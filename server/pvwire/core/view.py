@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..limits import ALL_MODE_PER_VIEW
 from ..model import CONN, META
 from ..wire import codec as wire
 from .channel import Channel
@@ -27,7 +28,7 @@ __all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
 
 # ALL mode: most entries one view holds between emissions (a maxRate-limited ALL view under
 # heavy load); about 3 MB of small entries.
-ALL_PENDING_LIMIT = 100_000
+ALL_PENDING_LIMIT = ALL_MODE_PER_VIEW
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,10 @@ class ViewKey:
     mode: str  # "LATEST" or "ALL"
     max_rate: float  # Hz, 0 = every tick
     reduction: Reduction = NO_REDUCTION  # LATEST mode only (the GraphQL layer refuses ALL)
+    # One byte per sid, 1 where the attaching identity may write the channel under pvwire's
+    # rules: metadata's `writable` is per identity (PROTOCOL.md section 5), so identities that
+    # differ in it get views of their own; empty means none.
+    writes: bytes = b""
 
 
 class View:
@@ -51,6 +56,7 @@ class View:
         "reduction",
         "tick_entries",
         "tick_masks",
+        "writes",
     )
 
     def __init__(self, key: ViewKey, channels: list[Channel]):
@@ -58,6 +64,7 @@ class View:
         self.channels = channels  # index = sid
         self.all_mode = key.mode == "ALL"
         self.reduction = key.reduction if key.reduction else None
+        self.writes = key.writes or bytes(len(channels))
         self.period = 1.0 / key.max_rate if key.max_rate > 0 else 0.0
         self.next_due = 0.0
         self.pending: dict[int, int] = {}  # sid -> merged field mask since the last emission
@@ -80,10 +87,10 @@ class View:
                 # Metadata and connection changes go first, then every update in order.
                 rest = mask & (META | CONN)
                 if rest:
-                    out.append((sid, channel.body(rest)))
+                    out.append((sid, channel.body(rest, True, None, self.writes[sid] == 1)))
                 out.extend((sid, b) for b in channel.history)
             else:
-                out.append((sid, channel.body(mask)))
+                out.append((sid, channel.body(mask, True, None, self.writes[sid] == 1)))
             if len(out) > ALL_PENDING_LIMIT:
                 # Oldest dropped first; the serial tells the client how many it missed.
                 del out[: len(out) - ALL_PENDING_LIMIT]
@@ -110,8 +117,11 @@ class View:
         else:
             channels = self.channels
             r = self.reduction
+            w = self.writes
             sids = list(self.pending)
-            bodies = [channels[sid].body(m, True, r) for sid, m in self.pending.items()]
+            bodies = [
+                channels[sid].body(m, True, r, w[sid] == 1) for sid, m in self.pending.items()
+            ]
         self.tick_entries = wire.encode_entries(sids, bodies)
         self.tick_masks = self.pending
         self.pending = {}
@@ -128,11 +138,15 @@ class View:
         """Entries for `masks` from the channels' current state (a session catching up)."""
         channels = self.channels
         r = self.reduction
+        w = self.writes
         return wire.encode_entries(
-            list(masks), [channels[sid].body(m, True, r) for sid, m in masks.items()]
+            list(masks), [channels[sid].body(m, True, r, w[sid] == 1) for sid, m in masks.items()]
         )
 
     def snapshot_entries(self) -> wire.Entries:
+        r = self.reduction
+        w = self.writes
         return wire.encode_entries(
-            range(len(self.channels)), [ch.full_body(self.reduction) for ch in self.channels]
+            range(len(self.channels)),
+            [ch.full_body(r, w[sid] == 1) for sid, ch in enumerate(self.channels)],
         )

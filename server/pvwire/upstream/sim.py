@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from ..errors import BadChannelId, ReadOnlyChannel
+from ..limits import SIM_MAX_COMPUTED_PER_S, SIM_MAX_STORES, integer, number
 from ..model import ConnState, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
@@ -73,13 +74,15 @@ class SimLimits:
     Without them `sim://waveform?length=10000000&rate=1000` asked for 80 GB/s from one request.
     """
 
-    max_rate: float = 1000.0  # Hz; a timer chain faster than this would only measure the loop
-    max_length: int = 2048 * 2048  # waveform or image elements: a 2048 x 2048 image's worth
-    max_bytes_per_s: float = 200e6  # per channel: a 1,000,000-point float64 waveform at 10 Hz is 80
-    max_stores: int = 10_000  # writable `value/NAME` and `string/NAME` instances kept at once
+    max_rate: float = number("sim_max_rate")  # Hz; faster would only measure the loop
+    max_length: int = integer("sim_max_length")  # elements: a 2048 x 2048 image's worth
+    max_bytes_per_s: float = number(
+        "sim_max_bytes_per_s"
+    )  # a 1,000,000-point float64 at 10 Hz is 80 MB/s
+    max_stores: int = SIM_MAX_STORES  # writable `value/NAME` and `string/NAME` instances
     # `wave` computes every element of every update (sin over 1,000,000 points took 187 ms
     # here): 1,000,000 elements/s per channel is under a fifth of a core at worst.
-    max_computed_per_s: float = 1e6
+    max_computed_per_s: float = SIM_MAX_COMPUTED_PER_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,18 +120,25 @@ def _ndarray_parts(arr: np.ndarray[Any, Any]) -> list[bytes | memoryview]:
 PLAIN_TYPES = frozenset((float, int, str, type(None)))
 
 
-def _value_parts(value: Value, parts: list[bytes | memoryview]) -> None:
+# PROTOCOL.md section 4: a value holds at most this many levels of arrays and maps; clients
+# refuse a deeper one (and would reconnect to meet it again), so the channel fails instead.
+MAX_VALUE_DEPTH = 64
+
+
+def _value_parts(value: Value, parts: list[bytes | memoryview], level: int = 0) -> None:
     if type(value) in PLAIN_TYPES:
         parts.append(_pack(value))  # the common case first: one type test
     elif isinstance(value, bool | np.bool_):
         parts.append(_pack(int(value)))  # PROTOCOL.md section 4: booleans travel as 0/1
     elif isinstance(value, np.ndarray):
         parts.extend(_ndarray_parts(value))
+    elif isinstance(value, dict | list) and level >= MAX_VALUE_DEPTH:
+        raise ValueError(f"value nested deeper than {MAX_VALUE_DEPTH} arrays and maps")
     elif isinstance(value, dict):
         parts.append(_map_header(len(value)))
         for k, v in value.items():
             parts.append(_pack(k))
-            _value_parts(v, parts)
+            _value_parts(v, parts, level + 1)
     elif isinstance(value, list):
         # An array of str (one pack call), or of values (structure and union arrays).
         if all(type(x) is str for x in value):
@@ -139,7 +146,7 @@ def _value_parts(value: Value, parts: list[bytes | memoryview]) -> None:
         else:
             parts.append(array_header(len(value)))
             for x in value:
-                _value_parts(x, parts)
+                _value_parts(x, parts, level + 1)
     elif isinstance(value, np.generic):
         parts.append(_pack(value.item()))
     else:
@@ -445,14 +452,24 @@ _NAMES = {Kind.ATTACH: "ATTACH", Kind.DETACH: "DETACH", Kind.PING: "PING"}
 def decode_client_message(data: bytes) -> ClientMessage:
     """Parse one client message. The size limit is enforced by the transport before this."""
     try:
-        # Any MessagePack value must parse, maps with non-string keys included, so that the
-        # complaint below names the field at fault and the req can still be echoed.
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except msgpack.ExtraData as exc:
         raise BadMessage(
             "trailing bytes after the MessagePack value", _readable_req(exc.unpacked)
         ) from None
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+    except UnicodeDecodeError:
+        # PROTOCOL.md section 1: every str is UTF-8. The req is still echoed (section 6).
+        raise BadMessage(
+            "a MessagePack str is not valid UTF-8", _readable_req(_lenient(data))
+        ) from None
+    except ValueError as exc:
+        if "map key" not in str(exc):
+            raise BadMessage(f"not a MessagePack value: {exc}") from None
+        # PROTOCOL.md section 1: every map has str keys, wherever it is in the message.
+        raise BadMessage(
+            "a MessagePack map with a key that is not a str", _readable_req(_lenient(data))
+        ) from None
+    except (TypeError, msgpack.UnpackException) as exc:
         raise BadMessage(f"not a MessagePack value: {exc}") from None
     if not isinstance(msg, list) or not msg or type(msg[0]) is not int:
         raise BadMessage("a message must be an array starting with an integer kind")
@@ -480,6 +497,17 @@ def decode_client_message(data: bytes) -> ClientMessage:
     if not _is_uint(msg[2]):
         raise BadMessage("DETACH is [17, req, att] with an unsigned integer att", req)
     return Detach(req, msg[2])
+
+
+def _lenient(data: bytes) -> object:
+    """The message read with no rule but MessagePack's own (str as bytes, any map key, trailing
+    bytes ignored), only to find its req for the ERROR; None if even that fails."""
+    unpacker = msgpack.Unpacker(raw=True, strict_map_key=False, use_list=True)
+    unpacker.feed(data)
+    try:
+        return unpacker.unpack()
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
 
 
 def _readable_req(msg: object) -> int | None:

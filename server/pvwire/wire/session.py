@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..limits import integer, number
 from . import codec as wire
 from .codes import BAD_MESSAGE, FORBIDDEN, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
 from .flow import FlowControl, FlowView
@@ -39,11 +40,11 @@ class AttachRefused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
-    send_budget: int = 4 << 20  # bytes queued before the session merges instead of queueing
-    stall_timeout: float = 10.0  # seconds without send progress before closing with SLOW
+    send_budget: int = integer("send_budget")  # bytes queued before merging instead
+    stall_timeout: float = number("stall_timeout_s")  # no send progress: close with SLOW
     heartbeat: float = 15.0  # seconds of silence before a HEARTBEAT
-    max_channels: int = 100_000  # channels over all attachments of one connection
-    max_attachments: int = 1_000  # attachments of one connection at once
+    max_channels: int = integer("max_channels_per_connection")  # over all attachments
+    max_attachments: int = integer("max_attachments_per_connection")  # at once
 
 
 class Source(Protocol):

@@ -18,17 +18,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .. import limits
 from .codes import BAD_TOKEN, TOKEN_EXPIRED
 
 __all__ = ["Claims", "Issued", "TokenError", "TokenExpired", "TokenSigner"]
 
 PREFIX = "pvw1"
 # Bounds what a forged or corrupted token can make the server parse.
-MAX_TOKEN_BYTES = 1 << 20
+MAX_TOKEN_BYTES = limits.MAX_TOKEN_BYTES
 # The payload is zlib-compressed: channel ids share long prefixes, so a 10,000-channel token
 # shrinks about tenfold and fits a client message. Decompression happens only after the
 # signature checked out, and is bounded all the same.
-MAX_PAYLOAD_BYTES = 16 << 20
+MAX_PAYLOAD_BYTES = limits.MAX_TOKEN_PAYLOAD_BYTES
 
 
 class TokenError(Exception):
@@ -83,7 +84,7 @@ class TokenSigner:
         self,
         keys: Mapping[str, bytes],
         signing_kid: str,
-        ttl: float = 24 * 3600,
+        ttl: float = limits.number("token_ttl_s"),
         clock: Callable[[], float] = time.time,
     ) -> None:
         if signing_kid not in keys:
@@ -150,8 +151,13 @@ class TokenSigner:
             payload["maxColumns"] = max_columns
         if max_pixels:
             payload["maxPixels"] = max_pixels
-        if user or auth != "anonymous" or address:
-            payload.update(sub=user, grp=sorted(groups), src=auth, adr=address)
+        # PROTOCOL.md section 7: `sub`, `grp` and `src` belong to identified callers only; the
+        # address goes with every token that has one, because host rules are checked again on
+        # ATTACH and on a rules reload, for anonymous callers too.
+        if user or groups or auth != "anonymous":
+            payload.update(sub=user, grp=sorted(groups), src=auth)
+        if address:
+            payload["adr"] = address
         body = _b64(zlib.compress(json.dumps(payload, separators=(",", ":")).encode()))
         signed = f"{PREFIX}.{self._kid}.{body}"
         return Issued(f"{signed}.{self._mac(self._kid, signed)}", exp)

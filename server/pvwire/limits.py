@@ -1,0 +1,174 @@
+"""Every limit the server enforces, in one table: the code reads its numbers from here, and
+PROTOCOL.md's limits section and the GraphQL schema's descriptions are generated from it
+(`python scripts/generate_protocol.py`; tests/test_limits.py fails when they are stale).
+
+A limit with `setting` is the default of the `Settings` field of that name (a TOML key, a
+`PVWIRE_<NAME>` variable, a `pvwire serve` flag); the others are fixed by the protocol or the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ALL_MODE_PER_CHANNEL",
+    "ALL_MODE_PER_VIEW",
+    "LIMITS",
+    "MAX_COLUMNS",
+    "MAX_ID_LENGTH",
+    "MAX_PUT_TIMEOUT_S",
+    "MAX_QUERY_TOKENS",
+    "MAX_RATE_HZ",
+    "MAX_SEARCH_RESULTS",
+    "MAX_TOKEN_BYTES",
+    "MAX_TOKEN_PAYLOAD_BYTES",
+    "MIN_PIXELS",
+    "SIM_MAX_COMPUTED_PER_S",
+    "SIM_MAX_STORES",
+    "Limit",
+    "default",
+    "integer",
+    "markdown",
+    "number",
+    "shown",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    name: str  # the Settings field when `setting`, else the constant's name in lower case
+    value: int | float
+    unit: str
+    what: str  # what is bounded
+    over: str  # what the server does beyond it
+    setting: bool = False
+
+
+_MIB = 1 << 20
+
+LIMITS: tuple[Limit, ...] = (
+    # --- the stream (/stream) ---
+    Limit("max_in_bytes", _MIB, "bytes", "one client message on the stream (announced in HELLO)",
+          "close 1009 TOO_BIG", setting=True),
+    Limit("max_channels_per_connection", 100_000, "channels",
+          "channels over all attachments of one stream connection", "ERROR 4413", setting=True),
+    Limit("max_attachments_per_connection", 1_000, "attachments",
+          "attachments of one stream connection at once", "ERROR 4413", setting=True),
+    Limit("max_connections_per_address", 100, "connections",
+          "open stream connections from one client address", "close 1013 TRY_AGAIN",
+          setting=True),
+    Limit("send_budget", 4 * _MIB, "bytes", "frames queued for one connection",
+          "pending changes merge instead (section 9)", setting=True),
+    Limit("stall_timeout_s", 10.0, "s", "a connection's queue making no progress",
+          "close 4008 SLOW", setting=True),
+    Limit("max_token_bytes", _MIB, "bytes", "one token, in `ATTACH`", "ERROR 4401"),
+    Limit("max_token_payload_bytes", 16 * _MIB, "bytes", "a token's payload once inflated",
+          "ERROR 4401"),
+    Limit("all_mode_per_channel", 1_000, "updates",
+          "`ALL` mode: updates of one channel kept between two ticks",
+          "later ones dropped; the serial counts them"),
+    Limit("all_mode_per_view", 100_000, "entries",
+          "`ALL` mode: entries of one subscription waiting for its next `DATA`",
+          "oldest dropped; the serial counts them"),
+    # --- registration (GraphQL subscribe) and tokens ---
+    Limit("max_channels_per_subscription", 10_000, "ids",
+          "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`)",
+          "GraphQL error TOO_MANY_CHANNELS (none: BAD_REQUEST)", setting=True),
+    Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
+    Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
+          "BAD_REQUEST"),
+    Limit("max_columns", 100_000, "columns",
+          "`subscribe` option `maxColumns` (0 = whole arrays; `LATEST` mode only)",
+          "BAD_REQUEST"),
+    Limit("min_pixels", 1_024, "pixels",
+          "`subscribe` option `maxPixels`, the least it may be other than 0 (0 = whole images; "
+          "`LATEST` mode only)", "BAD_REQUEST"),
+    Limit("token_ttl_s", 24 * 3600.0, "s",
+          "a token's lifetime (shorter when the caller's credentials expire first)",
+          "ERROR 4402 on `ATTACH`", setting=True),
+    # --- the control plane (GraphQL) ---
+    Limit("max_query_depth", 12, "levels", "nesting of one GraphQL query", "GraphQL error",
+          setting=True),
+    Limit("max_query_tokens", 20_000, "tokens", "GraphQL tokens in one request", "GraphQL error"),
+    Limit("max_query_cost", 25_000, "",
+          "one request: each field 1 (each alias and fragment use again), each id in `ids` or "
+          "`puts` 1", "QUERY_TOO_COSTLY", setting=True),
+    Limit("max_cost_per_s", 100_000.0, "per s", "query cost per identity per second",
+          "RATE_LIMITED", setting=True),
+    Limit("max_graphql_elements", 100_000, "elements",
+          "array elements in one GraphQL response", "TOO_LARGE", setting=True),
+    Limit("max_puts_per_s", 20.0, "puts/s", "puts per identity per second (bursts of twice it)",
+          "RATE_LIMITED", setting=True),
+    Limit("max_put_timeout_s", 60.0, "s", "a put's `timeout`", "clamped to it"),
+    Limit("max_search_results", 10_000, "ids", "`search`'s `limit`", "clamped to it"),
+    # --- sim:// channels ---
+    Limit("sim_max_rate", 1_000.0, "Hz", "a sim channel's `rate`", "BAD_CHANNEL_ID",
+          setting=True),
+    Limit("sim_max_length", 2048 * 2048, "elements", "a sim waveform's or image's elements",
+          "BAD_CHANNEL_ID", setting=True),
+    Limit("sim_max_bytes_per_s", 200e6, "bytes/s", "a sim channel's bytes per second",
+          "BAD_CHANNEL_ID", setting=True),
+    Limit("sim_max_stores", 10_000, "channels",
+          "writable `sim://value/NAME` and `sim://string/NAME` instances kept",
+          "the least recently written that nobody monitors are forgotten"),
+    Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
+          "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
+          "BAD_CHANNEL_ID"),
+)  # fmt: skip
+
+_BY_NAME = {limit.name: limit for limit in LIMITS}
+
+
+def default(name: str) -> int | float:
+    """The table's value for `name` (for a setting, its default)."""
+    return _BY_NAME[name].value
+
+
+def integer(name: str) -> int:
+    """An integer limit's value."""
+    value = _BY_NAME[name].value
+    assert isinstance(value, int)
+    return value
+
+
+def number(name: str) -> float:
+    """A limit's value as a float."""
+    return float(_BY_NAME[name].value)
+
+
+MAX_TOKEN_BYTES = integer("max_token_bytes")
+MAX_TOKEN_PAYLOAD_BYTES = integer("max_token_payload_bytes")
+ALL_MODE_PER_CHANNEL = integer("all_mode_per_channel")
+ALL_MODE_PER_VIEW = integer("all_mode_per_view")
+MAX_ID_LENGTH = integer("max_id_length")
+MAX_RATE_HZ = number("max_rate_hz")
+MAX_COLUMNS = integer("max_columns")
+MIN_PIXELS = integer("min_pixels")
+MAX_QUERY_TOKENS = integer("max_query_tokens")
+MAX_PUT_TIMEOUT_S = number("max_put_timeout_s")
+MAX_SEARCH_RESULTS = integer("max_search_results")
+SIM_MAX_STORES = integer("sim_max_stores")
+SIM_MAX_COMPUTED_PER_S = number("sim_max_computed_per_s")
+
+
+def shown(name: str) -> str:
+    """A limit's value as people read it: `1,048,576 bytes`, `24 h`, `1,000 Hz`."""
+    limit = _BY_NAME[name]
+    v = limit.value
+    if limit.unit == "s" and v >= 3600 and v % 3600 == 0:
+        return f"{v / 3600:g} h"
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return f"{v:,} {limit.unit}".rstrip()
+
+
+def markdown() -> str:
+    """PROTOCOL.md's table of limits (between its `limits` markers)."""
+    rows = [
+        "| limit | value | what it bounds | beyond it |",
+        "|---|---:|---|---|",
+    ]
+    for limit in LIMITS:
+        name = f"`{limit.name}`" + (" (setting)" if limit.setting else "")
+        rows.append(f"| {name} | {shown(limit.name)} | {limit.what} | {limit.over} |")
+    return "\n".join(rows) + "\n"
