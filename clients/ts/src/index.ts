@@ -3,7 +3,7 @@ export { PvwireClient } from "./client.js";
 export type { ClientOptions, ClientStats, Listener, SubscribeOptions, Subscription, WebSocketConstructor, WebSocketLike } from "./client.js";
 export { applyEntry, CONNECTION_STATES, initialState, isWritable, SEVERITIES, toDate, withAccess } from "./channel.js";
 export type { Access, AlarmState, ChangedField, ChannelConnection, ChannelState, Severity, Timestamp } from "./channel.js";
-export { CLOSE_CODES, CloseCode, closeClass, closeName } from "./closeCodes.js";
+export { CLOSE_CODES, CloseCode, closeClass, closeName, ErrorCode } from "./closeCodes.js";
 export type { CloseClass } from "./closeCodes.js";
 export { backoffDelay, DEFAULT_BACKOFF, transition, TRANSITIONS } from "./connection.js";
 export type { BackoffOptions, ConnectionEvent, ConnectionState } from "./connection.js";
