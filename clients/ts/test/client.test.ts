@@ -159,7 +159,7 @@ describe("PvwireClient with a fake server", () => {
   it("declares a silent connection dead after 2 × heartbeat + 1 s", async () => {
     const s = await fakeServer(standardAttach, 10);
     const c = client(s, { heartbeatTimeoutMs: 150 });
-    const sub = c.subscribe(["A"], () => undefined);
+    const sub = c.subscribe(["A", "B"], () => undefined);
     await sub.ready;
     await until(() => s.connections >= 2, 3000);
   });
@@ -224,7 +224,7 @@ describe("PvwireClient with a fake server", () => {
     const c = client(s);
     const errors: Error[] = [];
     c.on("error", (e) => errors.push(e));
-    c.subscribe(["A"], () => undefined);
+    c.subscribe(["A", "B"], () => undefined);
     await until(() => s.connections >= 2 && closes.length === 1);
     expect(closes).toEqual([1002]);
     expect(errors[0]?.message).toMatch(/unknown bits/);
@@ -242,7 +242,7 @@ describe("PvwireClient with a fake server", () => {
       standardAttach(ws, msg, ctx);
     });
     const c = client(s, { requestTimeoutMs: 200 });
-    const sub = c.subscribe(["A"], () => undefined);
+    const sub = c.subscribe(["A", "B"], () => undefined);
     await sub.ready;
     await until(() => closes.length === 1);
     expect(closes).toEqual([4000]);
@@ -252,7 +252,7 @@ describe("PvwireClient with a fake server", () => {
   it("rejects a ping without PONG within requestTimeoutMs", async () => {
     const s = await fakeServer(standardAttach);
     const c = client(s, { requestTimeoutMs: 200 });
-    const sub = c.subscribe(["A"], () => undefined);
+    const sub = c.subscribe(["A", "B"], () => undefined);
     await sub.ready;
     await expect(c.ping()).rejects.toThrow(/before the PONG/); // the fake server never answers PING
   });
@@ -269,7 +269,7 @@ describe("PvwireClient with a fake server", () => {
     const c = client(s);
     const errors: Error[] = [];
     c.on("error", (e) => errors.push(e));
-    c.subscribe(["A"], () => undefined);
+    c.subscribe(["A", "B"], () => undefined);
     await until(() => s.connections >= 2);
     expect(errors[0]?.message).toMatch(/sequence gap: expected 3, got 99/);
   });
