@@ -156,6 +156,22 @@ describe("channel state merge", () => {
     // The same serial again is no gap and no reopen.
     expect(s).toMatchObject({ serial: 5, conflated: 0, conflatedTotal: 0 });
   });
+  it("names only what changed: unset limits (NaN) repeated, an equal value with a new serial, arrays", () => {
+    let s = initialState("ca://X", 0);
+    let changed;
+    [s, changed] = applyEntry(s, { sid: 0, mask: 8, metadata: { display: [Number.NaN, 10], units: "mA" } });
+    expect(changed).toEqual(["metadata"]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 8, metadata: { display: [Number.NaN, 10], units: "mA" } });
+    expect(changed).toEqual([]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: 5, serial: 1 });
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: 5, serial: 2 });
+    expect(changed).toEqual(["value"]);
+    const a = new Float64Array([1, 2]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: a, serial: 2 });
+    expect(changed).toEqual(["value"]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: new Float64Array([1, 2]), serial: 2 });
+    expect(changed).toEqual(["value"]); // arrays are not compared: a new one is news
+  });
   it("keeps the alarm through value deltas once known, and leaves it undefined until the server says", () => {
     let s = initialState("pva://X", 0);
     [s] = applyEntry(s, { sid: 0, mask: 27, value: 1, serial: 1, seconds: 1, nanoseconds: 0, metadata: {}, state: 1, reason: "" });
