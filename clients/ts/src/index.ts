@@ -6,6 +6,8 @@ export type { Access, AlarmState, ChangedField, ChannelConnection, ChannelState,
 export { CLOSE_CODES, CloseCode, closeClass, closeName, ErrorCode } from "./closeCodes.js";
 export type { CloseClass } from "./closeCodes.js";
 export { backoffDelay, DEFAULT_BACKOFF, transition, TRANSITIONS } from "./connection.js";
+export { Session } from "./session.js";
+export type { FailureKind, SessionEvent, SessionOptions } from "./session.js";
 export type { BackoffOptions, ConnectionEvent, ConnectionState } from "./connection.js";
 export { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
 export type { Channel, PutResult, StreamRegistration, GqlLimits, GqlMetadata } from "./graphql.js";
