@@ -4,7 +4,7 @@
 // bearer token from getToken, refused tokens per attachment (ERROR), access and writable.
 import { afterEach, describe, expect, it } from "vitest";
 import WebSocket, { WebSocketServer } from "ws";
-import { decode, encode, PvwireClient, PvwireError, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type WebSocketConstructor } from "../src/index.js";
+import { decode, encode, ProtocolError, PvwireClient, PvwireError, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type WebSocketConstructor } from "../src/index.js";
 
 interface FakeServer {
   url: string;
@@ -376,6 +376,53 @@ describe("PvwireClient with identities", () => {
     live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 9, 2]]]]]);
     await until(() => a.includes(9));
     expect(clientErrors).toEqual([]); // reported once, to the subscription
+  });
+
+  it("ends only a subscription whose ATTACHED names other channels than it registered, and detaches it", async () => {
+    const detached: number[] = [];
+    let s: FakeServer | undefined;
+    const { live, behaviour } = attaching(() => s!);
+    s = await fakeServer((ws, msg, ctx) => {
+      if (msg[0] === 17) detached.push(msg[2] as number);
+      if (msg[0] === 16 && msg[2] === "tok-2") { // registered as [ca://Y, ca://Z]
+        const att = ctx.att();
+        ws.send(encode([1, msg[1] as number, att, ["ca://Z", "ca://Y"]]));
+        ws.send(encode([2, ctx.seq(), att, [full(0, 1, 1), full(1, 2, 1)]]));
+        return;
+      }
+      behaviour(ws, msg, ctx);
+    });
+    const c = client(s);
+    const clientErrors: unknown[] = [];
+    c.on("error", (e) => clientErrors.push(e));
+    const a: unknown[] = [];
+    await c.subscribe(["X"], (st) => a.push(st.value)).ready;
+    const errors: PvwireError[] = [];
+    const seenB: ChannelState[] = [];
+    const subB = c.subscribe(["Y", "Z"], (st) => seenB.push(st), { onError: (e) => errors.push(e) });
+    await expect(subB.ready).rejects.toBeInstanceOf(ProtocolError);
+    expect(errors[0]!.message).toMatch(/ATTACHED ids \["ca:\/\/Z","ca:\/\/Y"\] differ/);
+    await until(() => detached.length === 1);
+    expect(seenB).toEqual([]); // no value shown under another channel's name
+    live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 9, 2]]]]]);
+    await until(() => a.includes(9));
+    expect(s.connections).toBe(1);
+    expect(clientErrors).toEqual([]);
+  });
+
+  it("reports an ERROR without req that explains no DETACHED as a stream error, and ends nothing", async () => {
+    const { s, live } = await identityServer();
+    const c = client(s);
+    const clientErrors: PvwireError[] = [];
+    c.on("error", (e) => clientErrors.push(e));
+    const a: unknown[] = [];
+    const sub = c.subscribe(["X"], (st) => a.push(st.value));
+    await sub.ready;
+    live.send([5, null, 4400, "a message must be an array"]);
+    live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 9, 2]]]]]);
+    await until(() => a.includes(9));
+    expect(clientErrors.map((e) => e.code)).toEqual([4400]);
+    expect(sub.closed).toBe(false);
   });
 
   it("asks getToken before every registration and sends it as a bearer token", async () => {
