@@ -208,11 +208,12 @@ export class Session<K> {
       const msg = decodeServerMessage(bytes);
       if (msg !== null) this.dispatch(msg, now);
     } catch (err) {
-      if (!(err instanceof ProtocolError)) throw err;
       // Section 1: this connection's state may be wrong; close with 1002 and reconnect: the
-      // snapshots restore the state.
-      this.events.push({ type: "malformed", message: err.message });
-      this.close(CloseCode.PROTOCOL_ERROR, err.message);
+      // snapshots restore the state. Whatever the decoder threw (a RangeError from a DataView
+      // too), the message is what was wrong, not the client.
+      const message = err instanceof ProtocolError ? err.message : `invalid server message: ${String(err)}`;
+      this.events.push({ type: "malformed", message });
+      this.close(CloseCode.PROTOCOL_ERROR, message);
     }
   }
 
