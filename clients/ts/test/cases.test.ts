@@ -5,9 +5,8 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { applyEntry, initialState, linkLost, type ChangedField, type ChannelState } from "../src/channel.js";
+import { applyEntry, initialState, linkLost, SEVERITIES, type ChangedField, type ChannelState } from "../src/channel.js";
 import { decode, encode, type Encodable } from "../src/msgpack.js";
-import { SEVERITIES } from "../src/channel.js";
 import { Session } from "../src/session.js";
 
 const root = join(import.meta.dirname, "../../../protocol");
