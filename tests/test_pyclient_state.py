@@ -144,3 +144,16 @@ def test_not_found_is_a_state_with_a_reason_and_news() -> None:
     assert s.apply(Entry(0, CONN, state=NOT_FOUND, reason="not found (no IOC answered for 5 s)"))
     assert (s.connection, s.connected, s.has_news) == ("NOT_FOUND", False, True)
     assert s.apply(full(1.0)) and s.connected  # it appeared later
+
+
+def test_metadata_repeating_unset_limits_is_no_change() -> None:
+    # An unset limit side is NaN (PROTOCOL.md section 5); NaN != NaN, but a snapshot repeating
+    # the same limits changes nothing (section 12), as in the TypeScript client.
+    # Each decoded NaN is its own float object, as here (math.nan would compare equal by identity).
+    s = ChannelState("ca://X")
+    nan = "nan"
+    assert s.apply(Entry(0, META, metadata={"display": [float(nan), 10.0], "units": "mA"})) == {
+        "metadata"
+    }
+    assert s.apply(Entry(0, META, metadata={"display": [float(nan), 10.0], "units": "mA"})) == set()
+    assert s.apply(Entry(0, META, metadata={"display": [0.0, 10.0], "units": "mA"})) == {"metadata"}

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import msgpack
 import pytest
-from pvwire_client import Client, StreamClosed, Update
+from pvwire_client import Client, ProtocolError, StreamClosed, StreamRefused, Update
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -398,3 +398,58 @@ async def test_backoff_defaults_are_the_typescript_clients(
     monkeypatch.setattr(module.random, "uniform", lambda low, high: high)  # the whole window
     async with Client("http://127.0.0.1:1") as client:
         assert [client._backoff(a) for a in range(6)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+async def test_attached_naming_other_channels_ends_that_monitor_alone(fake_factory: Any) -> None:
+    # PROTOCOL.md section 12: values would show under the wrong names; reconnecting would meet
+    # the same answer. The monitor fails, its att is detached, the connection stays.
+    detached: list[int] = []
+    done = asyncio.Event()
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 4, ["sim://b", "sim://a"]]))  # registered a, b
+        await ws.send(pack([2, 1, 4, [full(0, 1.5, 1), full(1, 2.5, 1)]]))
+        detach = await recv(ws)
+        detached.append(detach[2])
+        await ws.send(pack([4, detach[1], 4]))
+        done.set()
+        await ws.wait_closed()
+
+    fake, client = await fake_factory(script)
+    with pytest.raises(ProtocolError, match=r"ATTACHED ids \['sim://b', 'sim://a'\] differ"):
+        await take(client.monitor(["a", "b"]), 1)
+    async with asyncio.timeout(10):
+        await done.wait()
+    assert detached == [4] and fake.connections == 1
+
+
+async def test_error_without_req_is_reported_once(
+    fake_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A 4403 with req nil explains the DETACHED after it: the monitor fails with it, and it is
+    # not logged as well. Any other code is logged and ends nothing.
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, 1.5, 1)]]))
+        await ws.send(pack([5, None, 4400, "a message must be an array"]))
+        await ws.send(pack([3, 2, [[1, [[0, 1, 2.5, 2]]]]]))
+        await ws.send(pack([5, None, 4403, "sim://a: no longer readable"]))
+        await ws.send(pack([4, None, 1]))
+        await ws.wait_closed()
+
+    _, client = await fake_factory(script)
+    seen: list[Any] = []
+    with (
+        caplog.at_level("WARNING", logger="pvwire_client"),
+        pytest.raises(StreamRefused, match="no longer readable"),
+    ):
+        async with asyncio.timeout(10):
+            async for u in client.monitor("a"):
+                seen.append(u.channel.value)
+    assert seen == [1.5, 2.5]
+    errors = [r.getMessage() for r in caplog.records if "stream error" in r.getMessage()]
+    assert errors == ["pvwire stream error 4400: a message must be an array"]

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .entry import CONN, DISCONNECTED, FIELD_NAMES
-from .state import ChannelState
+from .entry import FIELD_NAMES
+from .state import ChannelState, link_lost
 
 __all__ = ["Batch", "BatchMerger"]
 
@@ -91,8 +91,7 @@ class BatchMerger:
         """The connection was lost: every connected channel shows DISCONNECTED with ``reason``."""
         changed: dict[int, int] = {}
         for sid, state in enumerate(self.states):
-            if state.connected:  # not connected yet, or already down: nothing new to say
-                bits = state.merge([sid, CONN, DISCONNECTED, reason])
-                if bits:
-                    changed[sid] = bits
+            bits = link_lost(state, sid, reason)
+            if bits:
+                changed[sid] = bits
         return Batch(self.states, changed) if changed else None

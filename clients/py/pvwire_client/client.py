@@ -1,7 +1,9 @@
 """The asyncio client: GraphQL over httpx for requests, one shared WebSocket for monitors.
 
-The stream layer is a thin pump around the pure pieces: :mod:`.wire` decodes and validates every
-message, :class:`.state.ChannelState` merges entries, :mod:`.closecodes` says whether to reconnect.
+The stream layer is a thin pump around the pure pieces: :class:`.session.Session` holds the
+protocol's state (it decodes every message with :mod:`.wire`, routes entries, answers, asks for
+closes, says when to reconnect), :class:`.state.ChannelState` merges entries. The pump owns the
+socket, the clock, the backoff and the GraphQL re-registrations.
 """
 
 from __future__ import annotations
@@ -24,26 +26,29 @@ from . import closecodes
 from . import graphql as gql
 from .batch import Batch, BatchMerger
 from .control import DEFAULT_URL
-from .errors import PvwireError, ServerUnavailable, StreamClosed, StreamRefused, TooManyChannels
-from .graphql import PutResult, Registration
-from .state import DISCONNECTED, ChannelState
-from .transport import Connection, ConnectionClosed, HandshakeError, connect
-from .wire import (
-    CONN,
-    Attached,
-    Data,
-    Detached,
-    Entry,
-    Error,
-    Hello,
-    Message,
-    Pong,
+from .entry import FIELD_NAMES
+from .errors import (
     ProtocolError,
-    Snapshot,
-    decode_message,
-    encode_attach,
-    encode_detach,
+    PvwireError,
+    ServerUnavailable,
+    StreamClosed,
+    StreamRefused,
+    TooManyChannels,
 )
+from .graphql import PutResult, Registration
+from .session import (
+    Connected,
+    Entries,
+    Event,
+    Failed,
+    Lost,
+    Malformed,
+    Renew,
+    ServerError,
+    Session,
+)
+from .state import ChannelState, link_lost
+from .transport import Connection, ConnectionClosed, HandshakeError, connect
 
 __all__ = ["DEFAULT_URL", "Batch", "Client", "TokenSource", "Update"]
 
@@ -53,8 +58,6 @@ SUBPROTOCOL = "pvwire.v1"
 # The same protocol with ndarray data padded to 8-byte alignment (PROTOCOL.md section 1), which
 # this client skips; offered first, so an older server that knows only SUBPROTOCOL still serves it.
 ALIGNED_SUBPROTOCOL = "pvwire.v1.aligned"
-# ERROR codes for an ATTACH whose token the server refused (section 7): re-register once.
-_RENEW_CODES = {closecodes.BAD_TOKEN, closecodes.TOKEN_EXPIRED}
 
 # The bearer token (the site's OIDC access token, a JWT): a string, or a callable returning one
 # (or an awaitable of one), called before every GraphQL request so short-lived tokens refresh.
@@ -80,14 +83,7 @@ class _Sub:
     states: list[ChannelState] = field(default_factory=list)
     queue: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     space: asyncio.Event = field(default_factory=asyncio.Event)
-    att: int | None = None
-    attach_req: int | None = None
-    # A token was refused (4401/4402) and this monitor registered again: one more refusal
-    # before an ATTACHED ends it, so a server refusing every token causes no loop.
-    renewed: bool = False
     registering: bool = False
-    # Queue entries as received (Group.raw, for monitor_batches), not as Entry objects.
-    raw: bool = False
 
     def __post_init__(self) -> None:
         self.states = [
@@ -101,20 +97,17 @@ class _Sub:
         for state, c in zip(self.states, reg.channels, strict=False):
             state.access = c.access
 
+    @property
+    def ids_attached(self) -> tuple[str, ...]:
+        """The channel ids the token names, as the registration gave them (ATTACHED must match)."""
+        return tuple(c.id for c in self.reg.channels)
+
     async def next(self) -> tuple[str, Any]:
         """The next item the stream queued: entries, snapshot, lost, error or end."""
         item = await self.queue.get()
         if self.queue.qsize() < self.limit:
             self.space.set()
         return item
-
-
-class _Reconnect(Exception):
-    """Close this connection with ``code`` and reconnect (e.g. a seq gap, section 2.5)."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code, self.reason = code, reason
 
 
 class Client:
@@ -308,23 +301,20 @@ class Client:
                 kind, payload = await sub.next()
                 if kind in ("entries", "snapshot"):
                     for e in payload:
-                        state = sub.states[e.sid]
-                        changed = state.apply(e, baseline=kind == "snapshot")
-                        pending = held[e.sid]
+                        state = sub.states[e[0]]
+                        changed = FIELD_NAMES[state.merge(e, kind == "snapshot")]
+                        pending = held[e[0]]
                         if pending is not None:
                             pending |= changed
                             if not state.has_news:
                                 continue
-                            changed, held[e.sid] = pending, None
-                        yield Update(copy.copy(state), frozenset(changed))
+                            changed, held[e[0]] = frozenset(pending), None
+                        yield Update(copy.copy(state), changed)
                 elif kind == "lost":
                     for sid, state in enumerate(sub.states):
-                        if not state.connected:  # never connected yet, or already down
-                            continue
-                        gone = Entry(sid, CONN, state=DISCONNECTED, reason=payload)
-                        changed = state.apply(gone)
-                        if changed:
-                            yield Update(copy.copy(state), frozenset(changed))
+                        bits = link_lost(state, sid, payload)
+                        if bits:
+                            yield Update(copy.copy(state), FIELD_NAMES[bits])
                 elif kind == "error":
                     raise payload
                 else:  # "end": the client was closed
@@ -347,7 +337,7 @@ class Client:
         and a copy of the state per update (see :class:`~pvwire_client.batch.Batch`): for
         readers of many channels, e.g. 1,000 at 10 Hz.
         """
-        stream, sub = await self._open(ids, max_rate, mode, max_columns, max_pixels, raw=True)
+        stream, sub = await self._open(ids, max_rate, mode, max_columns, max_pixels)
         merger = BatchMerger(sub.states)
         try:
             while True:
@@ -372,8 +362,6 @@ class Client:
         mode: str,
         max_columns: int = 0,
         max_pixels: int = 0,
-        *,
-        raw: bool = False,
     ) -> tuple[_Stream, _Sub]:
         """Register the channels and attach their token on the shared stream."""
         id_list = [ids] if isinstance(ids, str) else list(ids)
@@ -382,7 +370,7 @@ class Client:
             # Sent only when asked for: a server without these options still serves the rest.
             options.update(maxColumns=int(max_columns), maxPixels=int(max_pixels))
         reg = await self._register(id_list, options)
-        sub = _Sub(id_list, options, reg, self.queue_size, raw=raw)
+        sub = _Sub(id_list, options, reg, self.queue_size)
         if self._stream is None:
             self._stream = _Stream(self)
         stream = self._stream
@@ -391,38 +379,40 @@ class Client:
 
 
 class _Stream:
-    """The Client's one WebSocket: attaches every monitor's token, reconnects, routes entries."""
+    """The Client's one WebSocket: the pump around the :class:`Session` (socket, clock, backoff,
+    re-registrations); the session decides what to send, apply, close and retry."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        self.session = Session(request_timeout=client.request_timeout)
         self.subs: list[_Sub] = []
         self.ws: Connection | None = None
-        self.ready = False  # HELLO received on self.ws: new subs attach at once
         self.closing = False
         self.wanted = asyncio.Event()
-        self.by_req: dict[int, _Sub] = {}
-        self.by_att: dict[int, _Sub] = {}
-        self.detaching: set[int] = set()
-        self.sent_at: dict[int, float] = {}  # req -> loop time, for requests not answered yet
-        # An ERROR answering no request, kept for the DETACHED that may follow it at once: the
-        # server says why it ends an attachment (e.g. 4403 naming the channel) just before.
-        self.notice: Error | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self.next_req = 1
-        self.seq = 0
-        self.hello: Hello | None = None
         self.task: asyncio.Task[None] | None = None
+        self.answered = False  # the current connection's HELLO arrived
+        self.handling = False  # a coroutine is handing the session's events on
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _expiry(self, reg: Registration) -> float:
+        """The token's expiry (wall clock, from the server) on the session's clock."""
+        return self._now() + (reg.expires_at - time.time())
 
     # --- monitors come and go ------------------------------------------------------------------
 
     async def add(self, sub: _Sub) -> None:
         self.subs.append(sub)
+        self.session.add(
+            sub, sub.reg.token, sub.ids_attached, expires_at=self._expiry(sub.reg), now=self._now()
+        )
         self.wanted.set()
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._run(), name="pvwire-stream")
-        elif self.ready:
-            with contextlib.suppress(ConnectionClosed, OSError):  # the reader reconnects
-                await self._attach(sub)
+        await self._pump()
 
     async def remove(self, sub: _Sub) -> None:
         if sub in self.subs:
@@ -430,16 +420,15 @@ class _Stream:
         sub.space.set()  # unblock a reader waiting for room in this queue
         if not self.subs:
             self.wanted.clear()
-        att, sub.att = sub.att, None
-        if att is not None:
-            self.by_att.pop(att, None)
-            await self._send_detach(att)
+        self.session.remove(sub, self._now())
+        await self._pump()
 
     def _fail(self, sub: _Sub, exc: Exception) -> None:
         if sub in self.subs:
             self.subs.remove(sub)
         if not self.subs:
             self.wanted.clear()
+        self.session.remove(sub, self._now())
         sub.queue.put_nowait(("error", exc))
 
     async def close(self) -> None:
@@ -458,6 +447,61 @@ class _Stream:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
+    # --- the pump ------------------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        """Send what the session asks to send, then hand its events on."""
+        await self._send()
+        if self.handling:
+            return  # the coroutine handing events on takes these too, in order
+        self.handling = True
+        try:
+            while (event := self.session.next_event()) is not None:
+                await self._event(event)
+                await self._send()
+        finally:
+            self.handling = False
+
+    async def _send(self) -> None:
+        data = self.session.data_to_send()
+        ws = self.ws
+        if ws is None:
+            return
+        with contextlib.suppress(ConnectionClosed, OSError):  # the reader sees the close
+            for message in data:
+                await ws.send(message)
+
+    async def _event(self, event: Event) -> None:
+        if isinstance(event, Entries):
+            sub = event.key
+            assert isinstance(sub, _Sub)
+            await self._deliver(sub, ("snapshot" if event.snapshot else "entries", event.raw))
+        elif isinstance(event, Lost):
+            for sub in self.subs:
+                sub.queue.put_nowait(("lost", event.reason))
+        elif isinstance(event, Failed):
+            assert isinstance(event.key, _Sub)
+            self._fail(event.key, _failure(event))
+        elif isinstance(event, Renew):
+            assert isinstance(event.key, _Sub)
+            self._spawn(self._renew(event.key))
+        elif isinstance(event, Connected):
+            self.answered = True
+        elif isinstance(event, Malformed):
+            log.warning("pvwire stream: %s; reconnecting", event.message)
+        elif isinstance(event, ServerError):
+            log.warning("pvwire stream error %d: %s", event.code, event.message)
+        # Attach, PingAnswered (no ping API here) and Closed (see _run) need nothing more.
+
+    async def _deliver(self, sub: _Sub, item: tuple[str, Any]) -> None:
+        # Bounded per monitor: a slow consumer holds the reader, TCP pushes back and the server
+        # conflates for us (section 9); the watchdog only counts time spent waiting in recv().
+        while sub.queue.qsize() >= sub.limit and sub in self.subs:
+            sub.space.clear()
+            await sub.space.wait()
+        if sub in self.subs:
+            sub.queue.put_nowait(item)
+
     # --- connection loop -----------------------------------------------------------------------
 
     def _url(self) -> str:
@@ -473,6 +517,7 @@ class _Stream:
             await self.wanted.wait()
             if self.closing:
                 break
+            self.answered = False
             try:
                 ws = await connect(
                     self._url(),
@@ -481,117 +526,49 @@ class _Stream:
                     open_timeout=10,
                 )
             except (OSError, HandshakeError, TimeoutError) as e:
-                self._lost(f"cannot connect: {e}")
+                self.session.connect_failed(str(e))
             else:
-                self.hello = None
-                code, reason = await self._session(ws)
-                if self.hello is not None:
-                    # The server answered: the next loss starts a new outage, whose first retry
-                    # comes within reconnect_base. A server refusing before HELLO (1013
-                    # TRY_AGAIN, an overloaded proxy) keeps the backoff growing.
-                    attempt = 0
+                await self._connection(ws)
                 if self.closing:
                     break
-                self._closed(code, reason)
+            await self._pump()  # the close's Lost or Failed events
+            if self.answered:
+                # The server answered: the next loss starts a new outage, whose first retry
+                # comes within reconnect_base. A server refusing before HELLO (1013
+                # TRY_AGAIN, an overloaded proxy) keeps the backoff growing.
+                attempt = 0
             if self.subs:
                 await asyncio.sleep(self.client._backoff(attempt))
                 attempt += 1
 
-    def _closed(self, code: int, reason: str) -> None:
-        """Apply the close code's class (section 8) to the monitors: a close concerns them all
-        (a refused token is answered per attachment with ERROR, see _dispatch)."""
-        if not closecodes.is_reconnect(code):
-            for sub in list(self.subs):
-                self._fail(sub, StreamClosed(code, reason))
-        self._lost(
-            f"stream closed: {code} {closecodes.name(code)}" + (f" ({reason})" if reason else "")
-        )
-
-    def _lost(self, reason: str) -> None:
-        for sub in self.subs:
-            sub.queue.put_nowait(("lost", reason))
-
-    async def _session(self, ws: Connection) -> tuple[int, str]:
-        """Run one connection until it closes; return the close code and reason."""
-        self.ws, self.ready, self.seq = ws, False, 0
-        self.by_req.clear()
-        self.by_att.clear()
-        self.detaching.clear()
-        self.sent_at.clear()
-        for sub in self.subs:
-            sub.att = sub.attach_req = None
+    async def _connection(self, ws: Connection) -> None:
+        """Run one connection until it closes; the session learns how it ended."""
+        session, loop = self.session, asyncio.get_running_loop()
+        self.ws = ws
+        session.connection_made(loop.time())
         try:
-            async with asyncio.timeout(10):
-                hello = decode_message(_binary(await ws.recv()))
-            if not isinstance(hello, Hello):
-                raise ProtocolError(f"first message must be HELLO, got {type(hello).__name__}")
-            if hello.version != 1:
-                why = f"server speaks protocol version {hello.version}, not 1"
-                for sub in list(self.subs):
-                    self._fail(sub, StreamClosed(closecodes.UNSUPPORTED, why))
-                await ws.close(closecodes.NORMAL, "unsupported protocol version")
-                return closecodes.UNSUPPORTED, why
-            self.hello = hello
-            # Section 2.1: silence longer than 2 x heartbeat + 1 s means a dead connection.
-            watchdog = 2 * hello.heartbeat_ms / 1000 + 1
-            self.ready = True
-            for sub in list(self.subs):
-                await self._attach(sub)
-            loop = asyncio.get_running_loop()
             while True:
-                wait = watchdog
-                if self.sent_at:
-                    oldest = min(self.sent_at.values())
-                    wait = min(wait, oldest + self.client.request_timeout - loop.time())
+                await self._pump()
+                if session.close_request is not None:
+                    code, reason = session.close_request
+                    await ws.close(code, reason[:100])
+                    session.connection_lost(code, reason)
+                    return
                 try:
-                    async with asyncio.timeout(max(wait, 0.0)):
+                    async with asyncio.timeout_at(session.deadline()):
                         data = await ws.recv()
                 except TimeoutError:
-                    raise _Reconnect(
-                        closecodes.HEARTBEAT_TIMEOUT, self._silence(watchdog)
-                    ) from None
-                await self._dispatch(decode_message(_binary(data)))
+                    session.timer(loop.time())
+                    continue
+                session.receive(data, loop.time())
         except ConnectionClosed as e:  # the code received, else the one sent, else 1006
-            return e.code, e.reason
-        except _Reconnect as e:
-            await ws.close(e.code, e.reason)
-            return e.code, e.reason
-        except ProtocolError as e:
-            # Section 1: after a malformed message this connection's state may be wrong; close
-            # with 1002 and reconnect (with backoff): the snapshots restore the state.
-            log.warning("pvwire stream: %s; reconnecting", e)
-            await ws.close(closecodes.PROTOCOL_ERROR, str(e)[:100])
-            return closecodes.PROTOCOL_ERROR, str(e)
-        except TimeoutError:
-            await ws.close(closecodes.HEARTBEAT_TIMEOUT, "no HELLO")
-            return closecodes.HEARTBEAT_TIMEOUT, "no HELLO within 10 s"
+            session.connection_lost(e.code, e.reason)
         except OSError as e:
-            return closecodes.ABNORMAL, str(e)
+            session.connection_lost(closecodes.ABNORMAL, str(e))
         finally:
-            self.ws, self.ready = None, False
-            for sub in self.subs:
-                sub.att = None
+            self.ws = None
 
-    async def _attach(self, sub: _Sub) -> None:
-        if self.ws is None or sub.att is not None or sub.attach_req is not None or sub.registering:
-            return
-        if sub.reg.expires_at < time.time() + 1:
-            # Section 7: an expired token is re-registered through GraphQL first, in a task of
-            # its own: the reader goes on meanwhile (heartbeats, the other monitors' data).
-            sub.registering = True
-            self._spawn(self._renew(sub))
-            return
-        await self._send_attach(sub)
-
-    async def _send_attach(self, sub: _Sub) -> None:
-        ws = self.ws
-        if ws is None or sub.att is not None or sub.attach_req is not None:
-            return
-        req = self._req()
-        sub.attach_req = req
-        self.by_req[req] = sub
-        self.sent_at[req] = asyncio.get_running_loop().time()
-        await ws.send(encode_attach(req, sub.reg.token))
+    # --- re-registration -----------------------------------------------------------------------
 
     async def _reregister(self, sub: _Sub) -> bool:
         """A fresh token for ``sub`` (the token source is asked again); False if it ended.
@@ -630,134 +607,33 @@ class _Stream:
         return True
 
     async def _renew(self, sub: _Sub) -> None:
-        """Register again and attach the new token (the answer to ERROR 4401/4402, or a token
-        known to be expired); without a connection now, the next HELLO attaches it."""
-        if await self._reregister(sub) and self.ready:
-            with contextlib.suppress(ConnectionClosed, OSError):  # the reader reconnects
-                await self._send_attach(sub)
+        """Register again and hand the session the new token (the answer to ERROR 4401/4402,
+        or a token known to be expired); without a connection now, the next HELLO attaches it."""
+        if await self._reregister(sub):
+            self.session.set_token(
+                sub, sub.reg.token, sub.ids_attached, expires_at=self._expiry(sub.reg),
+                now=self._now(),
+            )  # fmt: skip
+            await self._pump()
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _send_detach(self, att: int) -> None:
-        ws = self.ws
-        if ws is None:
-            return
-        self.detaching.add(att)
-        req = self._req()
-        self.sent_at[req] = asyncio.get_running_loop().time()
-        with contextlib.suppress(ConnectionClosed, OSError):
-            await ws.send(encode_detach(req, att))
 
-    def _req(self) -> int:
-        req, self.next_req = self.next_req, self.next_req + 1
-        return req
-
-    def _silence(self, watchdog: float) -> str:
-        """Why the wait for a message ended: a request unanswered, or the watchdog."""
-        if self.sent_at:
-            req, at = min(self.sent_at.items(), key=lambda kv: kv[1])
-            waited = asyncio.get_running_loop().time() - at
-            if waited >= self.client.request_timeout:
-                return f"no answer to request {req} within {self.client.request_timeout:.0f} s"
-        return f"no message for {watchdog:.1f} s"
-
-    def _check_seq(self, seq: int) -> None:
-        if seq != self.seq + 1:
-            raise _Reconnect(closecodes.PROTOCOL_ERROR, f"seq gap: {self.seq} then {seq}")
-        self.seq = seq
-
-    async def _dispatch(self, msg: Message) -> None:
-        notice, self.notice = self.notice, None
-        if isinstance(msg, Data):
-            self._check_seq(msg.seq)
-            for g in msg.groups:
-                sub = self.by_att.get(g.att)
-                if sub is not None:
-                    _check_sids(sub, g.raw)
-                    await self._deliver(sub, ("entries", g.raw if sub.raw else g.entries))
-        elif isinstance(msg, Snapshot):
-            self._check_seq(msg.seq)
-            sub = self.by_att.get(msg.att)
-            if sub is not None:
-                _check_sids(sub, msg.raw)
-                await self._deliver(sub, ("snapshot", msg.raw if sub.raw else msg.entries))
-        elif isinstance(msg, Attached):
-            self.sent_at.pop(msg.req, None)
-            sub = self.by_req.pop(msg.req, None)
-            if sub is None:
-                raise ProtocolError(f"ATTACHED answers unknown req {msg.req}")
-            sub.attach_req = None
-            if sub not in self.subs:  # the monitor closed while attaching
-                await self._send_detach(msg.att)
-                return
-            expected = tuple(c.id for c in sub.reg.channels)
-            if msg.ids != expected:
-                raise ProtocolError(f"ATTACHED ids {list(msg.ids)} differ from the token's")
-            sub.att = msg.att
-            sub.renewed = False
-            self.by_att[msg.att] = sub
-        elif isinstance(msg, Detached):
-            if msg.req is not None:
-                self.sent_at.pop(msg.req, None)
-            sub = self.by_att.pop(msg.att, None)
-            self.detaching.discard(msg.att)
-            if msg.req is None and sub is not None:
-                sub.att = None
-                if notice is not None:
-                    self._fail(sub, StreamRefused(notice.code, notice.message))
-                else:
-                    why = "the server ended the subscription"
-                    self._fail(sub, PvwireError(why, code="DETACHED"))
-        elif isinstance(msg, Error):
-            if msg.req is not None:
-                self.sent_at.pop(msg.req, None)
-            sub = self.by_req.pop(msg.req, None) if msg.req is not None else None
-            if sub is not None:
-                self._refused(sub, msg)
-            else:
-                self.notice = msg
-                log.warning("pvwire stream error %d: %s", msg.code, msg.message)
-        elif isinstance(msg, Pong):
-            pass
-        # HEARTBEAT only resets the watchdog; unknown kinds are ignored (section 1).
-
-    def _refused(self, sub: _Sub, msg: Error) -> None:
-        """The server answered ``sub``'s ATTACH with ERROR; only this monitor is concerned."""
-        sub.attach_req = None
-        if sub not in self.subs:  # the monitor closed while attaching
-            return
-        if msg.code in _RENEW_CODES and not sub.renewed:
-            # Expired, or signed with a key the server no longer has (a restart without a
-            # shared key): register again with a fresh identity token, once.
-            sub.renewed = True
-            sub.registering = True
-            self._spawn(self._renew(sub))
-        elif msg.code == closecodes.TOO_MANY_CHANNELS:
-            self._fail(sub, TooManyChannels(f"attach refused: {msg.code} {msg.message}"))
-        else:
-            self._fail(sub, StreamRefused(msg.code, msg.message))
-
-    async def _deliver(self, sub: _Sub, item: tuple[str, Any]) -> None:
-        # Bounded per monitor: a slow consumer holds the reader, TCP pushes back and the server
-        # conflates for us (section 9); the watchdog only counts time spent waiting in recv().
-        while sub.queue.qsize() >= sub.limit and sub in self.subs:
-            sub.space.clear()
-            await sub.space.wait()
-        if sub in self.subs:
-            sub.queue.put_nowait(item)
-
-
-def _binary(data: str | bytearray) -> bytearray:
-    if isinstance(data, str):
-        raise ProtocolError("text WebSocket message (the stream is binary MessagePack only)")
-    return data
-
-
-def _check_sids(sub: _Sub, raw: tuple[list[Any], ...]) -> None:
-    n = len(sub.states)
-    for e in raw:
-        if e[0] >= n:
-            raise ProtocolError(f"entry sid {e[0]} out of range for {n} channels")
+def _failure(event: Failed) -> Exception:
+    """The exception a monitor raises for a subscription the session ended."""
+    if event.kind == "refused":
+        assert event.code is not None
+        if event.code == closecodes.TOO_MANY_CHANNELS:
+            return TooManyChannels(f"attach refused: {event.code} {event.message}")
+        return StreamRefused(event.code, event.message)
+    if event.kind == "ended":
+        if event.code is not None:
+            return StreamRefused(event.code, event.message)
+        return PvwireError(event.message, code="DETACHED")
+    if event.kind == "closed":
+        assert event.code is not None
+        return StreamClosed(event.code, event.message)
+    return ProtocolError(event.message)

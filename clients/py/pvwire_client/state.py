@@ -40,6 +40,7 @@ __all__ = [
     "STATUSES",
     "ChannelState",
     "format_value",
+    "link_lost",
 ]
 
 SEVERITIES = ("NO_ALARM", "MINOR", "MAJOR", "INVALID")
@@ -61,6 +62,11 @@ class ChannelState:
     id: str
     value: Any = None
     serial: int | None = None
+    # Upstream updates merged away (never seen by this client) since the subscription started,
+    # from the serials; 0 again when the upstream monitor reopens (PROTOCOL.md, "Client
+    # behaviour"). A count since the start, not per entry, so a reader that looks at the state
+    # when it likes (a batch of several entries, a display refreshing at its own rate) still
+    # learns how many it lost in between: the difference of two looks.
     conflated: int = 0
     seconds: int | None = None
     nanoseconds: int | None = None
@@ -78,6 +84,10 @@ class ChannelState:
 
     def apply(self, entry: Entry, baseline: bool = False) -> set[str]:
         """Merge one entry; return which of value/time/alarm/metadata/connection changed.
+
+        Changed, not carried: a field the entry repeats (a snapshot after a re-attach) is not
+        named. A value counts as changed with every new serial (each upstream update is news,
+        even of an equal value) and an array with every entry (arrays are not compared).
 
         ``conflated`` grows by ``serial - previous - 1`` when serials jump; a lower serial means
         the upstream monitor was reopened, and the count restarts (section 3). A snapshot entry
@@ -119,7 +129,7 @@ class ChannelState:
         if m & META:
             metadata = e[i]
             i += 1
-            if metadata != self.metadata:
+            if not _same_metadata(metadata, self.metadata):
                 self.metadata = metadata
                 changed |= META
         if m & CONN:
@@ -208,6 +218,34 @@ class ChannelState:
 
     def __str__(self) -> str:
         return f"{self.id} {self.format()}"
+
+
+def link_lost(state: ChannelState, sid: int, reason: str) -> int:
+    """The connection is gone: a CONNECTED channel shows DISCONNECTED with ``reason``, keeping
+    its last value, time, alarm and metadata (PROTOCOL.md section 8); returns what changed.
+
+    Channels not CONNECTED (still connecting, already down, FAILED, NOT_FOUND) keep their state:
+    a further failed attempt says nothing new; the snapshots after the re-attach restore it.
+    """
+    if not state.connected:
+        return 0
+    return state.merge([sid, CONN, DISCONNECTED, reason])
+
+
+def _same_metadata(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal maps, NaN equal to NaN: an unset limit side is NaN (section 5), and a snapshot
+    repeating the same limits is no change."""
+    return a == b or _same_nan(a, b)
+
+
+def _same_nan(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_nan(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_nan(x, y) for x, y in zip(a, b, strict=True))
+    return bool(type(a) is type(b) and a == b)
 
 
 def _name(names: tuple[str, ...], i: int) -> str:

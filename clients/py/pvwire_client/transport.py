@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import h11
 
+from .closecodes import ABNORMAL, INVALID_DATA, NORMAL, PROTOCOL_ERROR, TOO_BIG
+
 __all__ = ["Connection", "ConnectionClosed", "HandshakeError", "connect"]
 
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
@@ -41,8 +43,8 @@ _MAX_QUEUE = 16
 CLOSE_TIMEOUT = 10.0  # as websockets: how long a close handshake may take before the abort
 
 _CONT, _TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
-NORMAL, ABNORMAL, NO_STATUS = 1000, 1006, 1005
-PROTOCOL_ERROR, INVALID_DATA, TOO_BIG = 1002, 1007, 1009
+# RFC 6455 7.4.1's "no status" code, which pvwire's table does not list (never sent on the wire).
+NO_STATUS = 1005
 
 Message = bytearray | str
 

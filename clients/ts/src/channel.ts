@@ -1,4 +1,5 @@
 /** Merging entries into whole channel states (PROTOCOL.md section 3). Pure functions. */
+import { NdArray } from "./ndarray.js";
 import { Mask, type Entry, type Metadata, type Value } from "./protocol.js";
 
 export const SEVERITIES = ["NO_ALARM", "MINOR", "MAJOR", "INVALID"] as const;
@@ -35,9 +36,15 @@ export interface ChannelState {
   /** undefined: not known yet; null: the channel has no value yet. */
   readonly value: Value | undefined;
   readonly serial: number | undefined;
-  /** Updates merged away before the last one (serial gap); 0 when none. */
+  /**
+   * Upstream updates merged away (never seen by this client) since the subscription started,
+   * from the serials; 0 again when the upstream monitor reopens (PROTOCOL.md, "Client
+   * behaviour"). A count since the start, not per entry, so a reader that looks at the state when
+   * it likes (a display refreshing at its own rate) still learns how many it lost in between: the
+   * difference of two looks. The Python client's `conflated` is the same count.
+   */
   readonly conflated: number;
-  /** Sum of `conflated` since the subscription started (reset when the upstream monitor reopens). */
+  /** @deprecated The same as `conflated`, which counts since the subscription started too. */
   readonly conflatedTotal: number;
   readonly time: Timestamp | undefined;
   /**
@@ -79,8 +86,11 @@ export function withAccess(s: ChannelState, access: Access | undefined): Channel
 /**
  * Apply one entry. Snapshot and delta entries merge the same way: every field the entry
  * carries is set, every field it lacks keeps what the client had. A snapshot therefore cannot
- * make a known alarm (or time, metadata...) unknown again, e.g. on a re-attach after a reconnect;
- * the Python client applies entries the same way. Returns the new state and the fields carried.
+ * make a known alarm (or time, metadata...) unknown again, e.g. on a re-attach after a reconnect.
+ * Returns the new state and the fields that changed (PROTOCOL.md, "Client behaviour"): changed,
+ * not carried, so a snapshot repeating what the client knew names nothing. A value changes with
+ * every new serial (each upstream update is news, even of an equal value), and an array with every
+ * entry (arrays are not compared). The Python client's `ChannelState.merge` is the same function.
  *
  * A snapshot's serial (`baseline`) is a new baseline (PROTOCOL.md section 2.5): after a
  * reconnect, maybe to another replica whose upstream monitor counts from elsewhere, a jump is no
@@ -92,36 +102,80 @@ export function applyEntry(prev: ChannelState, e: Entry, baseline = false): [Cha
   if (e.mask & Mask.VALUE) {
     const serial = e.serial!;
     const last = baseline ? undefined : prev.serial;
-    // Serial lower than before: the upstream monitor reopened (or the server restarted): reset.
-    // The same serial again is a re-attach's snapshot repeating the last update: no gap, no reset.
-    const reopened = last !== undefined && serial < last;
-    const gap = last !== undefined && serial > last ? serial - last - 1 : 0;
+    if (last !== undefined) {
+      // Serial lower than before: the upstream monitor reopened (or the server restarted): the
+      // count restarts. The same serial again is a repeat of the last update: no gap, no reset.
+      if (serial > last) next.conflated = prev.conflated + serial - last - 1;
+      else if (serial < last) next.conflated = 0;
+      next.conflatedTotal = next.conflated;
+    }
+    if (serial !== prev.serial || !sameValue(e.value, prev.value)) changed.push("value");
     next.value = e.value;
     next.serial = serial;
-    next.conflated = gap;
-    next.conflatedTotal = reopened ? 0 : prev.conflatedTotal + gap;
-    changed.push("value");
   }
   if (e.mask & Mask.TIME) {
-    next.time = { seconds: e.seconds!, nanoseconds: e.nanoseconds! };
-    changed.push("time");
+    const t = prev.time;
+    if (t === undefined || t.seconds !== e.seconds || t.nanoseconds !== e.nanoseconds) {
+      next.time = { seconds: e.seconds!, nanoseconds: e.nanoseconds! };
+      changed.push("time");
+    }
   }
   if (e.mask & Mask.ALARM) {
-    next.alarm = { severity: SEVERITIES[e.severity!]!, status: e.status!, message: e.message! };
-    changed.push("alarm");
+    const a = prev.alarm;
+    const severity = SEVERITIES[e.severity!]!;
+    if (a === undefined || a.severity !== severity || a.status !== e.status || a.message !== e.message) {
+      next.alarm = { severity, status: e.status!, message: e.message! };
+      changed.push("alarm");
+    }
   }
   if (e.mask & Mask.META) {
-    next.metadata = e.metadata!;
-    next.writable = isWritable(next.access, next.metadata);
-    changed.push("metadata");
+    if (!sameData(e.metadata, prev.metadata)) {
+      next.metadata = e.metadata!;
+      next.writable = isWritable(next.access, next.metadata);
+      changed.push("metadata");
+    }
   }
   if (e.mask & Mask.CONN) {
     // An unknown state number shows as DISCONNECTED (PROTOCOL.md section 3).
-    next.connection = CONNECTION_STATES[e.state!] ?? "DISCONNECTED";
-    next.reason = e.reason!;
-    changed.push("connection");
+    const connection = CONNECTION_STATES[e.state!] ?? "DISCONNECTED";
+    if (connection !== prev.connection || e.reason !== prev.reason) {
+      next.connection = connection;
+      next.reason = e.reason!;
+      changed.push("connection");
+    }
   }
   return [next, changed];
+}
+
+/** Equal values: scalars and strings by value, lists and structures element by element; arrays
+ * (NdArray) only when the same object, as a new entry always brings a new one. */
+function sameValue(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (isArray(a) || isArray(b)) return false;
+  if (typeof a === "number" && typeof b === "number") return false; // NaN is news, as in Python
+  return sameData(a, b, false);
+}
+
+/** An ndarray value (a TypedArray, or an NdArray for other shapes). */
+function isArray(x: unknown): boolean {
+  return x instanceof NdArray || ArrayBuffer.isView(x);
+}
+
+/** Deep equality of decoded MessagePack data; NaN equals NaN when `nanEqual` (metadata: an unset
+ * limit side is NaN, and a snapshot repeating the same limits is no change). */
+function sameData(a: unknown, b: unknown, nanEqual = true): boolean {
+  if (a === b) return true;
+  if (typeof a === "number" && typeof b === "number") return nanEqual && Number.isNaN(a) && Number.isNaN(b);
+  if (typeof a !== "object" || typeof b !== "object" || a === null || b === null) return false;
+  if (isArray(a) || isArray(b)) return false;
+  if (Array.isArray(a) || Array.isArray(b)) {
+    if (!Array.isArray(a) || !Array.isArray(b) || a.length !== b.length) return false;
+    return a.every((x, i) => sameData(x, b[i], nanEqual));
+  }
+  const ka = Object.keys(a);
+  const kb = Object.keys(b);
+  if (ka.length !== kb.length) return false;
+  return ka.every((k) => Object.prototype.hasOwnProperty.call(b, k) && sameData((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k], nanEqual));
 }
 
 /**

@@ -1,15 +1,23 @@
 /**
  * PvwireClient: GraphQL calls (get, put, search) and subscriptions multiplexed over ONE shared
  * WebSocket, with reconnect/re-attach, token renewal and a heartbeat watchdog.
+ *
+ * The stream part is a thin pump around the Session (session.ts), which holds the protocol's
+ * state and decides what to send, apply, close and retry; this file owns the socket, the timers,
+ * the backoff and the GraphQL re-registrations, and applies entries with `applyEntry`.
  */
 import { applyEntry, initialState, linkLost, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
-import { closeClass, closeName, CloseCode } from "./closeCodes.js";
+import { closeName, CloseCode } from "./closeCodes.js";
 import { backoffDelay, DEFAULT_BACKOFF, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
 import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
 import {
   CHANNEL_FIELDS, graphqlRequest, type Channel, type FetchLike, type PutResult, type StreamRegistration,
 } from "./graphql.js";
-import { ALIGNED_SUBPROTOCOL, decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
+import { ALIGNED_SUBPROTOCOL, SUBPROTOCOL, type Entry, type ServerMessage } from "./protocol.js";
+import { Session, type SessionEvent } from "./session.js";
+
+/** The clock of the session's `now`: monotonic, in ms. */
+const now = (): number => performance.now();
 
 /**
  * An event handler property. Declared through a method so that its parameter is checked
@@ -123,11 +131,6 @@ function subscribeOptions(o: SubscribeOptions): Record<string, unknown> {
   if (o.maxPixels) out.maxPixels = o.maxPixels;
   return out;
 }
-/** ERROR codes for a refused token (PROTOCOL.md section 7): register again, once. */
-const RENEW_CODES: readonly number[] = [CloseCode.BAD_TOKEN, CloseCode.TOKEN_EXPIRED];
-/** ERROR codes about one attachment's token: the DETACHED that follows reports them. */
-const TOKEN_CODES: readonly number[] = [CloseCode.BAD_TOKEN, CloseCode.TOKEN_EXPIRED, CloseCode.FORBIDDEN];
-
 /** Stop listening to a socket we are done with. onerror stays a no-op: `ws` emits an error for
  * a socket closed while still connecting, and an EventEmitter error without a listener throws. */
 function silence(ws: WebSocketLike): void {
@@ -136,15 +139,10 @@ function silence(ws: WebSocketLike): void {
 }
 
 class Sub implements Subscription {
-  att: number | undefined;
   states: ChannelState[] = [];
   closed = false;
   token: string | undefined;
-  expiresAt = Infinity;
   registering = false;
-  /** A token was refused (4401/4402) and the subscription registered again; reset by ATTACHED,
-   * so a server that refuses every token causes one retry, not a loop. */
-  renewed = false;
   /** Registered at least once: a later registration that cannot reach the server is retried. */
   registeredOnce = false;
   /** Failed re-registrations in a row, and the timer of the next one. */
@@ -175,6 +173,23 @@ class Sub implements Subscription {
   unsubscribe(): void { this.client._unsubscribe(this); }
 }
 
+/** The error a subscription the session ended fails with. */
+function failure(ev: Extract<SessionEvent<Sub>, { type: "failed" }>): PvwireError {
+  const code = ev.code ?? undefined;
+  switch (ev.kind) {
+    case "refused":
+      return new StreamRequestError(`subscription refused: ${code} ${closeName(code!)}: ${ev.message}`, code);
+    case "ended":
+      return code !== undefined
+        ? new StreamRequestError(`server ended the subscription: ${code} ${closeName(code)}: ${ev.message}`, code)
+        : new StreamRequestError(`server ended the subscription: ${ev.message}`);
+    case "closed":
+      return new StreamClosedError(`stream closed: ${code} ${closeName(code!)}${ev.message ? `: ${ev.message}` : ""}`, code!, ev.message);
+    case "mismatch":
+      return new ProtocolError(ev.message);
+  }
+}
+
 export class PvwireClient {
   readonly url: string;
   private readonly WS: WebSocketConstructor;
@@ -184,29 +199,21 @@ export class PvwireClient {
   private readonly opts: ClientOptions;
 
   private connState: ConnectionState = "disconnected";
+  private session: Session<Sub>;
   private ws: WebSocketLike | undefined;
   private subs = new Set<Sub>();
-  private byAtt = new Map<number, Sub>();
-  /** ATTACH requests without an answer yet, in the order sent. */
-  private pending = new Map<number, Sub>();
-  private nextReq = 1;
-  private lastSeq = 0;
+  private nextNonce = 1;
   private attempt = 0;
-  private heartbeatMs = 15_000;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
-  private watchdog: ReturnType<typeof setTimeout> | undefined;
-  /** Why we closed the socket ourselves (then we reconnect whatever the code). */
-  private localClose: string | undefined;
+  /** The session's deadline (watchdog, request time-outs). */
+  private deadlineTimer: ReturnType<typeof setTimeout> | undefined;
   private closedByUser = false;
-  private pings = new Map<number, { sent: number; resolve: (ms: number) => void; reject: (e: PvwireError) => void }>();
-  /** Time-outs of requests sent on the current socket and not answered yet, by req (or nonce). */
-  private requestTimers = new Map<number, ReturnType<typeof setTimeout>>();
+  private pumping = false;
+  private pings = new Map<number, { resolve: (ms: number) => void; reject: (e: PvwireError) => void }>();
   private listeners: { [K in keyof ClientEvents]: Set<ClientEvents[K]> } = { state: new Set(), retry: new Set(), error: new Set(), hello: new Set() };
   /** Listening to the browser's `online` and `visibilitychange` while a reconnect waits. */
   private wakeListening = false;
   private streamPath = "/stream";
-  /** The last ERROR that answered no request, for a DETACHED that may follow it at once. */
-  private notice: Extract<ServerMessage, { kind: "ERROR" }> | undefined;
   readonly stats: ClientStats = { messages: 0, bytes: 0, entries: 0, connects: 0 };
 
   constructor(url: string, options: ClientOptions = {}) {
@@ -220,6 +227,12 @@ export class PvwireClient {
     this.fetchFn = f;
     this.backoff = { ...DEFAULT_BACKOFF, ...options.backoff };
     this.random = options.random ?? Math.random;
+    this.session = this.newSession();
+  }
+
+  private newSession(): Session<Sub> {
+    const o = this.opts;
+    return new Session<Sub>({ requestTimeoutMs: o.requestTimeoutMs, watchdogMs: o.heartbeatTimeoutMs, reconnect: o.reconnect });
   }
 
   // ------------------------------------------------------------------ events
@@ -307,18 +320,19 @@ export class PvwireClient {
     const sub = new Sub(this, [], listener, options, false);
     sub.token = token;
     this.subs.add(sub);
+    this.session.add(sub, token, undefined, { renewable: false, now: now() });
     this.ensureSocket();
-    if (this.connState === "connected") this.attach(sub);
+    this.pump();
     return sub;
   }
 
   /** Round-trip time (ms) through the server's send queue. */
   ping(): Promise<number> {
-    const nonce = this.nextReq++;
+    const nonce = this.nextNonce++;
     return new Promise((resolve, reject) => {
-      if (!this.send({ kind: "PING", nonce })) return reject(new PvwireError("not connected"));
-      this.pings.set(nonce, { sent: performance.now(), resolve, reject });
-      this.expectAnswer(nonce);
+      if (!this.session.ping(nonce, now())) return reject(new PvwireError("not connected"));
+      this.pings.set(nonce, { resolve, reject });
+      this.pump();
     });
   }
 
@@ -331,13 +345,13 @@ export class PvwireClient {
       clearTimeout(sub.renewTimer);
     }
     this.subs.clear();
-    this.byAtt.clear();
-    this.pending.clear();
     clearTimeout(this.retryTimer);
-    clearTimeout(this.watchdog);
-    this.clearRequestTimers();
+    this.retryTimer = undefined;
+    clearTimeout(this.deadlineTimer);
     for (const p of this.pings.values()) p.reject(new PvwireError("client closed before the PONG"));
     this.pings.clear();
+    // Nothing of the old session is wanted any more: no DETACH, no events.
+    this.session = this.newSession();
     const ws = this.ws;
     this.ws = undefined;
     if (ws) {
@@ -353,51 +367,23 @@ export class PvwireClient {
     sub.closed = true;
     clearTimeout(sub.renewTimer);
     this.subs.delete(sub);
-    if (sub.att !== undefined) {
-      this.byAtt.delete(sub.att);
-      this.detach(sub.att);
-      sub.att = undefined;
-    }
+    this.session.remove(sub, now());
+    this.pump();
   }
 
-  private detach(att: number): void {
-    const req = this.nextReq++;
-    if (this.send({ kind: "DETACH", req, att })) this.expectAnswer(req);
-  }
-
-  /** Start the time-out of a request just sent on the current socket. */
-  private expectAnswer(req: number): void {
-    const ws = this.ws;
-    const ms = this.opts.requestTimeoutMs ?? 30_000;
-    this.requestTimers.set(req, setTimeout(() => {
-      if (ws === this.ws) this.dropSocket(`no answer to request ${req} within ${ms} ms`, CloseCode.HEARTBEAT_TIMEOUT);
-    }, ms));
-  }
-
-  private answered(req: number | null): void {
-    if (req === null) return;
-    clearTimeout(this.requestTimers.get(req));
-    this.requestTimers.delete(req);
-  }
-
-  private clearRequestTimers(): void {
-    for (const t of this.requestTimers.values()) clearTimeout(t);
-    this.requestTimers.clear();
-  }
-
-  /** Get a (fresh) token through GraphQL, then attach it. */
+  /** Get a (fresh) token through GraphQL, then hand it to the session. */
   private async renew(sub: Sub): Promise<void> {
     if (sub.registering || sub.closed) return;
     sub.registering = true;
     clearTimeout(sub.renewTimer);
     sub.renewTimer = undefined;
+    let reg: StreamRegistration;
     try {
-      const reg = await this.register(sub.ids, sub.options);
+      reg = await this.register(sub.ids, sub.options);
       if (sub.closed) return;
       sub.registeredOnce = true;
       sub.renewAttempt = 0;
       sub.token = reg.token;
-      sub.expiresAt = reg.expiresAt * 1000;
       sub.access = [];
       for (const c of reg.channels) sub.access[c.sid] = c.access;
       // Rules may have changed since the last registration: show the access granted now.
@@ -421,8 +407,15 @@ export class PvwireClient {
     } finally {
       sub.registering = false;
     }
+    // The token's channels in sid order: an ATTACHED naming others fails the subscription.
+    const ids: string[] = [];
+    for (const c of reg.channels) ids[c.sid] = c.id;
+    const t = now();
+    const expiresAt = t + (reg.expiresAt * 1000 - Date.now());
+    if (this.session.has(sub)) this.session.setToken(sub, reg.token, ids, { expiresAt, now: t });
+    else this.session.add(sub, reg.token, ids, { expiresAt, renewable: true, now: t });
     this.ensureSocket();
-    if (this.connState === "connected") this.attach(sub);
+    this.pump();
   }
 
   private fail(sub: Sub, err: PvwireError): void {
@@ -431,28 +424,6 @@ export class PvwireClient {
     sub.rejectReady(err);
     if (sub.options.onError) sub.options.onError(err);
     else this.emit("error", err);
-  }
-
-  private attach(sub: Sub): void {
-    if (sub.closed || sub.token === undefined || sub.att !== undefined || [...this.pending.values()].includes(sub)) return;
-    if (sub.registering || sub.renewTimer !== undefined) return; // a fresh token is on its way
-    if (sub.renewable && sub.expiresAt < Date.now() + 1000) {
-      sub.token = undefined;
-      void this.renew(sub);
-      return;
-    }
-    const req = this.nextReq++;
-    if (this.send({ kind: "ATTACH", req, token: sub.token })) {
-      this.pending.set(req, sub);
-      this.expectAnswer(req);
-    }
-  }
-
-  private send(m: ClientMessage): boolean {
-    const ws = this.ws;
-    if (!ws || ws.readyState !== WS_OPEN || this.connState !== "connected") return false;
-    ws.send(encodeClientMessage(m));
-    return true;
   }
 
   private ensureSocket(): void {
@@ -469,241 +440,166 @@ export class PvwireClient {
     this.retryTimer = undefined;
     this.listenForWake(false);
     this.move("open");
-    this.lastSeq = 0;
-    this.localClose = undefined;
     let ws: WebSocketLike;
     try {
       ws = new this.WS(this.wsUrl(), [ALIGNED_SUBPROTOCOL, SUBPROTOCOL]);
     } catch (err) {
-      this.emit("error", new PvwireError(`cannot open ${this.wsUrl()}: ${(err as Error).message}`));
-      this.scheduleReconnect();
+      const why = `cannot open ${this.wsUrl()}: ${(err as Error).message}`;
+      this.emit("error", new PvwireError(why));
+      this.session.connectFailed(why);
+      this.pump();
       return;
     }
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     this.stats.connects++;
-    this.armWatchdog(2 * this.heartbeatMs + 1000);
-    ws.onmessage = (ev) => this.onMessage(ev.data);
+    // The watchdog runs from here: a handshake that hangs counts as silence.
+    this.session.connectionMade(now());
+    ws.onmessage = (ev) => this.onMessage(ws, ev.data);
     ws.onclose = (ev) => this.onClose(ws, ev.code, ev.reason);
     ws.onerror = () => undefined; // a close event always follows
+    this.pump();
   }
 
-  private armWatchdog(ms: number): void {
-    clearTimeout(this.watchdog);
-    this.watchdog = setTimeout(() => this.dropSocket(`no message for ${ms} ms`, CloseCode.HEARTBEAT_TIMEOUT), this.opts.heartbeatTimeoutMs ?? ms);
-  }
-
-  /**
-   * Close the socket ourselves and reconnect: 4000 for a dead connection or an unanswered
-   * request, 1002 for a message the protocol does not allow (this connection's state may be
-   * wrong; the snapshots after the reconnect restore it).
-   */
-  private dropSocket(reason: string, code: number): void {
-    const ws = this.ws;
-    if (!ws) return;
-    this.localClose = reason;
-    // Do not wait for the close handshake of a dead connection: detach the handlers now.
-    silence(ws);
-    try { ws.close(code, reason.slice(0, 100)); } catch { /* ignore */ }
-    this.onClose(ws, code, reason);
-  }
-
-  private onMessage(data: unknown): void {
-    let msg: ServerMessage | null;
-    try {
-      if (!(data instanceof ArrayBuffer)) throw new ProtocolError("invalid server message: text WebSocket message (pvwire sends binary only)");
+  private onMessage(ws: WebSocketLike, data: unknown): void {
+    if (ws !== this.ws) return;
+    if (data instanceof ArrayBuffer) {
       this.stats.messages++;
       this.stats.bytes += data.byteLength;
-      msg = decodeServerMessage(new Uint8Array(data));
-    } catch (err) {
-      const e = err instanceof PvwireError ? err : new ProtocolError(String(err));
-      this.emit("error", e);
-      this.dropSocket(e.message, CloseCode.PROTOCOL_ERROR);
-      return;
     }
-    this.armWatchdog(2 * this.heartbeatMs + 1000);
-    if (msg === null) return;
-    try {
-      this.handle(msg);
-    } catch (err) {
-      const e = err instanceof PvwireError ? err : new PvwireError(String(err));
-      this.emit("error", e);
-      this.dropSocket(e.message, e instanceof ProtocolError ? CloseCode.PROTOCOL_ERROR : CloseCode.INTERNAL);
-    }
-  }
-
-  private checkSeq(seq: number): void {
-    if (seq !== this.lastSeq + 1) throw new ProtocolError(`sequence gap: expected ${this.lastSeq + 1}, got ${seq}`);
-    this.lastSeq = seq;
-  }
-
-  private deliver(sub: Sub, entries: readonly Entry[], baseline: boolean): void {
-    for (const e of entries) {
-      const prev = sub.states[e.sid];
-      if (prev === undefined) throw new ProtocolError(`entry for sid ${e.sid}, attachment has ${sub.states.length} channels`);
-      const [next, changed] = applyEntry(prev, e, baseline);
-      sub.states[e.sid] = next;
-      this.stats.entries++;
-      if (sub.closed) return;
-      sub.listener(next, changed);
-    }
-  }
-
-  private handle(msg: ServerMessage): void {
-    const notice = this.notice;
-    this.notice = undefined;
-    switch (msg.kind) {
-      case "HELLO": {
-        if (msg.version !== PROTOCOL_VERSION) {
-          this.terminal(new StreamClosedError(`server speaks protocol version ${msg.version}, client ${PROTOCOL_VERSION}`, CloseCode.UNSUPPORTED, ""));
-          return;
-        }
-        this.heartbeatMs = msg.heartbeatMs;
-        this.armWatchdog(2 * msg.heartbeatMs + 1000);
-        // The server answered: its next loss starts a new outage, first retry within baseMs.
-        // A server refusing before HELLO (1013 TRY_AGAIN) keeps the backoff growing.
-        this.attempt = 0;
-        this.move("hello");
-        this.emit("hello", msg);
-        for (const sub of this.subs) {
-          if (sub.token === undefined) void this.renew(sub);
-          else this.attach(sub);
-        }
-        return;
-      }
-      case "ATTACHED": {
-        this.answered(msg.req);
-        const sub = this.pending.get(msg.req);
-        if (sub === undefined) throw new ProtocolError(`ATTACHED answers req ${msg.req}, which is no pending ATTACH`);
-        this.pending.delete(msg.req);
-        if (sub.closed) {
-          this.detach(msg.att);
-          return;
-        }
-        sub.att = msg.att;
-        sub.renewed = false;
-        this.byAtt.set(msg.att, sub);
-        // Keep previous states (serial continuity) when the ids are the same.
-        sub.states = msg.ids.map((id, sid) => {
-          const prev = sub.states[sid];
-          return prev !== undefined && prev.id === id ? withAccess(prev, sub.access[sid]) : initialState(id, sid, sub.access[sid]);
-        });
-        return;
-      }
-      case "SNAPSHOT": {
-        this.checkSeq(msg.seq);
-        const sub = this.byAtt.get(msg.att);
-        if (sub === undefined) return;
-        this.deliver(sub, msg.entries, true);
-        if (!sub.isReady) {
-          sub.isReady = true;
-          sub.resolveReady();
-        }
-        return;
-      }
-      case "DATA":
-        this.checkSeq(msg.seq);
-        for (const g of msg.groups) {
-          const sub = this.byAtt.get(g.att);
-          if (sub !== undefined) this.deliver(sub, g.entries, false);
-        }
-        return;
-      case "DETACHED": {
-        this.answered(msg.req);
-        const sub = this.byAtt.get(msg.att);
-        this.byAtt.delete(msg.att);
-        if (sub !== undefined && msg.req === null) {
-          sub.att = undefined;
-          // The server says why just before (e.g. 4403 naming the channel after a rules reload).
-          const err = notice !== undefined
-            ? new StreamRequestError(`server ended the subscription: ${notice.code} ${closeName(notice.code)}: ${notice.message}`, notice.code)
-            : new StreamRequestError(`server ended attachment ${msg.att}`);
-          this.fail(sub, err);
-        }
-        return;
-      }
-      case "ERROR": {
-        this.answered(msg.req);
-        const sub = msg.req === null ? undefined : this.pending.get(msg.req);
-        if (sub !== undefined && msg.req !== null) {
-          this.pending.delete(msg.req);
-          this.refused(sub, msg.code, msg.message);
-        } else {
-          this.notice = msg;
-          if (msg.code !== 4404 && !TOKEN_CODES.includes(msg.code)) {
-            this.emit("error", new StreamRequestError(`stream error ${msg.code}: ${msg.message}`, msg.code));
-          }
-        }
-        return;
-      }
-      case "PONG": {
-        const p = typeof msg.nonce === "number" ? this.pings.get(msg.nonce) : undefined;
-        if (p && typeof msg.nonce === "number") {
-          this.answered(msg.nonce);
-          this.pings.delete(msg.nonce);
-          p.resolve(performance.now() - p.sent);
-        }
-        return;
-      }
-      case "HEARTBEAT":
-        return;
-    }
-  }
-
-  /** The server answered an ATTACH with ERROR: only that subscription is concerned. */
-  private refused(sub: Sub, code: number, message: string): void {
-    if (sub.closed) return;
-    if (RENEW_CODES.includes(code) && sub.renewable && !sub.renewed) {
-      // Expired, or signed with a key the server no longer has (a restart without a shared
-      // key): register again, with a fresh token from getToken, once.
-      sub.renewed = true;
-      sub.token = undefined;
-      void this.renew(sub);
-      return;
-    }
-    this.fail(sub, new StreamRequestError(`subscription refused: ${code} ${closeName(code)}: ${message}`, code));
-  }
-
-  /** A terminal condition for the whole connection: fail every subscription, no reconnect. */
-  private terminal(err: StreamClosedError): void {
-    for (const sub of [...this.subs]) this.fail(sub, err);
-    const ws = this.ws;
-    this.ws = undefined;
-    clearTimeout(this.watchdog);
-    this.clearRequestTimers();
-    if (ws) {
-      silence(ws);
-      try { ws.close(CloseCode.NORMAL, err.message.slice(0, 100)); } catch { /* ignore */ }
-    }
-    if (this.subs.size === 0 && this.listeners.error.size > 0 && err.code !== CloseCode.NORMAL) this.emit("error", err);
-    this.move("closed");
+    this.session.receive(data, now());
+    this.pump();
   }
 
   private onClose(ws: WebSocketLike, code: number, reason: string): void {
     if (ws !== this.ws) return;
     this.ws = undefined;
-    clearTimeout(this.watchdog);
-    this.clearRequestTimers();
-    for (const p of this.pings.values()) p.reject(new PvwireError(`connection closed before the PONG: ${code} ${closeName(code)}`));
-    this.pings.clear();
-    this.pending.clear();
-    for (const sub of this.subs) sub.att = undefined;
-    this.byAtt.clear();
-    if (this.closedByUser) return;
+    this.session.connectionLost(code, reason);
+    this.pump();
+  }
 
-    const local = this.localClose !== undefined;
-    // A close concerns every subscription: refused tokens are answered per attachment (ERROR).
-    if (!local && closeClass(code) === "terminal") {
-      this.terminal(new StreamClosedError(`stream closed: ${code} ${closeName(code)}${reason ? `: ${reason}` : ""}`, code, reason));
-      return;
+  /**
+   * Carry out what the session asks: send its messages, close the socket it wants closed (then
+   * tell it the connection is lost), hand its events on, and arm its deadline. Re-entrant calls
+   * (a listener unsubscribing) leave the work to the running one, so events keep their order.
+   */
+  private pump(): void {
+    if (this.pumping) return;
+    this.pumping = true;
+    try {
+      for (;;) {
+        this.flush();
+        const ev = this.session.nextEvent();
+        if (ev === undefined) break;
+        this.handle(ev);
+      }
+    } finally {
+      this.pumping = false;
     }
-    if (this.opts.reconnect === false) {
-      this.terminal(new StreamClosedError(`stream closed: ${code} ${closeName(code)}`, code, reason));
-      return;
+    clearTimeout(this.deadlineTimer);
+    const at = this.session.deadline();
+    if (at !== undefined) {
+      this.deadlineTimer = setTimeout(() => {
+        this.session.timer(now());
+        this.pump();
+      }, Math.max(0, at - now()));
     }
-    this.move("lost");
-    this.scheduleReconnect();
-    this.markLost(`stream closed: ${code} ${closeName(code)}${reason ? ` (${reason})` : ""}`);
+  }
+
+  private flush(): void {
+    const ws = this.ws;
+    const data = this.session.dataToSend();
+    if (ws !== undefined && ws.readyState === WS_OPEN) for (const d of data) ws.send(d);
+    const close = this.session.closeRequest;
+    if (close !== undefined && ws !== undefined) {
+      // Do not wait for the close handshake of a dead connection: detach the handlers now.
+      this.ws = undefined;
+      silence(ws);
+      try { ws.close(close.code, close.reason.slice(0, 100)); } catch { /* ignore */ }
+      this.session.connectionLost(close.code, close.reason);
+    }
+  }
+
+  private handle(ev: SessionEvent<Sub>): void {
+    switch (ev.type) {
+      case "connected":
+        // The server answered: its next loss starts a new outage, first retry within baseMs.
+        // A server refusing before HELLO (1013 TRY_AGAIN) keeps the backoff growing.
+        this.attempt = 0;
+        this.move("hello");
+        this.emit("hello", ev.hello);
+        return;
+      case "attached": {
+        const sub = ev.key;
+        // Keep previous states (serial continuity): the ids are the token's every time.
+        sub.states = ev.ids.map((id, sid) => {
+          const prev = sub.states[sid];
+          return prev !== undefined && prev.id === id ? withAccess(prev, sub.access[sid]) : initialState(id, sid, sub.access[sid]);
+        });
+        return;
+      }
+      case "entries":
+        this.deliver(ev.key, ev.entries, ev.snapshot);
+        if (ev.snapshot && !ev.key.isReady && !ev.key.closed) {
+          ev.key.isReady = true;
+          ev.key.resolveReady();
+        }
+        return;
+      case "lost":
+        this.markLost(ev.reason);
+        return;
+      case "failed":
+        this.fail(ev.key, failure(ev));
+        return;
+      case "renew":
+        ev.key.token = undefined;
+        void this.renew(ev.key);
+        return;
+      case "pong": {
+        const p = typeof ev.nonce === "number" ? this.pings.get(ev.nonce) : undefined;
+        if (p === undefined) return;
+        this.pings.delete(ev.nonce as number);
+        if (ev.rttMs !== null) p.resolve(ev.rttMs);
+        else p.reject(new PvwireError(ev.error ?? "no PONG"));
+        return;
+      }
+      case "serverError":
+        this.emit("error", new StreamRequestError(`stream error ${ev.code} ${closeName(ev.code)}: ${ev.message}`, ev.code));
+        return;
+      case "malformed":
+        this.emit("error", new ProtocolError(ev.message));
+        return;
+      case "closed":
+        if (this.closedByUser) return;
+        if (ev.reconnect) {
+          this.move("lost");
+          this.scheduleReconnect();
+        } else {
+          this.move("closed");
+        }
+        return;
+    }
+  }
+
+  /** Apply entries and tell the listener of each; a listener that throws is reported as an error
+   * and stops neither the other channels nor the stream. */
+  private deliver(sub: Sub, entries: readonly Entry[], baseline: boolean): void {
+    for (const e of entries) {
+      const prev = sub.states[e.sid]!;
+      const [next, changed] = applyEntry(prev, e, baseline);
+      sub.states[e.sid] = next;
+      this.stats.entries++;
+      if (sub.closed) return;
+      this.tell(sub, next, changed);
+    }
+  }
+
+  private tell(sub: Sub, state: ChannelState, changed: ChangedField[]): void {
+    try {
+      sub.listener(state, changed);
+    } catch (err) {
+      this.emit("error", err instanceof PvwireError ? err : new PvwireError(`subscription listener failed: ${String(err)}`));
+    }
   }
 
   /**
@@ -711,8 +607,6 @@ export class PvwireClient {
    * with the close as its reason, each listener told once per channel, so a display does not show
    * values that no longer update as live. A further failed attempt says nothing new (the
    * channels are already DISCONNECTED); the snapshots after the re-attach restore the state.
-   * Called after the reconnect is scheduled: a listener that throws is reported as an error and
-   * cannot stop the reconnect or the other channels' notices.
    */
   private markLost(reason: string): void {
     for (const sub of [...this.subs]) {
@@ -720,11 +614,7 @@ export class PvwireClient {
         const next = linkLost(sub.states[sid]!, reason);
         if (next === undefined) continue;
         sub.states[sid] = next;
-        try {
-          sub.listener(next, ["connection"]);
-        } catch (err) {
-          this.emit("error", err instanceof PvwireError ? err : new PvwireError(`subscription listener failed: ${String(err)}`));
-        }
+        this.tell(sub, next, ["connection"]);
       }
     }
   }

@@ -4,7 +4,7 @@
 // bearer token from getToken, refused tokens per attachment (ERROR), access and writable.
 import { afterEach, describe, expect, it } from "vitest";
 import WebSocket, { WebSocketServer } from "ws";
-import { decode, encode, PvwireClient, PvwireError, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type WebSocketConstructor } from "../src/index.js";
+import { decode, encode, ProtocolError, PvwireClient, PvwireError, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type WebSocketConstructor } from "../src/index.js";
 
 interface FakeServer {
   url: string;
@@ -159,7 +159,7 @@ describe("PvwireClient with a fake server", () => {
   it("declares a silent connection dead after 2 × heartbeat + 1 s", async () => {
     const s = await fakeServer(standardAttach, 10);
     const c = client(s, { heartbeatTimeoutMs: 150 });
-    const sub = c.subscribe(["A"], () => undefined);
+    const sub = c.subscribe(["A", "B"], () => undefined);
     await sub.ready;
     await until(() => s.connections >= 2, 3000);
   });
@@ -224,7 +224,7 @@ describe("PvwireClient with a fake server", () => {
     const c = client(s);
     const errors: Error[] = [];
     c.on("error", (e) => errors.push(e));
-    c.subscribe(["A"], () => undefined);
+    c.subscribe(["A", "B"], () => undefined);
     await until(() => s.connections >= 2 && closes.length === 1);
     expect(closes).toEqual([1002]);
     expect(errors[0]?.message).toMatch(/unknown bits/);
@@ -242,7 +242,7 @@ describe("PvwireClient with a fake server", () => {
       standardAttach(ws, msg, ctx);
     });
     const c = client(s, { requestTimeoutMs: 200 });
-    const sub = c.subscribe(["A"], () => undefined);
+    const sub = c.subscribe(["A", "B"], () => undefined);
     await sub.ready;
     await until(() => closes.length === 1);
     expect(closes).toEqual([4000]);
@@ -252,7 +252,7 @@ describe("PvwireClient with a fake server", () => {
   it("rejects a ping without PONG within requestTimeoutMs", async () => {
     const s = await fakeServer(standardAttach);
     const c = client(s, { requestTimeoutMs: 200 });
-    const sub = c.subscribe(["A"], () => undefined);
+    const sub = c.subscribe(["A", "B"], () => undefined);
     await sub.ready;
     await expect(c.ping()).rejects.toThrow(/before the PONG/); // the fake server never answers PING
   });
@@ -269,7 +269,7 @@ describe("PvwireClient with a fake server", () => {
     const c = client(s);
     const errors: Error[] = [];
     c.on("error", (e) => errors.push(e));
-    c.subscribe(["A"], () => undefined);
+    c.subscribe(["A", "B"], () => undefined);
     await until(() => s.connections >= 2);
     expect(errors[0]?.message).toMatch(/sequence gap: expected 3, got 99/);
   });
@@ -376,6 +376,53 @@ describe("PvwireClient with identities", () => {
     live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 9, 2]]]]]);
     await until(() => a.includes(9));
     expect(clientErrors).toEqual([]); // reported once, to the subscription
+  });
+
+  it("ends only a subscription whose ATTACHED names other channels than it registered, and detaches it", async () => {
+    const detached: number[] = [];
+    let s: FakeServer | undefined;
+    const { live, behaviour } = attaching(() => s!);
+    s = await fakeServer((ws, msg, ctx) => {
+      if (msg[0] === 17) detached.push(msg[2] as number);
+      if (msg[0] === 16 && msg[2] === "tok-2") { // registered as [ca://Y, ca://Z]
+        const att = ctx.att();
+        ws.send(encode([1, msg[1] as number, att, ["ca://Z", "ca://Y"]]));
+        ws.send(encode([2, ctx.seq(), att, [full(0, 1, 1), full(1, 2, 1)]]));
+        return;
+      }
+      behaviour(ws, msg, ctx);
+    });
+    const c = client(s);
+    const clientErrors: unknown[] = [];
+    c.on("error", (e) => clientErrors.push(e));
+    const a: unknown[] = [];
+    await c.subscribe(["X"], (st) => a.push(st.value)).ready;
+    const errors: PvwireError[] = [];
+    const seenB: ChannelState[] = [];
+    const subB = c.subscribe(["Y", "Z"], (st) => seenB.push(st), { onError: (e) => errors.push(e) });
+    await expect(subB.ready).rejects.toBeInstanceOf(ProtocolError);
+    expect(errors[0]!.message).toMatch(/ATTACHED ids \["ca:\/\/Z","ca:\/\/Y"\] differ/);
+    await until(() => detached.length === 1);
+    expect(seenB).toEqual([]); // no value shown under another channel's name
+    live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 9, 2]]]]]);
+    await until(() => a.includes(9));
+    expect(s.connections).toBe(1);
+    expect(clientErrors).toEqual([]);
+  });
+
+  it("reports an ERROR without req that explains no DETACHED as a stream error, and ends nothing", async () => {
+    const { s, live } = await identityServer();
+    const c = client(s);
+    const clientErrors: PvwireError[] = [];
+    c.on("error", (e) => clientErrors.push(e));
+    const a: unknown[] = [];
+    const sub = c.subscribe(["X"], (st) => a.push(st.value));
+    await sub.ready;
+    live.send([5, null, 4400, "a message must be an array"]);
+    live.send([3, live.seq(), [[live.atts.get("ca://X")!, [[0, 1, 9, 2]]]]]);
+    await until(() => a.includes(9));
+    expect(clientErrors.map((e) => e.code)).toEqual([4400]);
+    expect(sub.closed).toBe(false);
   });
 
   it("asks getToken before every registration and sends it as a bearer token", async () => {

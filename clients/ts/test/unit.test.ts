@@ -149,12 +149,28 @@ describe("channel state merge", () => {
     // A re-attach's snapshot without ALARM, TIME and META (the server had nothing new to say).
     let changed;
     [s, changed] = applyEntry(s, { sid: 0, mask: 17, value: 1, serial: 5, state: 1, reason: "" });
-    expect(changed).toEqual(["value", "connection"]);
+    expect(changed).toEqual([]); // changed, not carried: it repeats what the client knew
     expect(s.alarm).toEqual({ severity: "MINOR", status: 3, message: "HIGH" });
     expect(s.time).toEqual({ seconds: 10, nanoseconds: 0 });
     expect(s.metadata).toEqual({ units: "mm" });
     // The same serial again is no gap and no reopen.
     expect(s).toMatchObject({ serial: 5, conflated: 0, conflatedTotal: 0 });
+  });
+  it("names only what changed: unset limits (NaN) repeated, an equal value with a new serial, arrays", () => {
+    let s = initialState("ca://X", 0);
+    let changed;
+    [s, changed] = applyEntry(s, { sid: 0, mask: 8, metadata: { display: [Number.NaN, 10], units: "mA" } });
+    expect(changed).toEqual(["metadata"]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 8, metadata: { display: [Number.NaN, 10], units: "mA" } });
+    expect(changed).toEqual([]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: 5, serial: 1 });
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: 5, serial: 2 });
+    expect(changed).toEqual(["value"]);
+    const a = new Float64Array([1, 2]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: a, serial: 2 });
+    expect(changed).toEqual(["value"]);
+    [s, changed] = applyEntry(s, { sid: 0, mask: 1, value: new Float64Array([1, 2]), serial: 2 });
+    expect(changed).toEqual(["value"]); // arrays are not compared: a new one is news
   });
   it("keeps the alarm through value deltas once known, and leaves it undefined until the server says", () => {
     let s = initialState("pva://X", 0);
@@ -206,9 +222,10 @@ describe("connection states", () => {
     [s] = applyEntry(s, { sid: 0, mask: 1, value: 2, serial: 7 }, false);
     expect(s).toMatchObject({ serial: 7, conflated: 1, conflatedTotal: 1 });
     [s] = applyEntry(s, { sid: 0, mask: 1, value: 3, serial: 500 }, true);
-    expect(s).toMatchObject({ serial: 500, conflated: 0, conflatedTotal: 1 });
+    // `conflated` counts since the subscription started: the baseline adds nothing to it.
+    expect(s).toMatchObject({ serial: 500, conflated: 1, conflatedTotal: 1 });
     [s] = applyEntry(s, { sid: 0, mask: 1, value: 4, serial: 503 }, false);
-    expect(s).toMatchObject({ serial: 503, conflated: 2, conflatedTotal: 3 });
+    expect(s).toMatchObject({ serial: 503, conflated: 3, conflatedTotal: 3 });
   });
 });
 
