@@ -125,10 +125,13 @@ def test_pvws_vs_stream(measure: Measure, quick: bool) -> None:
     args = (2, 5, 10.0, 1.5, 1.5) if quick else (10, 200, 10.0, 3.0, 15.0)
 
     def run() -> dict[str, Any]:
-        got = {r.endpoint: asdict(r) for r in asyncio.run(pvws_vs_stream.compare(*args))}
-        got["pvws_over_stream_us_per_update"] = (
-            got["pvws"]["us_per_update"] / got["stream"]["us_per_update"]
-        )
+        results = asyncio.run(pvws_vs_stream.compare(*args))
+        got: dict[str, Any] = {
+            r.endpoint: {**asdict(r), "us_per_update": r.us_per_update} for r in results
+        }
+        stream_us = got["stream"]["us_per_update"]
+        if stream_us:
+            got["pvws_over_stream_us_per_update"] = got["pvws"]["us_per_update"] / stream_us
         return got
 
     measure(run, flatten)
@@ -233,11 +236,28 @@ def node_rows(script: str, *args: str, env: dict[str, str] | None = None) -> lis
     return rows
 
 
+@contextlib.contextmanager
+def kept(paths: Sequence[Path]) -> Iterator[None]:
+    """Put these files back as they were: page_images.mjs writes its JSON and screenshots into
+    bench/results/, which a quick run must not replace."""
+    saved = {p: p.read_bytes() for p in paths if p.exists()}
+    try:
+        yield
+    finally:
+        for p in paths:
+            if p in saved:
+                p.write_bytes(saved[p])
+            else:
+                p.unlink(missing_ok=True)
+
+
 def test_page_images(measure: Measure, quick: bool) -> None:
     """The demo page in headless Chromium at 10 Hz: frames drawn, main-thread ms per frame."""
     env = {"PVWIRE_BENCH_CASES": "image-1024-uint16"} if quick else {}
     window = "2" if quick else "10"
-    measure(lambda: keyed(node_rows("page_images.mjs", window, env=env), "case"), flatten)
+    written = [RESULTS / "page_images.json", RESULTS / "page-image-1024-uint16.png"]
+    with kept(written if quick else []):
+        measure(lambda: keyed(node_rows("page_images.mjs", window, env=env), "case"), flatten)
 
 
 def test_decode_aligned(measure: Measure, quick: bool) -> None:
