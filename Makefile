@@ -79,8 +79,19 @@ tstest: venv ext node tsbuild graphiql
 
 test: lint pytest tstest
 
-bench: venv ext tsbuild haproxy coniql
-	$(PY) -m bench.run_all
+# The bench suite (bench/README.md): pytest-benchmark over bench/bench_*.py and bench/test_micro.py,
+# every figure of bench/README.md in its tests' extra_info. Each run is saved under
+# bench/results/runs/ (one JSON per run: counter, commit, date) and compared with the previous one.
+# `make bench BENCH_QUICK=1`: every measurement at a tiny size, to check the wiring (saved under
+# bench/results/raw/quick/, not kept); `BENCH_ARGS='-k ca-1x1000'` picks tests.
+BENCH_QUICK ?=
+BENCH_STORAGE := bench/results/$(if $(filter-out 0,$(BENCH_QUICK)),raw/quick,runs)
+bench: venv ext tsbuild graphiql chromium haproxy coniql
+	BENCH_QUICK=$(BENCH_QUICK) $(PY) -m pytest -p no:cacheprovider --timeout 0 --benchmark-only \
+	  --benchmark-storage=file://$(BENCH_STORAGE) --benchmark-autosave \
+	  $(if $(wildcard $(BENCH_STORAGE)/*/*.json),--benchmark-compare) \
+	  --benchmark-columns=min,median,max --benchmark-sort=fullname \
+	  bench/test_micro.py bench/bench_load.py bench/bench_extras.py $(BENCH_ARGS)
 
 # The image's lock (Dockerfile): regenerate after changing pyproject's dependencies or the dev lock.
 runtime-lock: venv

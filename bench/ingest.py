@@ -1,10 +1,10 @@
-"""The measurement shared by the ingest spikes (bench/ca_ingest.py, bench/pva_ingest.py).
+"""The measurement shared by bench/ca_ingest.py and bench/pva_ingest.py: ingest alone.
 
 One IOC with N counters at 10 Hz (bench/harness.py's database); each mode runs in its own child
 process, one after the other, rounds interleaved so that the machine's changing load hits every
 mode alike. Each child subscribes to every PV, waits until each delivered its first update,
 measures its own CPU time over the window and checks every counter: an update whose value jumps
-by more than one is counted as missing (merged or lost upstream of the callback). A spike module
+by more than one is counted as missing (merged or lost upstream of the callback). Each module
 supplies only its modes: `subscribe(mode, names, tally)` starts them and returns what closes them.
 """
 
@@ -113,7 +113,7 @@ async def _child(
 
 
 def main(module: str, doc: str | None, modes: Sequence[str], subscribe: Subscribe) -> None:
-    """The command line of a spike module: the parent runs the rounds, `--child` one mode."""
+    """The command line of an ingest module: the parent runs the rounds, `--child` one mode."""
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--pvs", type=int, default=1000)

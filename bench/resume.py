@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pvwire.loopback import apply_loopback_env
 from pvwire_client import Client
@@ -91,9 +92,12 @@ async def trial(server: ServerProcess, outage: float, dist: str | None) -> dict[
     return {"python": py, "ts": ts}
 
 
-async def run(outages: list[float], trials: int, dist: str | None) -> None:
+async def run(outages: list[float], trials: int, dist: str | None) -> dict[str, Any]:
+    """`trials` outages of each length; per outage and client, seconds from the server being
+    up again to the first connected value (median, max and each trial), printed as a table."""
     server = ServerProcess("--log-level", "warning")
     server.start()
+    out: dict[str, Any] = {}
     try:
         print(f"load average at start: {os.getloadavg()}")
         print("| outage | client | trials | up to first value: median / max (s) |")
@@ -102,6 +106,9 @@ async def run(outages: list[float], trials: int, dist: str | None) -> None:
             got = [await trial(server, outage, dist) for _ in range(trials)]
             for who in ("python", "ts"):
                 xs = [g[who] for g in got]
+                out[f"outage_{outage:g}s.{who}"] = {
+                    "back_s_median": statistics.median(xs), "back_s_max": max(xs), "trials": xs,
+                }  # fmt: skip
                 print(
                     f"| {outage:.0f} s | {who} | {trials} | {statistics.median(xs):.2f} / "
                     f"{max(xs):.2f} ({', '.join(f'{x:.2f}' for x in xs)}) |",
@@ -110,6 +117,7 @@ async def run(outages: list[float], trials: int, dist: str | None) -> None:
         print(f"load average at end: {os.getloadavg()}")
     finally:
         server.stop()
+    return out
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def scenarios() -> dict[str, Scenario]:
-    """Every named scenario of the issue, in the order `run_all` runs them."""
+    """Every named scenario, in the order `make bench` runs them (bench/bench_load.py)."""
     out: dict[str, Scenario] = {}
     for source in ("ca", "pva"):
         for n in (10, 50, 100, 200, 500, 1000, 2000):

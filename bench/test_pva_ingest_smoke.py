@@ -1,4 +1,4 @@
-"""The PVA ingest spike once at a tiny size, so it cannot rot (`make test`).
+"""The PVA ingest measurement once at a tiny size, so it cannot rot (`make test`).
 
 No timing thresholds here (bench/ measures, tests do not): only that every mode subscribed to
 every counter and counted updates in its window.

@@ -1,7 +1,7 @@
 """Every load scenario once at a tiny size, so the harness cannot rot (`make test`).
 
 No timing assertions: only that the harness ran end to end and produced sane numbers.
-The real runs are `make bench` (bench/run_all.py).
+The real runs are `make bench` (bench/bench_load.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from bench.harness import Scenario, run
-from bench.report import coniql_table, markdown_table
+from bench.report import markdown_table, scenario_figures
 from bench.scenario import scenarios
 
 TINY = {
@@ -45,9 +45,11 @@ def test_scenario_tiny(name: str) -> None:
     if sc.floor and sc.source != "sim":
         assert res["floor_received"] > 0
         assert "own_us_per_update" in res
+        assert scenario_figures(res)["ratio_to_floor"] > 0
     if sc.coniql:
         assert res["coniql_received"] > 0 and not res["coniql_errors"], res
         assert res["coniql_pvs_connected"] == sc.pvs
         assert not math.isnan(res["coniql_cpu"]) and res["coniql_nominal"] > 0
-        assert sc.name in coniql_table([res])
+        figures = scenario_figures(res)
+        assert figures["coniql_delivered_share"] > 0 and figures["coniql_ratio_to_floor"] > 0
     assert name in markdown_table([res])

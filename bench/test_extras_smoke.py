@@ -1,0 +1,60 @@
+"""The workers pairs, failover, gateway and client measurements of `make bench` once at a tiny
+size, so they cannot rot (`make test`).
+
+No timing assertions: only that every part ran end to end on real processes and gave the
+numbers bench/bench_load.py and bench/bench_extras.py record. One test per part keeps each
+within the suite's per-test timeout on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from bench import cli_monitor, client_cpu, failover, gateway
+from bench.bench_extras import own_environ
+from bench.bench_load import sized
+from bench.conftest import flatten
+from bench.harness import run
+from bench.report import WORKER_PAIRS, workers_figures
+
+
+@pytest.fixture
+def environ() -> Iterator[None]:
+    with own_environ():
+        yield
+
+
+@pytest.mark.parametrize("pair", list(WORKER_PAIRS))
+def test_workers_1_and_2_tiny(pair: str) -> None:
+    one, two = (run(sized(name, quick=True), verbose=False) for name in WORKER_PAIRS[pair])
+    for r in (one, two):
+        assert r["received"] > 0 and r["pvs"] <= 10 and r["clients"] <= 2, r
+    figures = workers_figures(one, two)
+    assert figures["ratio.delivered_per_s"] > 0 and figures["ratio.server_cpu"] > 0, figures
+
+
+def test_failover_tiny(environ: None) -> None:
+    got = failover.measure(trials=1)
+    for kind in ("sigkill", "sigterm"):
+        assert got[kind]["clients_moved"] > 0, got
+        assert got[kind]["snapshot_over_target"] > 0 and got[kind]["missed_max"] >= 0, got
+    assert "sigkill.stop_to_snapshot_s_median" in flatten(got)
+
+
+def test_gateway_tiny(environ: None) -> None:
+    got = gateway.measure(pvs=10, duration=2.0)
+    assert got["direct"]["updates_per_s"] > 0 and got["gateway"]["updates_per_s"] > 0, got
+    assert got["ratio"]["updates_per_s"] > 0 and got["gateway"]["gateway_cpu"] >= 0, got
+
+
+def test_clients_tiny() -> None:
+    cpu = client_cpu.measure(20, 2.0, 2.0)
+    for api in ("floor", "monitor", "batches"):
+        assert cpu[api]["updates"] > 0 and cpu[api]["cpu_pct"] >= 0, cpu
+    assert cpu["batches"]["ratio_to_floor"] > 0
+    for mode in cli_monitor.measure(20, 2.0, 2.0)["modes"]:
+        assert mode["lines_per_s"] > 0 and mode["bytes_per_line"] > 10, mode
+        assert mode["lag_samples"] > 0 and not math.isnan(mode["lag_p50_ms"]), mode
