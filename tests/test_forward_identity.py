@@ -168,7 +168,8 @@ async def test_over_pva_the_ioc_sees_pvwires_account(forwarding: Path) -> None:
 
 async def test_writable_is_not_pvwires_own_when_forwarding(forwarding: Path) -> None:
     """pvwire's own account may not write ACF:SP, olga may: the stream must not show pvwire's
-    rights as hers, so `writable` is left out and the put box follows pvwire's rules."""
+    rights as hers, so `writable` is the rules' answer alone, as for PVA (PROTOCOL.md section 5),
+    and the put box follows pvwire's rules."""
     async with Client(url(forwarding), token=OLGA) as c:
         updates = c.monitor("ca://ACF:SP")
         try:
@@ -176,7 +177,7 @@ async def test_writable_is_not_pvwires_own_when_forwarding(forwarding: Path) -> 
                 update = await anext(updates)
         finally:
             await updates.aclose()
-        assert update.channel.metadata.get("writable") is None
+        assert update.channel.metadata.get("writable") is True  # pvwire's own CA rights: False
         assert update.channel.writable and (await c.get("ca://ACF:SP")).writable
 
 
