@@ -373,3 +373,32 @@ async def test_rules_reload_after_a_slow_close_still_releases_the_view(
     assert not hub.registry.views
     assert hub.registry.channels["fake://a"].refs == 0  # lingers, then its monitor closes
     await hub.stop()
+
+
+async def test_a_session_failing_a_rules_reload_is_closed_and_the_others_are_checked(
+    backend: FakeBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('default = "READ"\n')
+    settings = Settings(default_scheme="fake", linger_s=0.0, access_rules=str(rules))
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    clients = [Client(hub) for _ in range(3)]
+    atts = [attach(c, hub, ["fake://a"]) for c in clients]
+    broken = clients[1].session
+
+    def fails(att: int, code: int, message: str) -> None:
+        raise RuntimeError("end_attachment broke")
+
+    broken.end_attachment = fails  # type: ignore[method-assign]
+    rules.write_text('default = "NONE"\n')
+    hub.reload_rules(force=True)  # whatever the order of the sessions, every one is dealt with
+    assert broken.close_request == (1011, "internal error; reconnect to resume")
+    for c, att in zip(clients, atts, strict=True):
+        if c.session is not broken:
+            error, detached = c.drain()
+            assert error[:3] == [5, None, 4403] and detached == [4, None, att]
+    assert hub.snapshot().failures["session"] == 1
+    assert [r.message for r in caplog.records if "new rules" in r.message] == [
+        f"checking session {broken.number} against the new rules failed"
+    ]
+    await hub.stop()

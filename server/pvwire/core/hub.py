@@ -135,10 +135,17 @@ class Hub:
         if not self.rules.reload_if_changed(force):
             return
         for session in list(self.sessions):
-            for att, claims in list(session.claims.items()):
-                denied = self._denied(claims)
-                if denied:
-                    session.end_attachment(att, FORBIDDEN, denied)
+            # One session's failure is its own: it is closed (1011) and the others are still
+            # checked; an exception out of here once left every later session unchecked.
+            try:
+                for att, claims in list(session.claims.items()):
+                    denied = self._denied(claims)
+                    if denied:
+                        session.end_attachment(att, FORBIDDEN, denied)
+            except Exception:
+                log.exception("checking session %s against the new rules failed", session.number)
+                self.ticker.count_failure("session")
+                session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
 
     def _denied(self, claims: Claims) -> str:
         """Why the identity of `claims` may not read them now, or ""."""
