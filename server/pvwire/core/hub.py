@@ -251,6 +251,11 @@ class Hub:
 
     # --- statistics ---------------------------------------------------------------------------
 
+    @property
+    def channel_count(self) -> int:
+        """Open upstream channels (`/readyz`), without the cost of a whole snapshot."""
+        return len(self.registry.channels)
+
     def snapshot(self, detail: bool = True) -> HubSnapshot:
         """Everything `/metrics` and the `server` query show, copied out of the live state."""
         channels = self.registry.channels
@@ -302,6 +307,8 @@ class Hub:
             queued_bytes=sum(c.queued_bytes for c in clients),
             clients=clients if detail else (),
             channels=upstream if detail else (),
+            client_count=len(clients),
+            channel_count=len(channels),
             upstream_channels={
                 scheme: backend.channel_counts()
                 for scheme, backend in sorted(self.registry.backends.items())
