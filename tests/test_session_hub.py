@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pvwire.access.identity import ANONYMOUS
+from pvwire.access.identity import ANONYMOUS, Identity
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
+from pvwire.core.subscribe import StreamOptions
+from pvwire.errors import CredentialsExpired
 from pvwire.model import ConnState, Metadata
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import TokenSigner
@@ -401,4 +403,44 @@ async def test_a_session_failing_a_rules_reload_is_closed_and_the_others_are_che
     assert [r.message for r in caplog.records if "new rules" in r.message] == [
         f"checking session {broken.number} against the new rules failed"
     ]
+    await hub.stop()
+
+
+@pytest.mark.parametrize("late", [0, 5])
+async def test_subscribe_refuses_credentials_past_their_expiry(
+    backend: FakeBackend, late: int
+) -> None:
+    # A JWT accepted inside its leeway after `exp` (or at it) would make a token that has expired
+    # already: ATTACH would answer 4402, and registering again with the same JWT would loop.
+    now = 1_800_000_000.0
+    signer = TokenSigner(KEYS, "k1", clock=lambda: now)
+    hub = Hub({"fake": backend}, Settings(default_scheme="fake"), signer)
+    expired = Identity("olga", frozenset({"operators"}), "jwt", "10.0.0.1", now - late)
+    with pytest.raises(CredentialsExpired, match=f"expired at {int(now) - late} ") as refused:
+        hub.subscribe(["fake://a"], expired, StreamOptions())
+    assert refused.value.code == "UNAUTHENTICATED"
+    await hub.stop()
+
+
+async def test_a_token_expires_with_the_credentials_and_attaches_until_then(
+    backend: FakeBackend,
+) -> None:
+    now = [1_800_000_000.0]
+    hub = Hub(
+        {"fake": backend},
+        Settings(default_scheme="fake"),
+        TokenSigner(KEYS, "k1", clock=lambda: now[0]),
+    )
+    valid = Identity("olga", frozenset(), "jwt", "10.0.0.1", now[0] + 1)
+    registration = hub.subscribe(["fake://a"], valid, StreamOptions())
+    assert registration.expires_at == now[0] + 1
+    c = Client(hub)
+    c.drain()
+    c.send(16, 1, registration.token)
+    assert c.drain()[0] == [1, 1, 1, ["fake://a"]]  # ATTACHED
+    now[0] += 1
+    c.send(16, 2, registration.token)
+    assert c.drain()[0][:3] == [5, 2, 4402]
+    with pytest.raises(CredentialsExpired):
+        hub.subscribe(["fake://a"], valid, StreamOptions())
     await hub.stop()
