@@ -52,7 +52,7 @@ def audited(audit: Path) -> list[dict[str, Any]]:
 
 
 def put_samples(hub: Hub) -> list[str]:
-    text = render_metrics(hub.snapshot(detail=False), 0, 0)
+    text = render_metrics(hub.snapshot(detail=False))
     return [line for line in text.splitlines() if line.startswith("pvwire_puts_total")]
 
 

@@ -268,15 +268,35 @@ def request(server: ServerProcess, path: str, token: str, body: Any = None) -> t
         return exc.code, json.loads(exc.read())
 
 
-def test_a_jwt_inside_its_leeway_after_exp_registers(server: ServerProcess) -> None:
-    # 5 s past its exp, within the server's 60 s of clock skew (jwt_leeway_s): accepted.
+def test_a_jwt_inside_its_leeway_after_exp_reads_but_cannot_subscribe(
+    server: ServerProcess,
+) -> None:
+    # 5 s past its exp, within the server's 60 s of clock skew (jwt_leeway_s): it still
+    # identifies its caller, but a stream token outlives no credentials (PROTOCOL.md section 7)
+    # and would be expired at once: subscribe says so instead of handing out a dead token.
     late = mint("olga", "operators", ttl=-5)
     exp = jwt.decode(late, options={"verify_signature": False})["exp"]
+    status, doc = request(
+        server, "/graphql", late, {"query": '{ channel(id: "ca://PVW:AI") { id } }'}
+    )
+    assert (status, doc.get("errors")) == (200, None)
     query = 'mutation { subscribe(ids: ["ca://PVW:AI"]) { token expiresAt } }'
     status, doc = request(server, "/graphql", late, {"query": query})
-    assert (status, doc.get("errors")) == (200, None)
-    # A stream token outlives no credentials that registered it (PROTOCOL.md section 7).
-    assert doc["data"]["subscribe"]["expiresAt"] == exp
+    assert status == 200 and doc["data"] is None
+    (error,) = doc["errors"]
+    assert error["extensions"] == {"code": "UNAUTHENTICATED"}
+    assert error["message"] == (
+        f"your credentials expired at {exp} (POSIX seconds): "
+        "get a fresh token from your identity provider and subscribe again"
+    )
+
+
+async def test_the_client_stops_on_expired_credentials(server: ServerProcess) -> None:
+    late = mint("olga", "operators", ttl=-5)
+    async with Client(server.url, token=late) as client:
+        with pytest.raises(Unauthenticated, match="credentials expired"):
+            async for _ in client.monitor(["ca://PVW:AI"]):
+                break
 
 
 def test_pvget_applies_the_access_rules(server: ServerProcess) -> None:

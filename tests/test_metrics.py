@@ -12,6 +12,8 @@ from pvwire.core.hub import Hub
 from pvwire.wire.codes import CLOSE_CODES
 from pvwire.worker import WorkerIdentity
 
+from .hub_doubles import Client, attach
+
 SAMPLE = re.compile(r"^(pvwire_\w+)(?:\{(.*)\})? (\S+)$")
 
 
@@ -27,9 +29,13 @@ def samples(text: str, name: str) -> dict[str, str]:
 
 def test_integers_stay_integers_and_floats_are_exact(hub: Hub) -> None:
     snap = dataclasses.replace(
-        hub.snapshot(detail=False), bytes_out=123_456_789, frames_out=2**53 + 1, loop_lag=0.1234567
+        hub.snapshot(detail=False),
+        bytes_out=123_456_789,
+        frames_out=2**53 + 1,
+        loop_lag=0.1234567,
+        client_count=10_000_001,
     )
-    text = render_metrics(snap, 10_000_001, 0)
+    text = render_metrics(snap)
     assert samples(text, "pvwire_bytes_sent_total") == {"": "123456789"}
     assert samples(text, "pvwire_frames_sent_total") == {"": "9007199254740993"}
     assert samples(text, "pvwire_clients") == {"": "10000001"}
@@ -39,7 +45,7 @@ def test_integers_stay_integers_and_floats_are_exact(hub: Hub) -> None:
 def test_every_failure_unit_is_exported(hub: Hub) -> None:
     hub.ticker.count_failure("reduction")
     hub.ticker.count_failure("reduction")
-    text = render_metrics(hub.snapshot(detail=False), 0, 0)
+    text = render_metrics(hub.snapshot(detail=False))
     assert samples(text, "pvwire_failures_total") == {
         'unit="channel"': "0",
         'unit="reduction"': "2",
@@ -52,7 +58,7 @@ def test_close_codes_a_client_sends_cannot_grow_the_series(hub: Hub) -> None:
     for code in range(1000, 5000):  # every code a client may put in its close frame
         hub.count_close(code)
     hub.count_close(4008)
-    found = samples(render_metrics(hub.snapshot(detail=False), 0, 0), "pvwire_disconnects_total")
+    found = samples(render_metrics(hub.snapshot(detail=False)), "pvwire_disconnects_total")
     assert found['code="4008"'] == "2" and found['code="1005"'] == "1"
     allowed = {*CLOSE_CODES, 1005, 1007}
     assert set(found) == {f'code="{c}"' for c in allowed} | {'code="other"'}
@@ -61,7 +67,7 @@ def test_close_codes_a_client_sends_cannot_grow_the_series(hub: Hub) -> None:
 
 def test_under_workers_every_sample_names_its_worker_once(hub: Hub) -> None:
     worker = WorkerIdentity(instance="host-1", pid=123, worker=2, workers=3)
-    text = render_metrics(hub.snapshot(detail=False), 0, 0, worker)
+    text = render_metrics(hub.snapshot(detail=False), worker)
     lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
     assert len(lines) > 20
     for line in lines:
@@ -70,3 +76,15 @@ def test_under_workers_every_sample_names_its_worker_once(hub: Hub) -> None:
         names = re.findall(r'(\w+)="', m[2])
         assert names.count("worker") == 1 and len(names) == len(set(names)), line
         assert 'worker="2"' in m[2]
+
+
+async def test_clients_and_channels_are_counted_in_the_snapshot(hub: Hub) -> None:
+    a, b = Client(hub), Client(hub)
+    attach(a, hub, ["fake://a", "fake://b"])
+    attach(b, hub, ["fake://a"])
+    snap = hub.snapshot(detail=False)
+    assert (snap.clients, snap.channels) == ((), ())  # no detail, the counts all the same
+    text = render_metrics(snap)
+    assert samples(text, "pvwire_clients") == {"": "2"}
+    assert samples(text, "pvwire_channels") == {"": "2"}
+    assert hub.channel_count == 2

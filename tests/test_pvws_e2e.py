@@ -239,6 +239,10 @@ async def test_inspection_urls(client: PvwsClient, pvws_server: ServerProcess) -
     assert [p["name"] for p in socket[0]["pvs"]] == ["loc://winspect(5)", "ca://PVW:WF"]
     pool = http(base + "/pool")
     assert {"refs": 1, "pv": "loc://winspect(5)"} in pool
+    with pytest.raises(urllib.error.HTTPError) as unknown:
+        http(f"{base}/socket/no-such-socket", method="DELETE")
+    assert unknown.value.code == 404
+    assert json.loads(unknown.value.read()) == {"error": "no socket 'no-such-socket'"}
     http(f"{base}/socket/{sid}", method="DELETE")
     async with asyncio.timeout(10):
         while True:

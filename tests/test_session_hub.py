@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pvwire.access.identity import ANONYMOUS
+from pvwire.access.identity import ANONYMOUS, Identity
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
+from pvwire.core.subscribe import StreamOptions
+from pvwire.errors import CredentialsExpired
 from pvwire.model import ConnState, Metadata
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import TokenSigner
@@ -372,4 +374,73 @@ async def test_rules_reload_after_a_slow_close_still_releases_the_view(
     hub.remove_session(c.session)  # what the pump does once the socket is closed
     assert not hub.registry.views
     assert hub.registry.channels["fake://a"].refs == 0  # lingers, then its monitor closes
+    await hub.stop()
+
+
+async def test_a_session_failing_a_rules_reload_is_closed_and_the_others_are_checked(
+    backend: FakeBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('default = "READ"\n')
+    settings = Settings(default_scheme="fake", linger_s=0.0, access_rules=str(rules))
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    clients = [Client(hub) for _ in range(3)]
+    atts = [attach(c, hub, ["fake://a"]) for c in clients]
+    broken = clients[1].session
+
+    def fails(att: int, code: int, message: str) -> None:
+        raise RuntimeError("end_attachment broke")
+
+    broken.end_attachment = fails  # type: ignore[method-assign]
+    rules.write_text('default = "NONE"\n')
+    hub.reload_rules(force=True)  # whatever the order of the sessions, every one is dealt with
+    assert broken.close_request == (1011, "internal error; reconnect to resume")
+    for c, att in zip(clients, atts, strict=True):
+        if c.session is not broken:
+            error, detached = c.drain()
+            assert error[:3] == [5, None, 4403] and detached == [4, None, att]
+    assert hub.snapshot().failures["session"] == 1
+    assert [r.message for r in caplog.records if "new rules" in r.message] == [
+        f"checking session {broken.number} against the new rules failed"
+    ]
+    await hub.stop()
+
+
+@pytest.mark.parametrize("late", [0, 5])
+async def test_subscribe_refuses_credentials_past_their_expiry(
+    backend: FakeBackend, late: int
+) -> None:
+    # A JWT accepted inside its leeway after `exp` (or at it) would make a token that has expired
+    # already: ATTACH would answer 4402, and registering again with the same JWT would loop.
+    now = 1_800_000_000.0
+    signer = TokenSigner(KEYS, "k1", clock=lambda: now)
+    hub = Hub({"fake": backend}, Settings(default_scheme="fake"), signer)
+    expired = Identity("olga", frozenset({"operators"}), "jwt", "10.0.0.1", now - late)
+    with pytest.raises(CredentialsExpired, match=f"expired at {int(now) - late} ") as refused:
+        hub.subscribe(["fake://a"], expired, StreamOptions())
+    assert refused.value.code == "UNAUTHENTICATED"
+    await hub.stop()
+
+
+async def test_a_token_expires_with_the_credentials_and_attaches_until_then(
+    backend: FakeBackend,
+) -> None:
+    now = [1_800_000_000.0]
+    hub = Hub(
+        {"fake": backend},
+        Settings(default_scheme="fake"),
+        TokenSigner(KEYS, "k1", clock=lambda: now[0]),
+    )
+    valid = Identity("olga", frozenset(), "jwt", "10.0.0.1", now[0] + 1)
+    registration = hub.subscribe(["fake://a"], valid, StreamOptions())
+    assert registration.expires_at == now[0] + 1
+    c = Client(hub)
+    c.drain()
+    c.send(16, 1, registration.token)
+    assert c.drain()[0] == [1, 1, 1, ["fake://a"]]  # ATTACHED
+    now[0] += 1
+    c.send(16, 2, registration.token)
+    assert c.drain()[0][:3] == [5, 2, 4402]
+    with pytest.raises(CredentialsExpired):
+        hub.subscribe(["fake://a"], valid, StreamOptions())
     await hub.stop()

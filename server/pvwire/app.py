@@ -197,14 +197,12 @@ def create_app(
     async def readyz() -> JSONResponse:
         lag = hub.loop_lag
         ready = lag < MAX_LOOP_LAG_READY
-        body = {"ready": ready, "loop_lag_s": lag, "channels": len(hub.registry.channels)}
+        body = {"ready": ready, "loop_lag_s": lag, "channels": hub.channel_count}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        text = render_metrics(
-            hub.snapshot(detail=False), len(hub.sessions), len(hub.registry.channels), worker
-        )
+        text = render_metrics(hub.snapshot(detail=False), worker)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     if (STATIC / "index.html").is_file():

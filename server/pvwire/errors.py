@@ -6,6 +6,7 @@ __all__ = [
     "BadChannelId",
     "ChannelNotFound",
     "ChannelTimeout",
+    "CredentialsExpired",
     "IocDenied",
     "PutRejected",
     "PvwireError",
@@ -85,3 +86,10 @@ class RateLimited(PvwireError):
 
     code = "RATE_LIMITED"
     refused_by = "pvwire"
+
+
+class CredentialsExpired(PvwireError):
+    """The caller's credentials (its JWT) are past their expiry, though still accepted within the
+    clock-skew leeway: a stream token outlives no credentials, so it would be born expired."""
+
+    code = "UNAUTHENTICATED"

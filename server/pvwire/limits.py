@@ -55,7 +55,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit("max_attachments_per_connection", 1_000, "attachments",
           "attachments of one stream connection at once", "ERROR 4413", setting=True),
     Limit("max_connections_per_address", 100, "connections",
-          "open stream connections from one client address", "close 1013 TRY_AGAIN",
+          "open WebSocket connections from one client address, `/stream` and `/pvws/pv` "
+          "together", "close 1013 TRY_AGAIN",
           setting=True),
     Limit("send_budget", 4 * _MIB, "bytes", "frames queued for one connection",
           "pending changes merge instead (section 9)", setting=True),

@@ -31,11 +31,9 @@ OTHER = "other"
 
 @dataclass(frozen=True, slots=True)
 class Scrape:
-    """What one scrape reads: the hub's snapshot and the live counts taken with it."""
+    """What one scrape reads: the hub's snapshot and the process that answered."""
 
     snapshot: HubSnapshot
-    clients: int
-    channels: int
     worker: WorkerIdentity | None
 
 
@@ -88,8 +86,9 @@ def _disconnects(s: Scrape) -> Iterable[Sample]:
 METRICS: tuple[Metric, ...] = (
     Metric("server_info", "gauge", "The process that answered this scrape (always 1).",
            _server_info),
-    Metric("clients", "gauge", "Connected stream clients.", lambda s: [("", (), s.clients)]),
-    Metric("channels", "gauge", "Open upstream channels.", lambda s: [("", (), s.channels)]),
+    Metric("clients", "gauge", "Connected clients of /stream and /pvws/pv.",
+           _one(lambda s: s.client_count)),
+    Metric("channels", "gauge", "Open upstream channels.", _one(lambda s: s.channel_count)),
     Metric("upstream_channels", "gauge",
            "Channels held open by the upstream libraries, by scheme and state.",
            lambda s: [("", (("scheme", scheme), ("state", state)), n)
@@ -131,10 +130,8 @@ METRICS: tuple[Metric, ...] = (
 )  # fmt: skip
 
 
-def render_metrics(
-    s: HubSnapshot, clients: int, channels: int, worker: WorkerIdentity | None = None
-) -> str:
-    scrape = Scrape(s, clients, channels, worker)
+def render_metrics(s: HubSnapshot, worker: WorkerIdentity | None = None) -> str:
+    scrape = Scrape(s, worker)
     # Under `--workers N` each scrape is answered by whichever worker the kernel hands the
     # connection to: a `worker` label on every series keeps each worker's counters a series of
     # their own, so rate() never mixes two processes' counters. A lone process needs none.

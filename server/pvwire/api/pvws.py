@@ -37,7 +37,7 @@ from ..core.hub import Hub
 from ..core.view import View
 from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
 from ..model import VALUE, ConnState, Metadata, Reading, Value
-from ..wire.codes import POLICY, TRY_AGAIN
+from ..wire.codes import NORMAL, POLICY, TRY_AGAIN
 from ..wire.pvws import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
 from ..wire.pvws_snapshot import PvwsSocketSnapshot, snapshot
 from ..wire.session import AttachRefused, SessionLimits
@@ -317,12 +317,19 @@ class PvwsEndpoint:
     async def delete_socket(self, request: Request, sid: str) -> Response:
         if refused := self._refused(request):
             return refused
+        if not self.close_socket(sid, "closed by an administrator"):
+            return JSONResponse({"error": f"no socket {sid!r}"}, status_code=404)
+        return Response(status_code=200)
+
+    def close_socket(self, sid: str, reason: str) -> bool:
+        """Ask connection `sid` to close with 1000, through the session's own close request (its
+        pump sends the close and releases it as for any other close); False if there is none."""
         session = self.sessions.get(sid)
         if session is None:
-            return JSONResponse({"error": f"no socket {sid!r}"}, status_code=404)
-        log.info("DELETE pvws socket %s (%s)", sid, session.address)
-        session.request_close(1000, "closed by an administrator")
-        return Response(status_code=200)
+            return False
+        log.info("closing pvws socket %s (%s): %s", sid, session.address, reason)
+        session.request_close(NORMAL, reason)
+        return True
 
     async def pool(self, request: Request) -> Response:
         if refused := self._refused(request):

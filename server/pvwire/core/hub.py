@@ -135,10 +135,17 @@ class Hub:
         if not self.rules.reload_if_changed(force):
             return
         for session in list(self.sessions):
-            for att, claims in list(session.claims.items()):
-                denied = self._denied(claims)
-                if denied:
-                    session.end_attachment(att, FORBIDDEN, denied)
+            # One session's failure is its own: it is closed (1011) and the others are still
+            # checked; an exception out of here once left every later session unchecked.
+            try:
+                for att, claims in list(session.claims.items()):
+                    denied = self._denied(claims)
+                    if denied:
+                        session.end_attachment(att, FORBIDDEN, denied)
+            except Exception:
+                log.exception("checking session %s against the new rules failed", session.number)
+                self.ticker.count_failure("session")
+                session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
 
     def _denied(self, claims: Claims) -> str:
         """Why the identity of `claims` may not read them now, or ""."""
@@ -244,6 +251,11 @@ class Hub:
 
     # --- statistics ---------------------------------------------------------------------------
 
+    @property
+    def channel_count(self) -> int:
+        """Open upstream channels (`/readyz`), without the cost of a whole snapshot."""
+        return len(self.registry.channels)
+
     def snapshot(self, detail: bool = True) -> HubSnapshot:
         """Everything `/metrics` and the `server` query show, copied out of the live state."""
         channels = self.registry.channels
@@ -295,6 +307,8 @@ class Hub:
             queued_bytes=sum(c.queued_bytes for c in clients),
             clients=clients if detail else (),
             channels=upstream if detail else (),
+            client_count=len(clients),
+            channel_count=len(channels),
             upstream_channels={
                 scheme: backend.channel_counts()
                 for scheme, backend in sorted(self.registry.backends.items())

@@ -54,7 +54,9 @@ class HubSnapshot:
     bytes_out: int
     conflated: int
     queued_bytes: int
-    clients: tuple[ClientSnapshot, ...]
-    channels: tuple[ChannelSnapshot, ...]
+    clients: tuple[ClientSnapshot, ...]  # empty unless asked for in detail
+    channels: tuple[ChannelSnapshot, ...]  # likewise
+    client_count: int  # connected clients of both endpoints, in detail or not
+    channel_count: int  # open upstream channels, likewise
     # Channels the upstream libraries hold open, by scheme then state (e.g. ca: searching).
     upstream_channels: dict[str, dict[str, int]]

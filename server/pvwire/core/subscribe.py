@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..access.identity import Identity
 from ..access.rules import Access
+from ..errors import CredentialsExpired
 from ..model import Metadata
 from ..wire.tokens import TokenSigner
 from .channel import Channel
@@ -56,7 +57,18 @@ def register(
     options: StreamOptions,
 ) -> Registration:
     """A token for `canonical` (resolved ids) and `identity`; raises Forbidden naming the ids the
-    identity may not read."""
+    identity may not read, CredentialsExpired when the identity's own credentials have expired.
+
+    A JWT is accepted up to `jwt_leeway_s` after its `exp` (clock skew), but a token expires no
+    later than the credentials (PROTOCOL.md section 7): one made then would be refused with 4402
+    on ATTACH, and a client registering again with the same JWT would loop until the leeway ran
+    out. Refused here instead, with a code that tells the client to get fresh credentials."""
+    expires = identity.expires_at
+    if expires is not None and signer.now() >= int(expires):
+        raise CredentialsExpired(
+            f"your credentials expired at {int(expires)} (POSIX seconds): "
+            "get a fresh token from your identity provider and subscribe again"
+        )
     control.require_read(identity, list(canonical))
     issued = signer.issue(
         canonical,

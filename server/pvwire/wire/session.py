@@ -1,9 +1,10 @@
 """One client connection's protocol state, with no I/O (the h11 / caproto pattern).
 
-The WebSocket endpoint (`stream.py`) is a thin pump around it: it feeds `receive()` with each
-incoming message, sends what `next_frame()` returns and reports each completed send to `sent()`,
-and closes the socket when `close_request` is set. The hub drives it at every tick
-(`collect` + `flush_tick`) and once a second (`housekeeping`).
+The WebSocket around it is thin: `api/stream.py` admits the connection and builds the session,
+and `run_connection` with its `pump` (`api/connection.py`, the same for `/pvws/pv`) feeds
+`receive()` with each incoming message, sends what `next_frame()` returns, reports each completed
+send to `sent()`, and closes the socket when `close_request` is set. The hub drives it at every
+tick (`collect` + `flush_tick`) and once a second (`housekeeping`).
 
 Flow control (PROTOCOL.md section 9, `flow.py`): frames are queued while the bytes queued stay
 under `send_budget`. Past it the session is *behind*: it stops queueing and merges the changes it

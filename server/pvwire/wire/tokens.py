@@ -97,6 +97,10 @@ class TokenSigner:
         self.ttl = ttl
         self._clock = clock
 
+    def now(self) -> float:
+        """The signer's clock (POSIX seconds): what `issue` stamps and `verify` checks against."""
+        return self._clock()
+
     def sign(
         self,
         ids: Sequence[str],
