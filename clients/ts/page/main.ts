@@ -139,8 +139,10 @@ function subscribeRow(row: Row): void {
 
 /** Why a channel is read-only for this identity, for the put box's title. */
 function readOnlyReason(st: ChannelState): string {
-  if (st.metadata.writable === false) return "the IOC refuses writes to this channel";
+  // The rules first: `writable` is false for a READ identity too (PROTOCOL.md section 5), so it
+  // names the IOC only when the rules would let this identity write.
   if (st.access === "READ") return currentToken() ? "read-only for this identity" : "read-only for anonymous users: give a token";
+  if (st.metadata.writable === false) return "the IOC refuses writes to this channel";
   return "not writable";
 }
 
