@@ -1,0 +1,150 @@
+"""Recent history over a real IOC and the real server: `history` over GraphQL, gaps where the IOC
+went away, and the memory budget's policy with many channels."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pvwire.core.history import CHANNEL_BYTES
+from pvwire.ioc import IocProcess
+from pvwire_client import Client
+
+from tests.server_process import ServerProcess, server_args_for_tests
+from tests.test_hub_faults import until
+from tests.test_metrics import samples
+
+DB = Path(__file__).parent / "dbs" / "test.db"
+COUNTER = "ca://PVW:COUNTER"
+HISTORY = """query($id: String!, $since: Float, $max: Int! = 1000) {
+  history(id: $id, since: $since, maxPoints: $max) {
+    id resolution truncated seconds nanoseconds value severity gap count
+  }
+}"""
+
+
+def history(server: ServerProcess, cid: str, since: float | None = None) -> dict[str, Any]:
+    doc = server.graphql(HISTORY, {"id": cid, "since": since})
+    assert "errors" not in doc, doc
+    got: dict[str, Any] = doc["data"]["history"]
+    return got
+
+
+async def collect(
+    client: Client, ids: list[str], done: Callable[[list[tuple[int, Any, int, int]]], bool]
+) -> list[tuple[int, Any, int, int]]:
+    """(state, value, seconds, nanoseconds) of every update until `done` says so."""
+    seen: list[tuple[int, Any, int, int]] = []
+    updates = client.monitor(ids)
+    try:
+        async with asyncio.timeout(60):
+            async for u in updates:
+                c = u.channel
+                seen.append((c.state, c.value, c.seconds or 0, c.nanoseconds or 0))
+                if done(seen):
+                    return seen
+    finally:
+        await updates.aclose()
+    raise AssertionError("unreachable")
+
+
+async def test_a_10hz_counter_comes_back_with_every_step_and_the_ioc_times(
+    server: ServerProcess,
+) -> None:
+    async with Client(server.url) as client:
+        seen = await collect(
+            client, [COUNTER], lambda s: sum(v is not None for _, v, _, _ in s) > 30
+        )
+    values = [(v, s, ns) for st, v, s, ns in seen if st == 1 and v is not None]
+    first, last = values[0], values[-1]
+    got = history(server, COUNTER, since=first[1] + first[2] * 1e-9 - 0.001)
+    assert got["resolution"] == 0 and not got["truncated"]
+    rows = list(zip(got["value"], got["seconds"], got["nanoseconds"], got["gap"], strict=True))
+    start = rows.index((first[0], first[1], first[2], False))
+    end = rows.index((last[0], last[1], last[2], False))
+    span = rows[start : end + 1]
+    # Every step of the counter, none missing, none twice, with the IOC's own timestamps.
+    assert [r[0] for r in span] == [float(x) for x in range(int(first[0]), int(last[0]) + 1)]
+    assert all((v, s, ns, False) in span for v, s, ns in values)
+    assert [(r[1], r[2]) for r in span] == sorted((r[1], r[2]) for r in span)
+
+
+@pytest.fixture
+async def own_stack() -> AsyncIterator[tuple[IocProcess, ServerProcess]]:
+    ioc = IocProcess([DB])
+    ioc.start()
+    server = ServerProcess(*server_args_for_tests(), env=ioc.ports.client_env())
+    server.start()
+    try:
+        yield ioc, server
+    finally:
+        server.stop()
+        ioc.stop()
+
+
+async def test_an_ioc_restart_is_a_gap_in_the_history(
+    own_stack: tuple[IocProcess, ServerProcess],
+) -> None:
+    ioc, server = own_stack
+    async with Client(server.url) as client:
+        updates = client.monitor([COUNTER])
+        states: list[tuple[int, Any]] = []
+
+        async def upto(predicate: Callable[[], bool], timeout: float) -> None:
+            async with asyncio.timeout(timeout):
+                async for u in updates:
+                    states.append((u.channel.state, u.channel.value))
+                    if predicate():
+                        return
+
+        await upto(lambda: sum(st == 1 for st, _ in states) > 5, 15)
+        ioc.stop()
+        await upto(lambda: states[-1][0] == 2, 15)
+        mark = len(states)
+        ioc.start()
+        await upto(lambda: sum(st == 1 for st, _ in states[mark:]) > 5, 30)
+        await updates.aclose()
+    got = history(server, COUNTER)
+    gaps = [i for i, g in enumerate(got["gap"]) if g]
+    assert gaps, got
+    g = gaps[0]
+    before, after = got["value"][:g], got["value"][g + 1 :]
+    assert before and after and None not in before and None not in after
+    assert got["value"][g] is None and got["count"][g] == 0
+    # The restarted IOC counts from its start again: the line must not join the two.
+    assert after[0] < before[-1]
+
+
+async def test_the_budget_holds_with_many_channels_and_reclaims_released_ones() -> None:
+    capacity = 4
+    budget_mb = capacity * CHANNEL_BYTES / 2**20
+    first = [f"sim://counter/a{i}?rate=10" for i in range(10)]
+    second = [f"sim://counter/b{i}?rate=10" for i in range(capacity)]
+    args = server_args_for_tests(["--history-mb", repr(budget_mb)])
+    with ServerProcess(*args) as server:
+
+        def metric(name: str) -> dict[str, str]:
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+                return samples(r.read().decode(), name)
+
+        async with Client(server.url) as client:
+            await collect(client, first, lambda s: sum(v is not None for _, v, _, _ in s) > 20)
+            m = metric("pvwire_history_bytes")
+            assert m == {"": str(capacity * CHANNEL_BYTES)}
+            assert metric("pvwire_history_refused_total") == {"": str(len(first) - capacity)}
+            kept = [cid for cid in first if "errors" not in server.graphql(HISTORY, {"id": cid})]
+            assert len(kept) == capacity
+            refused = server.graphql(HISTORY, {"id": next(c for c in first if c not in kept)})
+            assert refused["errors"][0]["extensions"]["code"] == "NO_HISTORY"
+            # Released (after the linger): kept while nothing needs the room...
+            await until(lambda: metric("pvwire_history_channels")['monitored="false"'] == "4")
+            assert "errors" not in server.graphql(HISTORY, {"id": kept[0]})
+            # ...and reclaimed, oldest release first, when new channels need it.
+            await collect(client, second, lambda s: sum(v is not None for _, v, _, _ in s) > 8)
+            assert metric("pvwire_history_reclaimed_total") == {"": str(capacity)}
+            assert metric("pvwire_history_bytes") == {"": str(capacity * CHANNEL_BYTES)}
+            assert all("errors" not in server.graphql(HISTORY, {"id": c}) for c in second)
