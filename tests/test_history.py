@@ -4,6 +4,7 @@ recording wired into channels and the registry through an in-memory hub."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -244,3 +245,91 @@ async def test_metrics_show_the_budget_and_its_use(backend: FakeBackend) -> None
         'monitored="true"': "2",
         'monitored="false"': "0",
     }
+
+
+# --- backfill: HISTORY before the snapshot ------------------------------------------------------
+
+
+def columns(msg: list[object]) -> list[np.ndarray]:
+    """A HISTORY message's columns, padding nils skipped."""
+    assert msg[0] == 8
+    cols = [c for c in msg[4] if c is not None]  # type: ignore[attr-defined]
+    assert len(cols) == 7 and all(isinstance(c, np.ndarray) for c in cols)
+    return cols
+
+
+def attach_with_backfill(hub: Hub, ids: list[str], seconds: float) -> list[list[object]]:
+    client = HubClient(hub)
+    client.send(16, 1, hub.signer.sign(ids, backfill=seconds))
+    return [m for m in client.drain() if m[0] != 0]  # after HELLO
+
+
+async def test_backfill_is_the_past_before_the_snapshot_with_no_gap_or_duplicate(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    watcher = HubClient(hub)
+    att = attach(watcher, hub, ["fake://a"])  # the channel records from its first subscriber
+    now = int(time.time())
+    for i in range(20):
+        backend.update("a", float(i), t=now - 20 + i)
+    client = HubClient(hub)
+    client.send(16, 1, hub.signer.sign(["fake://a"], backfill=60))
+    msgs = [m for m in client.drain() if m[0] != 0]  # after HELLO
+    assert [m[0] for m in msgs] == [1, 8, 2]  # ATTACHED, HISTORY, SNAPSHOT
+    _, hatt, sid, resolution, _ = msgs[1]
+    assert (hatt, sid, resolution) == (msgs[0][2], 0, 0)
+    t, value, low, high, _, _, gap = columns(msgs[1])
+    # Every update but the current one, which the snapshot carries: no gap, no duplicate.
+    assert list(value) == [float(i) for i in range(19)]
+    assert list(t) == [(now - 20 + i) * NS for i in range(19)]
+    assert not gap.any() and list(low) == list(value) == list(high)
+    snapshot = msgs[2]
+    assert snapshot[1] == 1  # HISTORY is not counted by seq
+    (entry,) = snapshot[3]
+    assert entry[2] == 19.0 and entry[4] == now - 1
+    # Live updates follow the snapshot with their serials, exactly as without backfill.
+    backend.update("a", 20.0, t=now)
+    hub.ticker.tick()
+    assert values(client.drain(), msgs[0][2]) == [20.0]
+    assert values(watcher.drain(), att)[-1] == 20.0
+
+
+async def test_backfill_reaches_past_the_raw_ring_with_whole_buckets_first(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    attach(HubClient(hub), hub, ["fake://a"])
+    now = time.time_ns() // NS
+    n = 2 * RAW_POINTS  # one point a second: older than the raw ring by RAW_POINTS s
+    for i in range(n):
+        backend.update("a", float(i), t=now - n + i)
+    msgs = attach_with_backfill(hub, ["fake://a"], 3600)
+    assert [m[0] for m in msgs] == [1, 8, 8, 2]
+    width = TIERS[0][0]
+    assert msgs[1][3] == width and msgs[2][3] == 0
+    bt, _, blow, bhigh, *_ = columns(msgs[1])
+    pt, pvalue, *_ = columns(msgs[2])
+    assert bt[-1] + width <= pt[0]  # whole buckets, ending before the first point
+    assert list(pvalue) == [float(i) for i in range(RAW_POINTS, n - 1)]
+    assert bhigh[-1] < pvalue[0] and blow[0] == 0.0
+
+
+async def test_backfill_of_a_disconnected_channel_ends_with_its_gap(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    attach(HubClient(hub), hub, ["fake://a", "fake://b"])
+    now = int(time.time())
+    for i in range(3):
+        backend.update("a", float(i), t=now - 5 + i)
+    backend.sinks["a"].on_connection(ConnState.DISCONNECTED)
+    msgs = attach_with_backfill(hub, ["fake://a", "fake://b"], 60)
+    assert [m[0] for m in msgs] == [1, 8, 2]  # b has no history: no HISTORY for it
+    _, value, *_, gap = columns(msgs[1])
+    assert list(gap) == [0, 0, 0, 1] and list(value[:3]) == [0.0, 1.0, 2.0]
+    assert math.isnan(value[3])
+
+
+async def test_a_token_without_backfill_gets_no_history(hub: Hub, backend: FakeBackend) -> None:
+    attach(HubClient(hub), hub, ["fake://a"])
+    backend.update("a", 1.0, t=int(time.time()))
+    backend.update("a", 2.0, t=int(time.time()))
+    assert [m[0] for m in attach_with_backfill(hub, ["fake://a"], 0)] == [1, 2]

@@ -27,6 +27,7 @@ from ..access.rules import Access
 from ..core.hub import Hub
 from ..core.reduce import MAX_COLUMNS, MIN_PIXELS
 from ..core.stats import HubSnapshot
+from ..core.view import MAX_BACKFILL_S
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
 from ..logs import LoggingSchema
@@ -317,6 +318,11 @@ class SubscribeOptions:
         description="images of more pixels arrive subsampled by a whole factor per axis to at "
         "most maxPixels pixels (metadata `reduced` gives the full dims and the step); "
         "0 = whole images. LATEST mode only",
+    )
+    backfill: float = strawberry.field(
+        default=0.0,
+        description="seconds of recorded history (server clock) each channel sends before its "
+        "snapshot, as HISTORY messages (PROTOCOL.md section 2.8); 0 = none, at most 86400",
     )
 
 
@@ -624,6 +630,11 @@ class Mutation:
                 extensions={"code": "BAD_REQUEST"},
             )
         _check_reduction(options)
+        if not 0 <= options.backfill <= MAX_BACKFILL_S:
+            raise GraphQLError(
+                f"backfill must be between 0 and {MAX_BACKFILL_S:g} seconds",
+                extensions={"code": "BAD_REQUEST"},
+            )
         canonical = []
         for i in ids:
             try:
@@ -646,6 +657,7 @@ class Mutation:
             not_after=identity.expires_at,
             max_columns=options.max_columns,
             max_pixels=options.max_pixels,
+            backfill=options.backfill,
         )
         claims = hub.signer.verify(token)
         channels = []

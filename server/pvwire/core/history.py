@@ -312,6 +312,43 @@ class ChannelHistory:
             oldest = int(tier_used.rows([])["t"][0])
         return _buckets(picked, tier_used.width, truncated, oldest)
 
+    def backfill(self, since: int) -> list[HistorySlice]:
+        """What a subscription's `backfill` sends before its snapshot (PROTOCOL.md section 2.8):
+        one or two slices, oldest first. Buckets of the finest tier that reaches back to `since`,
+        whole buckets only, ending at or before the raw ring's first point, when the ring does
+        not reach back that far; then the raw points from `since` on.
+
+        The join with the snapshot: the newest raw point, unless it is a gap, is the channel's
+        current value (the channel records every update where it stores it, and the snapshot
+        is taken in the same call, with no update in between), so it is left out: the snapshot
+        carries it. Nothing between: every older update is in the points."""
+        raw = self.points()
+        if len(raw) and not raw["gap"][-1]:
+            raw = raw[:-1]
+        out = []
+        if self.n > RAW_POINTS and len(raw) and raw["t"][0] > since:
+            first = int(raw["t"][0])
+            tier: Tier | None = self.tier
+            finer: list[Tier] = []
+            chosen: tuple[Tier, npt.NDArray[Any]] | None = None
+            while tier is not None:
+                rows = tier.rows(finer)
+                finer.insert(0, tier)
+                chosen = (tier, rows)
+                if not tier.wrapped or (len(rows) and rows["t"][0] <= since):
+                    break
+                tier = tier.next
+            assert chosen is not None
+            tier_used, rows = chosen
+            end = rows["t"] + tier_used.width
+            rows = rows[(end > since) & (end <= first)]
+            if len(rows):
+                out.append(_buckets(rows, tier_used.width, False, self.first))
+        points = raw[raw["t"] >= since]
+        if len(points):
+            out.append(_points(points, self.first, False))
+        return out
+
     def _oldest(self, raw: npt.NDArray[Any], whole: bool) -> int:
         if whole or not len(raw):
             return self.first

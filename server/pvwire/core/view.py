@@ -12,6 +12,8 @@ value wins, the serial keeps the count) until it is. So is the view's array redu
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +25,12 @@ from .reduce import NO_REDUCTION, Reduction
 if TYPE_CHECKING:
     from .clients import Client
 
-__all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
+__all__ = ["ALL_PENDING_LIMIT", "MAX_BACKFILL_S", "View", "ViewKey"]
+
+log = logging.getLogger("pvwire.view")
+
+# The longest `backfill` a subscription may ask for: the coarsest tier holds a day.
+MAX_BACKFILL_S = 86_400.0
 
 # ALL mode: most entries one view holds between emissions (a maxRate-limited ALL view under
 # heavy load); about 3 MB of small entries.
@@ -131,6 +138,26 @@ class View:
         return wire.encode_entries(
             list(masks), [channels[sid].body(m, True, r) for sid, m in masks.items()]
         )
+
+    def backfill_frames(self, att: int, seconds: float) -> list[bytes]:
+        """HISTORY messages with each channel's last `seconds` (server clock), to be sent right
+        before this attachment's snapshot (PROTOCOL.md section 2.8). A channel without history
+        sends none; a failure skips that channel's past, counted, and the attachment goes on."""
+        since = time.time_ns() - int(min(seconds, MAX_BACKFILL_S) * 1e9)
+        frames = []
+        for sid, ch in enumerate(self.channels):
+            recorder = ch.recorder
+            if recorder is None:
+                continue
+            try:
+                for part in recorder.backfill(since):
+                    columns = (part.t, part.value, part.min, part.max, part.severity,
+                               part.status, part.gap)  # fmt: skip
+                    frames.append(wire.encode_history(att, sid, part.resolution, columns))
+            except Exception:
+                log.exception("backfill of %s failed; its past is not sent", ch.id)
+                ch.listener.count_failure("history")
+        return frames
 
     def snapshot_entries(self) -> wire.Entries:
         return wire.encode_entries(

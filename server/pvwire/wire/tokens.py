@@ -58,6 +58,8 @@ class Claims:
     # Array reduction (PROTOCOL.md section 4.6); 0 = off.
     max_columns: int = 0
     max_pixels: int = 0
+    # Seconds of recorded history sent before each attachment's snapshot (PROTOCOL.md 2.8).
+    backfill: float = 0.0
 
 
 def _b64(data: bytes) -> str:
@@ -101,6 +103,7 @@ class TokenSigner:
         not_after: float | None = None,
         max_columns: int = 0,
         max_pixels: int = 0,
+        backfill: float = 0.0,
     ) -> str:
         """A token for `ids`; it expires after `ttl`, or at `not_after` (the identity's own
         expiry, e.g. its JWT's) if that comes first."""
@@ -120,6 +123,8 @@ class TokenSigner:
             payload["maxColumns"] = max_columns
         if max_pixels:
             payload["maxPixels"] = max_pixels
+        if backfill:
+            payload["backfill"] = backfill
         if user or auth != "anonymous" or address:
             payload.update(sub=user, grp=sorted(groups), src=auth, adr=address)
         body = _b64(zlib.compress(json.dumps(payload, separators=(",", ":")).encode()))
@@ -156,6 +161,7 @@ class TokenSigner:
                 address=str(payload.get("adr", "")),
                 max_columns=int(payload.get("maxColumns", 0)),
                 max_pixels=int(payload.get("maxPixels", 0)),
+                backfill=float(payload.get("backfill", 0.0)),
             )
         except (ValueError, KeyError, TypeError, zlib.error) as exc:
             raise TokenError(f"token payload unreadable: {exc}") from None
