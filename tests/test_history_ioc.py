@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from pvwire.core.history import CHANNEL_BYTES
 from pvwire.ioc import IocProcess
-from pvwire_client import Client
+from pvwire_client import Client, wire
 
 from tests.server_process import ServerProcess, server_args_for_tests
+from tests.stream_client import RawStream
 from tests.test_hub_faults import until
 from tests.test_metrics import samples
 
@@ -71,6 +73,65 @@ async def test_a_10hz_counter_comes_back_with_every_step_and_the_ioc_times(
     assert [r[0] for r in span] == [float(x) for x in range(int(first[0]), int(last[0]) + 1)]
     assert all((v, s, ns, False) in span for v, s, ns in values)
     assert [(r[1], r[2]) for r in span] == sorted((r[1], r[2]) for r in span)
+
+
+SUBSCRIBE = """mutation($ids: [String!]!, $backfill: Float!) {
+  subscribe(ids: $ids, options: {backfill: $backfill}) { token }
+}"""
+
+
+def token(server: ServerProcess, ids: list[str], backfill: float = 0) -> str:
+    doc = server.graphql(SUBSCRIBE, {"ids": ids, "backfill": backfill})
+    assert "errors" not in doc, doc
+    return str(doc["data"]["subscribe"]["token"])
+
+
+async def test_backfill_then_live_with_no_gap_or_duplicate_at_the_join(
+    server: ServerProcess,
+) -> None:
+    stream = await RawStream.connect(server.ws_url)
+    try:
+        await stream.attach(token(server, [COUNTER]))  # the channel records from now on
+        updates = 0
+        while updates < 30:
+            data = await stream.next_data(timeout=30)
+            updates += sum(len(g.entries) for g in data.groups)
+        stream.req += 1
+        await stream.send(16, stream.req, token(server, [COUNTER], backfill=60))
+        attached = await stream.recv()
+        while isinstance(attached, wire.Data):  # the first attachment's updates go on
+            attached = await stream.recv()
+        assert isinstance(attached, wire.Attached), attached
+        histories: list[wire.History] = []
+        while True:
+            msg = await stream.recv()
+            if isinstance(msg, wire.History):
+                histories.append(msg)
+            elif isinstance(msg, wire.Snapshot):
+                snapshot = msg
+                break
+        assert histories and all(h.att == attached.att for h in histories)
+        points = histories[-1]
+        assert points.resolution == 0
+        after_gap = int(np.flatnonzero(points.gap)[-1]) + 1 if points.gap.any() else 0
+        steps = points.value[after_gap:]
+        assert len(steps) >= 29  # what the first attachment saw, at least
+        assert list(np.diff(steps)) == [1.0] * (len(steps) - 1)  # every step of the counter
+        (entry,) = snapshot.entries
+        assert entry.value is not None and entry.serial is not None
+        # The join: the snapshot's value is the next step after the last HISTORY row.
+        assert entry.value == steps[-1] + 1
+        assert points.t[-1] < entry.seconds * 1_000_000_000 + entry.nanoseconds
+        # Then live: DATA continues from the snapshot (a counter's steps are its serials).
+        while True:
+            data = await stream.next_data(timeout=30)
+            mine = [e for g in data.groups if g.att == attached.att for e in g.entries]
+            if mine:
+                first = mine[0]
+                break
+        assert first.value - entry.value == first.serial - entry.serial >= 1
+    finally:
+        await stream.close()
 
 
 @pytest.fixture
