@@ -121,7 +121,7 @@ def test_strings_and_arrays_are_not_recorded() -> None:
 
 def test_a_channel_s_buffers_cost_what_the_store_counts() -> None:
     h = ChannelHistory("ca://X")
-    held = h.raw.nbytes + sum(t.data.nbytes for t in _tiers(h))
+    held = h._t.nbytes + h._v.nbytes + h._a.nbytes + sum(t.data.nbytes for t in _tiers(h))
     assert held == CHANNEL_BYTES
 
 
