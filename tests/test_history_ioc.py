@@ -4,6 +4,9 @@ went away, and the memory budget's policy with many channels."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -209,3 +212,71 @@ async def test_the_budget_holds_with_many_channels_and_reclaims_released_ones() 
             assert metric("pvwire_history_reclaimed_total") == {"": str(capacity)}
             assert metric("pvwire_history_bytes") == {"": str(capacity * CHANNEL_BYTES)}
             assert all("errors" not in server.graphql(HISTORY, {"id": c}) for c in second)
+
+
+async def drain(client: Client, ids: list[str], seen: list[Any]) -> None:
+    """Keep the channels monitored (so they record), reading what comes."""
+    async for u in client.monitor(ids):
+        seen.append(u.channel.value)
+
+
+async def test_the_python_client_yields_the_past_then_live_values(server: ServerProcess) -> None:
+    async with Client(server.url) as client:
+        seen: list[Any] = []
+        keeper = asyncio.create_task(drain(client, [COUNTER], seen))
+        try:
+            await until(lambda: len(seen) > 30, timeout=60)
+            past: list[Any] = []
+            live: list[Any] = []
+            updates = client.monitor([COUNTER], backfill=60)
+            async with asyncio.timeout(60):
+                async for u in updates:
+                    if u.past:
+                        assert not live, "a past update after a live one"
+                        assert u.channel.serial is None
+                        past.append(u.channel)
+                    elif u.channel.value is not None:
+                        live.append(u.channel)
+                        if len(live) == 3:
+                            break
+            await updates.aclose()
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    values = [p.value for p in past]
+    start = max((i + 1 for i, v in enumerate(values) if v is None), default=0)  # after any gap
+    steps = values[start:]
+    assert len(steps) >= 29 and steps == [steps[0] + i for i in range(len(steps))]
+    # The join: the first live value is the step after the last past one.
+    assert live[0].value == steps[-1] + 1
+    assert (past[-1].seconds, past[-1].nanoseconds) < (live[0].seconds, live[0].nanoseconds)
+
+
+async def test_pvwire_monitor_backfill_prints_the_past_lines_first(server: ServerProcess) -> None:
+    async with Client(server.url) as client:
+        seen: list[Any] = []
+        keeper = asyncio.create_task(drain(client, [COUNTER], seen))
+        try:
+            await until(lambda: len(seen) > 20, timeout=60)
+            pvwire = str(Path(sys.executable).with_name("pvwire"))
+            proc = await asyncio.create_subprocess_exec(
+                pvwire, "monitor", "--json", "--backfill", "60", "--count", "3", COUNTER,
+                env={**os.environ, "PVWIRE_URL": server.url},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    assert proc.returncode == 0, err
+    docs = [json.loads(line) for line in out.decode().splitlines()]
+    past = [d for d in docs if d.get("serial") is None]
+    live = [d for d in docs if d.get("serial") is not None]
+    assert len(live) == 3
+    assert docs[: len(past)] == past  # the past lines first
+    # An earlier test's monitoring of the counter ended with a gap: a line of its own.
+    gaps = [i for i, d in enumerate(past) if d.get("connection") == "DISCONNECTED"]
+    assert all(past[i].get("value") is None for i in gaps)
+    values = [d["value"] for d in past[gaps[-1] + 1 if gaps else 0 :]]
+    assert len(values) >= 20 and values == [values[0] + i for i in range(len(values))]
+    assert live[0]["value"] == values[-1] + 1

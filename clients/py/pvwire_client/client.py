@@ -22,6 +22,7 @@ import httpx
 
 from . import closecodes
 from . import graphql as gql
+from .backfill import past_states
 from .batch import Batch, BatchMerger
 from .control import DEFAULT_URL
 from .errors import PvwireError, ServerUnavailable, StreamClosed, StreamRefused, TooManyChannels
@@ -36,6 +37,7 @@ from .wire import (
     Entry,
     Error,
     Hello,
+    History,
     Message,
     Pong,
     ProtocolError,
@@ -67,6 +69,9 @@ class Update:
 
     channel: ChannelState
     changed: frozenset[str]
+    # A recorded update from before the subscription (``monitor(..., backfill=S)``), not a
+    # live one: its ``channel`` is that moment's value, time and alarm, with ``serial`` None.
+    past: bool = False
 
 
 @dataclass(eq=False)
@@ -281,6 +286,7 @@ class Client:
         mode: Literal["LATEST", "ALL"] = "LATEST",
         max_columns: int = 0,
         max_pixels: int = 0,
+        backfill: float = 0,
     ) -> AsyncGenerator[Update, None]:
         """Yield an Update per applied entry: a first one per channel, then its changes.
 
@@ -299,13 +305,29 @@ class Client:
         (PROTOCOL.md section 4.6): a 1-D array of more than ``2 * max_columns`` elements arrives
         as the interleaved minimum and maximum of ``max_columns`` equal slices, an image of more
         than ``max_pixels`` pixels subsampled; ``metadata["reduced"]`` then says so.
+
+        ``backfill`` = S seconds: first the channels' last S seconds as the server recorded them
+        (PROTOCOL.md section 2.8), as Updates with ``past`` True, oldest first, then the live
+        ones; the first live value is the one after the last past one. After a reconnect the
+        past rows the reader already had are not yielded again.
         """
-        stream, sub = await self._open(ids, max_rate, mode, max_columns, max_pixels)
+        stream, sub = await self._open(
+            ids, max_rate, mode, max_columns, max_pixels, backfill=backfill
+        )
         # Per channel: what changed before its first update (None once that was yielded).
         held: list[set[str] | None] = [set() for _ in sub.states]
+        newest = [0] * len(sub.states)  # per channel: the latest time yielded, ns (backfill)
         try:
             while True:
                 kind, payload = await sub.next()
+                if kind == "history":
+                    if payload.sid < len(sub.states):
+                        state = sub.states[payload.sid]
+                        rows = past_states(payload, state, newest[payload.sid])
+                        for past, what, t in rows:
+                            newest[payload.sid] = t
+                            yield Update(past, what, past=True)
+                    continue
                 if kind in ("entries", "snapshot"):
                     for e in payload:
                         state = sub.states[e.sid]
@@ -316,6 +338,9 @@ class Client:
                             if not state.has_news:
                                 continue
                             changed, held[e.sid] = pending, None
+                        if state.seconds is not None and state.nanoseconds is not None:
+                            t = state.seconds * 1_000_000_000 + state.nanoseconds
+                            newest[e.sid] = max(newest[e.sid], t)
                         yield Update(copy.copy(state), frozenset(changed))
                 elif kind == "lost":
                     for sid, state in enumerate(sub.states):
@@ -374,6 +399,7 @@ class Client:
         max_pixels: int = 0,
         *,
         raw: bool = False,
+        backfill: float = 0,
     ) -> tuple[_Stream, _Sub]:
         """Register the channels and attach their token on the shared stream."""
         id_list = [ids] if isinstance(ids, str) else list(ids)
@@ -381,6 +407,8 @@ class Client:
         if max_columns or max_pixels:
             # Sent only when asked for: a server without these options still serves the rest.
             options.update(maxColumns=int(max_columns), maxPixels=int(max_pixels))
+        if backfill:
+            options["backfill"] = float(backfill)
         reg = await self._register(id_list, options)
         sub = _Sub(id_list, options, reg, self.queue_size, raw=raw)
         if self._stream is None:
@@ -720,6 +748,11 @@ class _Stream:
             else:
                 self.notice = msg
                 log.warning("pvwire stream error %d: %s", msg.code, msg.message)
+        elif isinstance(msg, History):
+            sub = self.by_att.get(msg.att)
+            # Only `monitor(..., backfill=S)` asked for it; batch readers never get it.
+            if sub is not None and not sub.raw and sub.options.get("backfill"):
+                await self._deliver(sub, ("history", msg))
         elif isinstance(msg, Pong):
             pass
         # HEARTBEAT only resets the watchdog; unknown kinds are ignored (section 1).
