@@ -9,7 +9,8 @@ import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequ
 import {
   CHANNEL_FIELDS, graphqlRequest, type Channel, type FetchLike, type PutResult, type StreamRegistration,
 } from "./graphql.js";
-import { ALIGNED_SUBPROTOCOL, decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
+import { rowsAfter, timeNs } from "./history.js";
+import { ALIGNED_SUBPROTOCOL, decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, SUBPROTOCOL, type ClientMessage, type Entry, type History, type ServerMessage } from "./protocol.js";
 
 /**
  * An event handler property. Declared through a method so that its parameter is checked
@@ -74,6 +75,18 @@ export interface SubscribeOptions {
    */
   maxPixels?: number;
   /**
+   * Seconds of the channels' past, as the server recorded it, delivered to `onHistory` before
+   * the first snapshot (PROTOCOL.md section 2.8). Default 0: none.
+   */
+  backfill?: number;
+  /**
+   * The recorded past of channel `sid` (with `backfill`), oldest first, one or more calls per
+   * channel before its first state reaches the listener: points (`resolution` 0) or buckets.
+   * The listener's first value is the one after the last row. After a reconnect only rows newer
+   * than what was delivered (or seen live) come again.
+   */
+  onHistory?: (sid: number, history: History) => void;
+  /**
    * Called when the subscription fails for good: unknown channel, access refused (GraphQL
    * FORBIDDEN, or stream code 4403), a token refused again after re-registering (4401, 4402).
    * The client's other subscriptions go on. Without it the client emits "error".
@@ -121,6 +134,7 @@ function subscribeOptions(o: SubscribeOptions): Record<string, unknown> {
   const out: Record<string, unknown> = { maxRate: o.maxRate ?? 0, mode: o.mode ?? "LATEST" };
   if (o.maxColumns) out.maxColumns = o.maxColumns;
   if (o.maxPixels) out.maxPixels = o.maxPixels;
+  if (o.backfill) out.backfill = o.backfill;
   return out;
 }
 /** ERROR codes for a refused token (PROTOCOL.md section 7): register again, once. */
@@ -152,6 +166,8 @@ class Sub implements Subscription {
   renewTimer: ReturnType<typeof setTimeout> | undefined;
   /** Access granted per sid by the last registration. */
   access: (Access | undefined)[] = [];
+  /** Per sid: the newest past row delivered to onHistory, ns (backfill). */
+  pastNs: bigint[] = [];
   readonly ready: Promise<void>;
   resolveReady!: () => void;
   rejectReady!: (e: PvwireError) => void;
@@ -588,6 +604,19 @@ export class PvwireClient {
           const prev = sub.states[sid];
           return prev !== undefined && prev.id === id ? withAccess(prev, sub.access[sid]) : initialState(id, sid, sub.access[sid]);
         });
+        return;
+      }
+      case "HISTORY": {
+        const sub = this.byAtt.get(msg.att);
+        const onHistory = sub?.options.onHistory;
+        if (sub === undefined || onHistory === undefined) return;
+        const live = sub.states[msg.sid]?.time;
+        let after = sub.pastNs[msg.sid] ?? -1n;
+        if (live !== undefined && timeNs(live) > after) after = timeNs(live);
+        const rows = rowsAfter(msg, after);
+        if (rows === null) return;
+        sub.pastNs[msg.sid] = rows.t[rows.t.length - 1]!;
+        onHistory(msg.sid, rows);
         return;
       }
       case "SNAPSHOT": {
