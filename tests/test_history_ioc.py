@@ -280,3 +280,22 @@ async def test_pvwire_monitor_backfill_prints_the_past_lines_first(server: Serve
     values = [d["value"] for d in past[gaps[-1] + 1 if gaps else 0 :]]
     assert len(values) >= 20 and values == [values[0] + i for i in range(len(values))]
     assert live[0]["value"] == values[-1] + 1
+
+
+async def test_history_channels_are_recorded_from_start_with_no_subscriber() -> None:
+    # A glob over the catalogue (the test arguments list ca://PVW:COUNTER in it).
+    args = server_args_for_tests(["--history-channels", "ca://PVW:COUNT*"])
+    with ServerProcess(*args) as server:
+
+        def recorded() -> int:
+            doc = server.graphql(HISTORY, {"id": COUNTER})
+            return 0 if "errors" in doc else len(doc["data"]["history"]["value"])
+
+        await until(lambda: recorded() >= 20, timeout=60)
+        got = history(server, COUNTER)
+        steps = got["value"]
+        assert steps[-10:] == [steps[-10] + i for i in range(10)]
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        assert samples(text, "pvwire_history_channels")['monitored="true"'] == "1"
+        assert samples(text, "pvwire_clients") == {"": "0"}
