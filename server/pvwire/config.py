@@ -64,7 +64,7 @@ class Settings:
     max_graphql_elements: int = (
         100_000  # array elements in one GraphQL response; the stream has no such cap
     )
-    # Recent history (core/history.py): one memory budget for every channel's buffers, ~49 KB
+    # Recent history (core/history.py): one memory budget for every channel's buffers, 47 KiB
     # each, so the default holds ~2,700 channels; 0 switches history off.
     history_mb: float = 128.0
     # Ids (globs over the catalogue) whose history is recorded from start, with no subscriber.
