@@ -51,6 +51,7 @@ def test_every_failure_unit_is_exported(hub: Hub) -> None:
         'unit="reduction"': "2",
         'unit="view"': "0",
         'unit="session"': "0",
+        'unit="history"': "0",
     }
 
 

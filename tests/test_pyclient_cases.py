@@ -16,6 +16,7 @@ import pytest
 from pvwire_client.entry import FIELD_NAMES
 from pvwire_client.session import (
     Attach,
+    Backfill,
     Closed,
     Connected,
     Entries,
@@ -34,8 +35,8 @@ CASES = sorted((ROOT / "protocol" / "cases").glob("*.json"))
 VECTORS = ROOT / "protocol" / "vectors"
 ORDER = ("value", "time", "alarm", "metadata", "connection")
 OUTPUTS = (
-    "sent", "close", "updates", "failed", "renew", "pongs", "errors", "malformed", "connected",
-    "closed",
+    "sent", "close", "updates", "history", "failed", "renew", "pongs", "errors", "malformed",
+    "connected", "closed",
 )  # fmt: skip
 
 
@@ -102,6 +103,18 @@ class Runner:
                 for e in event.raw:
                     bits = self.states[key][e[0]].merge(e, event.snapshot)
                     self.update(key, e[0], bits)
+            elif isinstance(event, Backfill):
+                h = event.history
+                self.record(
+                    "history",
+                    {
+                        "sub": event.key,
+                        "sid": h.sid,
+                        "resolution": h.resolution,
+                        "t": [list(divmod(int(t), 1_000_000_000)) for t in h.t],
+                        "gap": [int(g) for g in h.gap],
+                    },
+                )
             elif isinstance(event, Lost):
                 for key, states in self.states.items():
                     if key in session:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,6 +49,7 @@ class Fake:
         self.script = script
         self.connections = 0
         self.registrations: list[list[str]] = []
+        self.options: list[dict[str, Any]] = []  # the subscribe options of each registration
         self.subprotocols: list[str | None] = []
         self.extensions: list[str | None] = []
         self.authorization: list[str | None] = []  # the header of each GraphQL request
@@ -59,6 +61,7 @@ class Fake:
         self.authorization.append(request.headers.get("Authorization"))
         ids = body["variables"]["ids"]
         self.registrations.append(ids)
+        self.options.append(body["variables"]["options"])
         n = len(self.registrations)
         return httpx.Response(
             200,
@@ -205,6 +208,67 @@ async def test_reconnect_on_restart_shows_disconnect_and_resnapshots(fake_factor
     # Serial 10, then 20 in the new connection's snapshot: a new baseline, not 9 conflated.
     assert ups[2].channel.conflated == 0
     assert fake.connections == 2 and len(fake.registrations) == 1
+
+
+HISTORY_POINTS = (Path(__file__).parents[1] / "protocol/vectors/history_points.bin").read_bytes()
+
+
+async def test_backfill_yields_the_past_once_across_a_reconnect(fake_factory: Any) -> None:
+    # PROTOCOL.md section 2.8: every ATTACH of the token gets the backfill again; the reader
+    # must not see the rows it already had twice. The vector's HISTORY is att 1, sid 0: four
+    # rows, the third a gap, the last at 1700000004.0; the snapshots come after them.
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(HISTORY_POINTS)
+        live = [0, 31, 7.0 * n, n, 1700000004 + n, 0, 0, 0, "", {"units": "mA"}, 1, ""]
+        await ws.send(pack([2, 1, 1, [live]]))
+        if n == 1:
+            await ws.close(1012, "restart")
+        else:
+            await ws.wait_closed()
+
+    fake, client = await fake_factory(script)
+    ups = await take(client.monitor("a", backfill=60), 7)
+    assert fake.options == [{"maxRate": 0.0, "mode": "LATEST", "backfill": 60.0}]
+    got = [(u.past, u.channel.value, u.channel.connection, u.channel.time) for u in ups]
+    assert got == [
+        (True, 1.0, "CONNECTED", (1700000000, 0)),
+        (True, 2.0, "CONNECTED", (1700000000, 100000000)),
+        (True, None, "DISCONNECTED", (1700000003, 500000000)),
+        (True, 0.5, "CONNECTED", (1700000004, 0)),
+        (False, 7.0, "CONNECTED", (1700000005, 0)),
+        (False, 7.0, "DISCONNECTED", (1700000005, 0)),
+        # The second attach's HISTORY repeats rows the reader had: none yielded again.
+        (False, 14.0, "CONNECTED", (1700000006, 0)),
+    ]
+    assert all(u.channel.serial is None for u in ups[:4]) and ups[4].channel.serial == 1
+    assert ups[1].changed == {"value", "time", "alarm"} and ups[2].changed == {"connection"}
+    assert fake.connections == 2
+
+
+async def test_history_reaches_only_a_monitor_that_asked_for_backfill(fake_factory: Any) -> None:
+    # A HISTORY the reader did not ask for (here: a server sending it anyway) is no update: a
+    # plain monitor's and a batch reader's first item is the snapshot's value.
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack(HELLO))
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(HISTORY_POINTS)
+        await ws.send(pack([2, 1, 1, [full(0, 7.0, 1)]]))
+        await ws.wait_closed()
+
+    fake, client = await fake_factory(script)
+    [u] = await take(client.monitor("a"), 1)
+    assert (u.past, u.channel.value, u.channel.serial) == (False, 7.0, 1)
+    batch_fake, client = await fake_factory(script)
+    batches = client.monitor_batches("a")
+    async with asyncio.timeout(10):
+        batch = await anext(batches)
+    await batches.aclose()
+    assert [(s.value, s.serial) for s in batch.states] == [(7.0, 1)]
+    assert fake.options == batch_fake.options == [{"maxRate": 0.0, "mode": "LATEST"}]
 
 
 async def test_terminal_close_raises(fake_factory: Any) -> None:

@@ -41,6 +41,7 @@ KIND_NAMES = {
     wire.Error: "ERROR",
     wire.Heartbeat: "HEARTBEAT",
     wire.Pong: "PONG",
+    wire.History: "HISTORY",
 }
 ENTRY_FIELDS = (
     (wire.VALUE, ("value", "serial")),

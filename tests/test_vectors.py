@@ -40,7 +40,7 @@ def test_hand_built_vectors_say_what_to_expect() -> None:
 def test_every_message_kind_is_covered() -> None:
     kinds = {DOCS[n]["message"]["kind"] for n in ENCODED}
     assert kinds == {"HELLO", "ATTACHED", "SNAPSHOT", "DATA", "DETACHED", "ERROR", "HEARTBEAT",
-                     "PONG", "ATTACH", "DETACH", "PING"}  # fmt: skip
+                     "PONG", "HISTORY", "ATTACH", "DETACH", "PING"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ENCODED)

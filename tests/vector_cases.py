@@ -42,6 +42,25 @@ def e(sid: int, mask: int, **fields: Any) -> dict[str, Any]:
     return {"sid": sid, "mask": mask, **fields}
 
 
+def history(
+    att: int,
+    sid: int,
+    resolution: int,
+    t: list[int],
+    value: list[Any],
+    severity: list[int],
+    status: list[int],
+    gap: list[int],
+    low: list[Any] | None = None,
+    high: list[Any] | None = None,
+) -> dict[str, Any]:
+    return {"kind": "HISTORY", "att": att, "sid": sid, "resolution": resolution,
+            "t": nd("int64", t), "value": nd("float64", value),
+            "min": nd("float64", low or value), "max": nd("float64", high or value),
+            "severity": nd("uint8", severity), "status": nd("uint16", status),
+            "gap": nd("uint8", gap)}  # fmt: skip
+
+
 def data(seq: int, *groups: tuple[int, list[dict[str, Any]]]) -> dict[str, Any]:
     return {"kind": "DATA", "seq": seq, "groups": [{"att": a, "entries": es} for a, es in groups]}
 
@@ -175,6 +194,16 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("data_many_entries", "server", "DATA: 20 entries (array 16 header), sids up to 300",
      data(28, (1, [e(s, VALUE | TIME, value=float(s), serial=1, **T)
                    for s in [*range(19), 300]]))),
+    ("history_points", "server",
+     "HISTORY: a channel's recorded updates before its snapshot, with a gap where it was away "
+     "(section 2.8); each column's data padded to a multiple of 8 bytes",
+     history(1, 0, 0, [1700000000_000000000, 1700000000_100000000, 1700000003_500000000,
+                       1700000004_000000000],
+             [1.0, 2.0, {"$float": "NaN"}, 0.5], [0, 1, 3, 0], [0, 4, 0, 0], [0, 0, 1, 0])),
+    ("history_buckets", "server",
+     "HISTORY: 10 s buckets (min, max, last, highest severity) of sid 2, older than the points",
+     history(3, 2, 10_000_000_000, [1699999980_000000000, 1699999990_000000000],
+             [4.5, 7.0], [0, 2], [0, 0], [0, 0], low=[-1.0, 5.0], high=[5.25, 9.0])),
     ("detached", "server", "DETACHED answering DETACH req 3",
      {"kind": "DETACHED", "req": 3, "att": 1}),
     ("detached_by_server", "server", "DETACHED the server chose (req nil)",
@@ -261,8 +290,8 @@ HAND_BUILT: list[HandBuilt] = [
      "accept", {"message": {"kind": "HELLO", "version": 1, "server": "pvwire/9.9 test",
                             "tick_ms": 20, "heartbeat_ms": 15000, "max_in_bytes": 65536}},
      _p([0, 1, "pvwire/9.9 test", 20, 15000, 65536, "a later field"])),
-    ("ignore_unknown_kind", "server", "a kind this version does not know (8): ignored",
-     "ignore", {}, _p([8, 1, "from a later minor version"])),
+    ("ignore_unknown_kind", "server", "a kind this version does not know (9): ignored",
+     "ignore", {}, _p([9, 1, "from a later minor version"])),
     ("ignore_unknown_kind_high", "server", "a kind this version does not know (99): ignored",
      "ignore", {}, _p([99])),
     ("ignore_unknown_kind_nested", "server",
@@ -375,7 +404,7 @@ def from_json(v: Any) -> Any:
         if "$ndarray" in v:
             a = v["$ndarray"]
             dt = np.dtype(a["dtype"]).newbyteorder("<")
-            return np.array(a["data"], dtype=dt).reshape(a["dims"])
+            return np.array([from_json(x) for x in a["data"]], dtype=dt).reshape(a["dims"])
         if "$float" in v:
             return float(v["$float"].replace("Infinity", "inf"))
         return {k: from_json(x) for k, x in v.items()}
@@ -409,6 +438,9 @@ def build(msg: dict[str, Any]) -> bytes:
         return wire.encode_detached(msg["req"], msg["att"])
     if k == "ERROR":
         return wire.encode_error(msg["req"], msg["code"], msg["message"])
+    if k == "HISTORY":
+        columns = [from_json(msg[name]) for name, _ in wire.HISTORY_COLUMNS]
+        return wire.encode_history(msg["att"], msg["sid"], msg["resolution"], columns)
     if k == "HEARTBEAT":
         return wire.HEARTBEAT
     if k == "PONG":

@@ -72,6 +72,7 @@ def _settings(args: argparse.Namespace) -> Any:
         "heartbeat_s": args.heartbeat,
         "linger_s": args.linger,
         "not_found_s": args.not_found_s,
+        "history_mb": args.history_mb,
         "access_rules": args.access_rules,
         "audit_log": args.audit_log,
         "jwt_secret_file": args.jwt_secret_file,
@@ -91,6 +92,8 @@ def _settings(args: argparse.Namespace) -> Any:
         settings.write_rules = [*settings.write_rules, *args.write_rule]
     if args.catalogue:
         settings.catalogue = [*settings.catalogue, *args.catalogue]
+    if args.history_channels:
+        settings.history_channels = [*settings.history_channels, *args.history_channels]
     if args.admin_group:
         settings.admin_groups = [*settings.admin_groups, *args.admin_group]
     if args.trusted_proxy:
@@ -228,6 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--linger", type=float, help="seconds an unwatched monitor stays open")
         p.add_argument("--not-found-s", type=float, help="seconds before NOT_FOUND (default 5)")
         p.add_argument("--no-sim", action="store_true", help="switch sim:// channels off")
+        p.add_argument(
+            "--history-mb",
+            type=float,
+            help="memory for recent history, all channels together (default 128, ~2,700 "
+            "channels; 0 = off)",
+        )
+        p.add_argument(
+            "--history-channels",
+            action="append",
+            metavar="GLOB",
+            help="channel id, or glob over the catalogue, recorded from start (repeatable)",
+        )
         p.add_argument("--access-rules", help="TOML access rules (reloaded on change, SIGHUP)")
         p.add_argument("--audit-log", help="JSON-lines file: one line per put, allowed or not")
         p.add_argument("--admin-group", action="append", help="group that may see clients")

@@ -73,6 +73,11 @@ class Settings:
     max_query_cost: int = integer("max_query_cost")  # fields (aliases count each) + list ids
     # Array elements in one GraphQL response; the stream has no such cap.
     max_graphql_elements: int = integer("max_graphql_elements")
+    # Recent history (core/history.py): one memory budget for every channel's buffers, 47 KiB
+    # each, so the default holds ~2,700 channels; 0 switches history off.
+    history_mb: float = 128.0
+    # Ids (globs over the catalogue) whose history is recorded from start, with no subscriber.
+    history_channels: list[str] = field(default_factory=list)
     not_found_s: float = 5.0  # CONNECTING this long with no server answering: NOT_FOUND
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs

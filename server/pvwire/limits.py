@@ -14,6 +14,7 @@ __all__ = [
     "ALL_MODE_PER_CHANNEL",
     "ALL_MODE_PER_VIEW",
     "LIMITS",
+    "MAX_BACKFILL_S",
     "MAX_COLUMNS",
     "MAX_ID_LENGTH",
     "MAX_PUT_TIMEOUT_S",
@@ -78,6 +79,7 @@ LIMITS: tuple[Limit, ...] = (
     Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
     Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
           "BAD_REQUEST"),
+    Limit("max_backfill_s", 86_400.0, "s", "`subscribe` option `backfill`", "BAD_REQUEST"),
     Limit("max_columns", 100_000, "columns",
           "`subscribe` option `maxColumns` (0 = whole arrays; `LATEST` mode only)",
           "BAD_REQUEST"),
@@ -149,6 +151,7 @@ MAX_QUERY_TOKENS = integer("max_query_tokens")
 MAX_PUT_TIMEOUT_S = number("max_put_timeout_s")
 MAX_SEARCH_RESULTS = integer("max_search_results")
 SIM_MAX_STORES = integer("sim_max_stores")
+MAX_BACKFILL_S = number("max_backfill_s")
 SIM_MAX_COMPUTED_PER_S = number("sim_max_computed_per_s")
 
 

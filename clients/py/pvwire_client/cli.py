@@ -2,7 +2,7 @@
 
     pvwire get ID...                         value, units, alarm
     pvwire put ID VALUE                      VALUE: int, float, JSON list, else a string
-    pvwire monitor ID... [--count N] [--duration S]
+    pvwire monitor ID... [--count N] [--duration S] [--backfill S]
     pvwire info ID                           metadata
     pvwire search PATTERN
 
@@ -217,6 +217,13 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="images over N pixels arrive subsampled to at most N (0: whole)",
+    )
+    m.add_argument(
+        "--backfill",
+        type=float,
+        default=0,
+        metavar="S",
+        help="first print the last S seconds the server recorded (not counted by --count)",
     )
     m.set_defaults(fn=_monitor)
     i = sub.add_parser("info", parents=[common], help="show metadata")

@@ -24,6 +24,7 @@ import httpx
 
 from . import closecodes
 from . import graphql as gql
+from .backfill import past_states
 from .batch import Batch, BatchMerger
 from .control import DEFAULT_URL
 from .entry import FIELD_NAMES
@@ -37,6 +38,7 @@ from .errors import (
 )
 from .graphql import PutResult, Registration
 from .session import (
+    Backfill,
     Connected,
     Entries,
     Event,
@@ -70,6 +72,9 @@ class Update:
 
     channel: ChannelState
     changed: frozenset[str]
+    # A recorded update from before the subscription (``monitor(..., backfill=S)``), not a
+    # live one: its ``channel`` is that moment's value, time and alarm, with ``serial`` None.
+    past: bool = False
 
 
 @dataclass(eq=False)
@@ -103,7 +108,7 @@ class _Sub:
         return tuple(c.id for c in self.reg.channels)
 
     async def next(self) -> tuple[str, Any]:
-        """The next item the stream queued: entries, snapshot, lost, error or end."""
+        """The next item the stream queued: entries, snapshot, history, lost, error or end."""
         item = await self.queue.get()
         if self.queue.qsize() < self.limit:
             self.space.set()
@@ -274,6 +279,7 @@ class Client:
         mode: Literal["LATEST", "ALL"] = "LATEST",
         max_columns: int = 0,
         max_pixels: int = 0,
+        backfill: float = 0,
     ) -> AsyncGenerator[Update, None]:
         """Yield an Update per applied entry: a first one per channel, then its changes.
 
@@ -292,14 +298,28 @@ class Client:
         (PROTOCOL.md section 4.6): a 1-D array of more than ``2 * max_columns`` elements arrives
         as the interleaved minimum and maximum of ``max_columns`` equal slices, an image of more
         than ``max_pixels`` pixels subsampled; ``metadata["reduced"]`` then says so.
+
+        ``backfill`` = S seconds: first the channels' last S seconds as the server recorded them
+        (PROTOCOL.md section 2.8), as Updates with ``past`` True, oldest first, then the live
+        ones; the first live value is the one after the last past one. After a reconnect the
+        past rows the reader already had are not yielded again.
         """
-        stream, sub = await self._open(ids, max_rate, mode, max_columns, max_pixels)
+        stream, sub = await self._open(
+            ids, max_rate, mode, max_columns, max_pixels, backfill=backfill
+        )
         # Per channel: what changed before its first update (None once that was yielded).
         held: list[set[str] | None] = [set() for _ in sub.states]
+        newest = [0] * len(sub.states)  # per channel: the latest time yielded, ns (backfill)
         try:
             while True:
                 kind, payload = await sub.next()
-                if kind in ("entries", "snapshot"):
+                if kind == "history":
+                    # The session checked the sid against the attachment's channels.
+                    sid = payload.sid
+                    for past, what, t in past_states(payload, sub.states[sid], newest[sid]):
+                        newest[sid] = t
+                        yield Update(past, what, past=True)
+                elif kind in ("entries", "snapshot"):
                     for e in payload:
                         state = sub.states[e[0]]
                         changed = FIELD_NAMES[state.merge(e, kind == "snapshot")]
@@ -309,6 +329,9 @@ class Client:
                             if not state.has_news:
                                 continue
                             changed, held[e[0]] = frozenset(pending), None
+                        if state.seconds is not None and state.nanoseconds is not None:
+                            t = state.seconds * 1_000_000_000 + state.nanoseconds
+                            newest[e[0]] = max(newest[e[0]], t)
                         yield Update(copy.copy(state), changed)
                 elif kind == "lost":
                     for sid, state in enumerate(sub.states):
@@ -362,6 +385,8 @@ class Client:
         mode: str,
         max_columns: int = 0,
         max_pixels: int = 0,
+        *,
+        backfill: float = 0,
     ) -> tuple[_Stream, _Sub]:
         """Register the channels and attach their token on the shared stream."""
         id_list = [ids] if isinstance(ids, str) else list(ids)
@@ -369,6 +394,8 @@ class Client:
         if max_columns or max_pixels:
             # Sent only when asked for: a server without these options still serves the rest.
             options.update(maxColumns=int(max_columns), maxPixels=int(max_pixels))
+        if backfill:
+            options["backfill"] = float(backfill)
         reg = await self._register(id_list, options)
         sub = _Sub(id_list, options, reg, self.queue_size)
         if self._stream is None:
@@ -476,6 +503,12 @@ class _Stream:
             sub = event.key
             assert isinstance(sub, _Sub)
             await self._deliver(sub, ("snapshot" if event.snapshot else "entries", event.raw))
+        elif isinstance(event, Backfill):
+            sub = event.key
+            assert isinstance(sub, _Sub)
+            # Only `monitor(..., backfill=S)` asks for it; batch readers never get it.
+            if sub.options.get("backfill"):
+                await self._deliver(sub, ("history", event.history))
         elif isinstance(event, Lost):
             for sub in self.subs:
                 sub.queue.put_nowait(("lost", event.reason))

@@ -53,6 +53,44 @@ def _json_line(s: ChannelState, changed: int) -> str:
     return json.dumps(change_json(s, changed), ensure_ascii=False)
 
 
+_BITS = {"value": VALUE, "time": TIME, "alarm": ALARM, "metadata": META, "connection": CONN}
+
+
+async def _with_past(c: Client, a: argparse.Namespace, watch: Watch) -> None:
+    """``--backfill S``: the server's recorded last S seconds first, then live lines, one update
+    at a time (``Client.monitor``; batches carry no past). Past lines do not count for
+    ``--count``."""
+    left = a.count
+    printed: set[str] = set()
+    render = _json_line if a.json else _text_line
+    async for u in c.monitor(
+        a.ids,
+        max_rate=a.max_rate,
+        mode=a.mode,
+        max_columns=a.max_columns,
+        max_pixels=a.max_pixels,
+        backfill=a.backfill,
+    ):
+        s = u.channel
+        if not u.past:
+            problem = watch.see(s)
+            if problem is not None:
+                print(problem, file=sys.stderr, flush=True)
+                continue
+        if s.value is None and not u.past:
+            continue  # like camonitor: nothing to print before the first value
+        # (A past row without a value is a gap: printed, as a plot would break its line.)
+        changed = sum(_BITS[n] for n in u.changed)
+        if s.id not in printed:
+            printed.add(s.id)
+            changed = EVERYTHING
+        print(render(s, changed), flush=True)
+        if left is not None and not u.past:
+            left -= 1
+            if left == 0:
+                return
+
+
 async def monitor(a: argparse.Namespace) -> list[str]:
     """Print updates until ``--count`` values, ``--duration`` seconds or SIGTERM; return the
     channels that were missing (not found or failed) when it stopped."""
@@ -66,6 +104,9 @@ async def monitor(a: argparse.Namespace) -> list[str]:
     async with Client(a.server, timeout=a.timeout, token=a.token) as c:
 
         async def run() -> None:
+            if getattr(a, "backfill", 0):
+                await _with_past(c, a, watch)
+                return
             left = a.count
             printed: set[int] = set()  # channels whose first line was printed
             render = _json_line if a.json else _text_line

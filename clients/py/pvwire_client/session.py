@@ -34,6 +34,7 @@ from .wire import (
     Detached,
     Error,
     Hello,
+    History,
     Message,
     Pong,
     ProtocolError,
@@ -46,6 +47,7 @@ from .wire import (
 
 __all__ = [
     "Attach",
+    "Backfill",
     "Closed",
     "Connected",
     "Entries",
@@ -96,6 +98,19 @@ class Entries:
     key: Hashable
     raw: tuple[list[Any], ...]
     snapshot: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """Recorded past of one of ``key``'s channels (``history.sid``, in range), sent after ATTACHED
+    and before that attachment's SNAPSHOT when the token asked for ``backfill`` (section 2.8).
+
+    It changes no channel state; a re-attach sends it again, and which rows the application
+    already has is the pump's to say (it knows what it delivered).
+    """
+
+    key: Hashable
+    history: History
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +181,8 @@ class Closed:
 
 
 Event: TypeAlias = (
-    Connected | Attach | Entries | Lost | Failed | Renew | PingAnswered | ServerError | Malformed
-    | Closed
+    Connected | Attach | Entries | Backfill | Lost | Failed | Renew | PingAnswered | ServerError
+    | Malformed | Closed
 )  # fmt: skip
 
 
@@ -437,6 +452,15 @@ class Session:
                 raise ProtocolError(f"entry sid {e[0]} out of range for {sub.count} channels")
         self._events.append(Entries(sub.key, raw, snapshot))
 
+    def _history(self, msg: History) -> None:
+        # No seq (section 2.8): a HISTORY is not counted, so a gap check never sees it.
+        sub = self._by_att.get(msg.att)
+        if sub is None:
+            return  # an attachment this client detached, or never had (section 1)
+        if msg.sid >= sub.count:
+            raise ProtocolError(f"HISTORY sid {msg.sid} out of range for {sub.count} channels")
+        self._events.append(Backfill(sub.key, msg))
+
     def _dispatch(self, msg: Message, now: float) -> None:
         notice, self._notice = self._notice, None
         if self.hello is None:
@@ -461,6 +485,8 @@ class Session:
         elif isinstance(msg, Snapshot):
             self._check_seq(msg.seq)
             self._entries(msg.att, msg.raw, True)
+        elif isinstance(msg, History):
+            self._history(msg)
         elif isinstance(msg, Attached):
             self._attached(msg, now)
         elif isinstance(msg, Detached):

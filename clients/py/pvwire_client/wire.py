@@ -35,6 +35,7 @@ __all__ = [
     "Group",
     "Heartbeat",
     "Hello",
+    "History",
     "Message",
     "Pong",
     "ProtocolError",
@@ -143,6 +144,27 @@ class Pong:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """Recorded past of one channel of an attachment, sent before its snapshot when the
+    subscription asked for ``backfill`` (section 2.8): columns of one length, oldest first.
+
+    ``resolution`` 0: every update as it came (``min`` = ``max`` = ``value``); else buckets of
+    that many ns starting at ``t``, ``value`` the last in the bucket. ``gap`` 1 marks where the
+    channel was away (value NaN): a plot breaks its line there."""
+
+    att: int
+    sid: int
+    resolution: int
+    t: npt.NDArray[np.int64]  # ns since the POSIX epoch, IOC time
+    value: npt.NDArray[np.float64]
+    min: npt.NDArray[np.float64]
+    max: npt.NDArray[np.float64]
+    severity: npt.NDArray[np.uint8]
+    status: npt.NDArray[np.uint16]
+    gap: npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True, slots=True)
 class Unknown:
     """A kind this client does not know; the spec says to ignore it (section 1)."""
 
@@ -150,7 +172,7 @@ class Unknown:
 
 
 Message: TypeAlias = (
-    Hello | Attached | Snapshot | Data | Detached | Error | Heartbeat | Pong | Unknown
+    Hello | Attached | Snapshot | Data | Detached | Error | Heartbeat | Pong | History | Unknown
 )
 
 
@@ -361,6 +383,34 @@ def _error(m: list[Any]) -> Error:
     )
 
 
+# HISTORY's columns in order, with their wire dtypes (section 2.8).
+_HISTORY_COLUMNS: tuple[tuple[str, np.dtype[Any]], ...] = (
+    ("t", np.dtype("<i8")), ("value", np.dtype("<f8")), ("min", np.dtype("<f8")),
+    ("max", np.dtype("<f8")), ("severity", np.dtype("u1")), ("status", np.dtype("<u2")),
+    ("gap", np.dtype("u1")),
+)  # fmt: skip
+
+
+def _history(m: list[Any]) -> History:
+    # nil items are padding that aligns each column's data (section 2.8), not columns.
+    columns = [c for c in _list(m[4], "HISTORY columns") if c is not None]
+    if len(columns) != len(_HISTORY_COLUMNS):
+        raise ProtocolError(f"HISTORY needs {len(_HISTORY_COLUMNS)} columns, got {len(columns)}")
+    for c, (name, dt) in zip(columns, _HISTORY_COLUMNS, strict=True):
+        if not isinstance(c, np.ndarray) or c.dtype != dt or c.ndim != 1:
+            raise ProtocolError(f"HISTORY column {name} must be a 1-D {dt.name} ndarray")
+        if len(c) != len(columns[0]):
+            raise ProtocolError(f"HISTORY column {name} has {len(c)} rows, not {len(columns[0])}")
+    if len(columns[4]) and int(columns[4].max()) > 3:
+        raise ProtocolError("HISTORY severity above 3")
+    return History(
+        _uint(m[1], "HISTORY att"),
+        _uint(m[2], "HISTORY sid"),
+        _uint(m[3], "HISTORY resolution"),
+        *columns,
+    )
+
+
 _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Message]]] = {
     0: ("HELLO", 6, _hello),
     1: ("ATTACHED", 4, _attached),
@@ -370,6 +420,7 @@ _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Message]]] = {
     5: ("ERROR", 4, _error),
     6: ("HEARTBEAT", 1, lambda m: Heartbeat()),
     7: ("PONG", 2, lambda m: Pong(_nonce(m[1]))),
+    8: ("HISTORY", 5, _history),
 }
 
 

@@ -1,6 +1,6 @@
 // The pvwire demo page: one PvwireClient, one subscription per added channel (all on one
 // WebSocket), a live table, puts, a waveform plot and a one-minute strip chart on canvases.
-import { COLOR_MAPS, DEFAULT_MAX_PIXELS, drawStaleMarker, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type PvwireError, type SubscribeOptions, type Subscription, type TypedArray } from "../src/index.js";
+import { COLOR_MAPS, DEFAULT_MAX_PIXELS, drawStaleMarker, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type History, type PvwireError, type SubscribeOptions, type Subscription, type TypedArray } from "../src/index.js";
 import { niceTicks, placeTicks, timeTicks } from "./axes.js";
 
 const DEMO_PREFIX = "PVWIRE:DEMO:";
@@ -24,10 +24,15 @@ interface Row {
   name: string; tr: HTMLTableRowElement; cells: Record<string, HTMLElement>; sub?: Subscription; state?: ChannelState;
   /** The last put's error, shown beside this row's put box (not in the toolbar, far away). */
   putError: HTMLElement;
+  /** The strip chart's trace of this channel, [ms, value], IOC time; NaN marks a gap. It opens
+   * with the server's recorded past (`backfill`), so a chart is full from the start. */
+  trace: [number, number][];
 }
 const rows = new Map<string, Row>();
 let stripName = "";
-const strip: [number, number][] = []; // [ms, value]
+let strip: [number, number][] = []; // the selected row's trace
+const stripStats = { points: 0, oldestMs: 0, past: 0 };
+(globalThis as { pvwireStrip?: typeof stripStats }).pvwireStrip = stripStats;
 let waveformName = "";
 let updates = 0;
 
@@ -99,7 +104,7 @@ function addChannel(name: string): void {
   putError.dataset.testid = "put-error";
   cells.put!.appendChild(putError);
   rowsEl.appendChild(tr);
-  const row: Row = { name, tr, cells, putError };
+  const row: Row = { name, tr, cells, putError, trace: [] };
   rows.set(name, row);
   subscribeRow(row);
   $("channel-count").textContent = String(rows.size);
@@ -129,12 +134,26 @@ function subscribeRow(row: Row): void {
   const { cells } = row;
   row.sub = client.subscribe([row.name], (st) => onUpdate(row.name, st), {
     ...rowOptions(),
+    backfill: STRIP_SECONDS,
+    onHistory: (_sid, h) => addPast(row, h),
     onError: (e) => {
       cells.conn!.textContent = `ERROR: ${e.message}`;
       cells.conn!.className = "conn conn-FAILED";
       cells.put!.querySelector("form")?.remove();
     },
   });
+}
+
+/** The recorded past of a row's channel, before its first live value: into its trace. */
+function addPast(row: Row, h: History): void {
+  for (let i = 0; i < h.t.length; i++) {
+    row.trace.push([Number(h.t[i]! / 1_000_000n), h.gap[i] ? NaN : h.value[i]!]);
+  }
+  if (row.name === stripName) stripStats.past += h.t.length;
+}
+
+function traceTime(st: ChannelState): number {
+  return st.time ? st.time.seconds * 1000 + st.time.nanoseconds / 1e6 : Date.now();
 }
 
 /** Why a channel is read-only for this identity, for the put box's title. */
@@ -273,8 +292,14 @@ function onUpdate(name: string, st: ChannelState): void {
     if (name === imageName) imageView.update(v, st.metadata, st.time);
   }
   if (name === imageName) imageView.setStale(staleReason(st));
+  if (typeof v === "number") {
+    const trace = row.trace;
+    trace.push([traceTime(st), v]);
+    // Trimmed here too, not only when drawn: every row keeps a trace, shown or not.
+    const from = Date.now() - STRIP_SECONDS * 1000;
+    while (trace.length > 1 && trace[0]![0] < from) trace.shift();
+  }
   if (typeof v === "number" && st.metadata.type !== "enum" && !stripName) selectStrip(name);
-  if (name === stripName && typeof v === "number") strip.push([Date.now(), v]);
 }
 
 // ---- image: drawn on animation frames, the latest frame only (ImageView)
@@ -321,11 +346,9 @@ function selectImage(name: string): void {
 
 function selectStrip(name: string): void {
   stripName = name;
-  strip.length = 0;
+  strip = rows.get(name)?.trace ?? [];
   $("strip-name").textContent = name;
   for (const r of rows.values()) r.cells.name!.classList.toggle("selected", r.name === name);
-  const v = rows.get(name)?.state?.value;
-  if (typeof v === "number") strip.push([Date.now(), v]);
 }
 
 // ---- plots: the trace and grid on the canvas, tick labels and units as text beside it
@@ -492,7 +515,9 @@ function drawStrip(): void {
   const now = Date.now();
   const from = now - STRIP_SECONDS * 1000;
   while (strip.length > 0 && strip[0]![0] < from) strip.shift();
-  const [lo, hi] = range(strip.map((q) => q[1]));
+  const [lo, hi] = range(strip.map((q) => q[1]).filter((v) => !Number.isNaN(v)));
+  stripStats.points = strip.length;
+  stripStats.oldestMs = strip[0]?.[0] ?? 0;
   const f = (t: number) => (t - from) / (STRIP_SECONDS * 1000);
   const units = rows.get(stripName)?.state?.metadata.units ?? "";
   axes(p, lo, hi, timeTicks(from, now, 15).map((t) => ({ f: f(t.value), label: t.label })), units);
@@ -500,11 +525,14 @@ function drawStrip(): void {
   ctx.strokeStyle = "#c62828";
   ctx.lineWidth = 1.5;
   ctx.beginPath();
-  strip.forEach(([t, v], i) => {
+  let penUp = true; // at the start and after a gap (NaN): a gap is shown as one, not a line
+  for (const [t, v] of strip) {
+    if (Number.isNaN(v)) { penUp = true; continue; }
     const x = xAt(p, f(t));
     const y = yAt(p, v, lo, hi);
-    if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
-  });
+    if (penUp) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    penUp = false;
+  }
   ctx.stroke();
 }
 

@@ -13,7 +13,8 @@ import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequ
 import {
   CHANNEL_FIELDS, graphqlRequest, type Channel, type FetchLike, type PutResult, type StreamRegistration,
 } from "./graphql.js";
-import { ALIGNED_SUBPROTOCOL, SUBPROTOCOL, type Entry, type ServerMessage } from "./protocol.js";
+import { rowsAfter, timeNs } from "./history.js";
+import { ALIGNED_SUBPROTOCOL, SUBPROTOCOL, type Entry, type History, type ServerMessage } from "./protocol.js";
 import { Session, type SessionEvent } from "./session.js";
 
 /** The clock of the session's `now`: monotonic, in ms. */
@@ -82,6 +83,18 @@ export interface SubscribeOptions {
    */
   maxPixels?: number;
   /**
+   * Seconds of the channels' past, as the server recorded it, delivered to `onHistory` before
+   * the first snapshot (PROTOCOL.md section 2.8). Default 0: none.
+   */
+  backfill?: number;
+  /**
+   * The recorded past of channel `sid` (with `backfill`), oldest first, one or more calls per
+   * channel before its first state reaches the listener: points (`resolution` 0) or buckets.
+   * The listener's first value is the one after the last row. After a reconnect only rows newer
+   * than what was delivered (or seen live) come again.
+   */
+  onHistory?: (sid: number, history: History) => void;
+  /**
    * Called when the subscription fails for good: unknown channel, access refused (GraphQL
    * FORBIDDEN, or stream code 4403), a token refused again after re-registering (4401, 4402).
    * The client's other subscriptions go on. Without it the client emits "error".
@@ -129,6 +142,7 @@ function subscribeOptions(o: SubscribeOptions): Record<string, unknown> {
   const out: Record<string, unknown> = { maxRate: o.maxRate ?? 0, mode: o.mode ?? "LATEST" };
   if (o.maxColumns) out.maxColumns = o.maxColumns;
   if (o.maxPixels) out.maxPixels = o.maxPixels;
+  if (o.backfill) out.backfill = o.backfill;
   return out;
 }
 /** Stop listening to a socket we are done with. onerror stays a no-op: `ws` emits an error for
@@ -150,6 +164,8 @@ class Sub implements Subscription {
   renewTimer: ReturnType<typeof setTimeout> | undefined;
   /** Access granted per sid by the last registration. */
   access: (Access | undefined)[] = [];
+  /** Per sid: the newest past row delivered to onHistory, ns (backfill). */
+  pastNs: bigint[] = [];
   readonly ready: Promise<void>;
   resolveReady!: () => void;
   rejectReady!: (e: PvwireError) => void;
@@ -545,6 +561,9 @@ export class PvwireClient {
           ev.key.resolveReady();
         }
         return;
+      case "history":
+        this.history(ev.key, ev.history);
+        return;
       case "lost":
         this.markLost(ev.reason);
         return;
@@ -591,6 +610,24 @@ export class PvwireClient {
       this.stats.entries++;
       if (sub.closed) return;
       this.tell(sub, next, changed);
+    }
+  }
+
+  /** Hand the rows of a HISTORY newer than what the subscription has (delivered, or seen live)
+   * to its onHistory; one that throws is reported as an error, like a listener. */
+  private history(sub: Sub, msg: History): void {
+    const onHistory = sub.options.onHistory;
+    if (onHistory === undefined || sub.closed) return;
+    const live = sub.states[msg.sid]?.time;
+    let after = sub.pastNs[msg.sid] ?? -1n;
+    if (live !== undefined && timeNs(live) > after) after = timeNs(live);
+    const rows = rowsAfter(msg, after);
+    if (rows === null) return;
+    sub.pastNs[msg.sid] = rows.t[rows.t.length - 1]!;
+    try {
+      onHistory(msg.sid, rows);
+    } catch (err) {
+      this.emit("error", err instanceof PvwireError ? err : new PvwireError(`subscription onHistory failed: ${String(err)}`));
     }
   }
 

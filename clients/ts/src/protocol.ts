@@ -13,7 +13,7 @@ export const SUBPROTOCOL = "pvwire.v1";
 export const ALIGNED_SUBPROTOCOL = "pvwire.v1.aligned";
 
 export const Kind = {
-  HELLO: 0, ATTACHED: 1, SNAPSHOT: 2, DATA: 3, DETACHED: 4, ERROR: 5, HEARTBEAT: 6, PONG: 7,
+  HELLO: 0, ATTACHED: 1, SNAPSHOT: 2, DATA: 3, DETACHED: 4, ERROR: 5, HEARTBEAT: 6, PONG: 7, HISTORY: 8,
   ATTACH: 16, DETACH: 17, PING: 18,
 } as const;
 
@@ -80,6 +80,27 @@ export interface Entry {
 
 export interface Group { att: number; entries: Entry[] }
 
+/**
+ * A channel's recorded past, sent before its attachment's snapshot when the subscription asked
+ * for `backfill` (section 2.8): columns of one length, oldest first. `resolution` 0: every
+ * update as it came (min = max = value); else buckets of that many ns starting at `t`, `value`
+ * the last in each. `gap` 1 marks where the channel was away (value NaN).
+ */
+export interface History {
+  kind: "HISTORY";
+  att: number;
+  sid: number;
+  resolution: number;
+  /** ns since the POSIX epoch, IOC time. */
+  t: BigInt64Array;
+  value: Float64Array;
+  min: Float64Array;
+  max: Float64Array;
+  severity: Uint8Array;
+  status: Uint16Array;
+  gap: Uint8Array;
+}
+
 export type ServerMessage =
   | { kind: "HELLO"; version: number; server: string; tickMs: number; heartbeatMs: number; maxInBytes: number }
   | { kind: "ATTACHED"; req: number; att: number; ids: string[] }
@@ -88,7 +109,8 @@ export type ServerMessage =
   | { kind: "DETACHED"; req: number | null; att: number }
   | { kind: "ERROR"; req: number | null; code: number; message: string }
   | { kind: "HEARTBEAT" }
-  | { kind: "PONG"; nonce: number | bigint | string };
+  | { kind: "PONG"; nonce: number | bigint | string }
+  | History;
 
 export type ClientMessage =
   | { kind: "ATTACH"; req: number; token: string }
@@ -257,9 +279,33 @@ export function decodeServerMessage(bytes: Uint8Array): ServerMessage | null {
     case Kind.PONG:
       minLength(a, 2, "PONG");
       return { kind: "PONG", nonce: nonce(a[1]) };
+    case Kind.HISTORY:
+      minLength(a, 5, "HISTORY");
+      return history(a);
     default:
       return null; // section 1: a kind this client does not know is ignored, whatever its number
   }
+}
+
+const HISTORY_COLUMNS = [
+  ["t", BigInt64Array], ["value", Float64Array], ["min", Float64Array], ["max", Float64Array],
+  ["severity", Uint8Array], ["status", Uint16Array], ["gap", Uint8Array],
+] as const;
+
+function history(a: unknown[]): History {
+  // nil items are padding that aligns each column's data (section 2.8), not columns.
+  const columns = arr(a[4], "HISTORY columns").filter((c) => c !== null);
+  if (columns.length !== HISTORY_COLUMNS.length) fail(`HISTORY needs ${HISTORY_COLUMNS.length} columns`, columns);
+  const rows = (columns[0] as { length?: number }).length;
+  const out: Record<string, unknown> = { kind: "HISTORY", att: uint(a[1], "HISTORY att"), sid: uint(a[2], "HISTORY sid"), resolution: uint(a[3], "HISTORY resolution") };
+  HISTORY_COLUMNS.forEach(([name, Ctor], i) => {
+    const c = columns[i];
+    if (!(c instanceof Ctor)) fail(`HISTORY column ${name} must be a 1-D ${Ctor.name}`, c);
+    if (c.length !== rows) fail(`HISTORY column ${name} must have ${rows} rows`, c.length);
+    out[name] = c;
+  });
+  if ((out.severity as Uint8Array).some((s) => s > 3)) fail("HISTORY severity must be 0..3", out.severity);
+  return out as unknown as History;
 }
 
 function nonce(v: unknown): number | bigint | string {

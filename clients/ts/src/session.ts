@@ -18,7 +18,7 @@
  */
 import { closeClass, closeName, CloseCode, ErrorCode } from "./closeCodes.js";
 import { ProtocolError } from "./errors.js";
-import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, type ClientMessage, type Entry, type ServerMessage } from "./protocol.js";
+import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, type ClientMessage, type Entry, type History, type ServerMessage } from "./protocol.js";
 
 export type Hello = Extract<ServerMessage, { kind: "HELLO" }>;
 type ErrorMessage = Extract<ServerMessage, { kind: "ERROR" }>;
@@ -38,6 +38,13 @@ export type SessionEvent<K> =
   | { type: "attached"; key: K; ids: readonly string[] }
   /** Entries for `key`'s channels (sids in range); `snapshot`: serials are a new baseline. */
   | { type: "entries"; key: K; entries: readonly Entry[]; snapshot: boolean }
+  /**
+   * Recorded past of one of `key`'s channels (`history.sid`, in range), after ATTACHED and before
+   * that attachment's SNAPSHOT when the token asked for `backfill` (section 2.8). It changes no
+   * channel state; a re-attach sends it again, and which rows the application already has is the
+   * pump's to say (it knows what it delivered).
+   */
+  | { type: "history"; key: K; history: History }
   /** The connection is gone, a reconnect follows: CONNECTED channels show DISCONNECTED. */
   | { type: "lost"; reason: string }
   /** `key`'s subscription ended for good; the others go on (unless they fail too). */
@@ -338,6 +345,14 @@ export class Session<K> {
         this.checkSeq(msg.seq);
         this.entries(msg.att, msg.entries, true);
         return;
+      case "HISTORY": {
+        // No seq (section 2.8): a HISTORY is not counted, so a gap check never sees it.
+        const sub = this.byAtt.get(msg.att);
+        if (sub === undefined) return;
+        if (msg.sid >= sub.count) throw new ProtocolError(`HISTORY sid ${msg.sid} out of range for ${sub.count} channels`);
+        this.events.push({ type: "history", key: sub.key, history: msg });
+        return;
+      }
       case "ATTACHED":
         this.attached(msg, now);
         return;

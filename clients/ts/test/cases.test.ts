@@ -11,7 +11,7 @@ import { Session } from "../src/session.js";
 
 const root = join(import.meta.dirname, "../../../protocol");
 const files = readdirSync(join(root, "cases")).filter((f) => f.endsWith(".json")).sort();
-const OUTPUTS = ["sent", "close", "updates", "failed", "renew", "pongs", "errors", "malformed", "connected", "closed"] as const;
+const OUTPUTS = ["sent", "close", "updates", "history", "failed", "renew", "pongs", "errors", "malformed", "connected", "closed"] as const;
 
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 type Step = Record<string, Json>;
@@ -81,6 +81,16 @@ class Runner {
             states[e.sid] = next;
             this.update(ev.key, e.sid, next, changed);
           }
+          break;
+        }
+        case "history": {
+          const h = ev.history;
+          const NS = 1_000_000_000n;
+          this.record("history", {
+            sub: ev.key, sid: h.sid, resolution: h.resolution,
+            t: Array.from(h.t, (t) => [Number(t / NS), Number(t % NS)]),
+            gap: Array.from(h.gap),
+          });
           break;
         }
         case "lost":

@@ -2,15 +2,19 @@
 // deterministically: shared socket, snapshot + deltas, reconnect on 1012, heartbeat watchdog,
 // bad token (no reconnect loop), expired token (re-register), sequence gap; identities: the
 // bearer token from getToken, refused tokens per attachment (ERROR), access and writable.
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import WebSocket, { WebSocketServer } from "ws";
-import { decode, encode, ProtocolError, PvwireClient, PvwireError, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type WebSocketConstructor } from "../src/index.js";
+import { decode, encode, ProtocolError, PvwireClient, PvwireError, type ChangedField, type ChannelState, type ConnectionState, type Encodable, type History, type WebSocketConstructor } from "../src/index.js";
 
 interface FakeServer {
   url: string;
   connections: number;
   tokens: string[];
   registrations: number;
+  /** The subscribe options of each registration. */
+  options: unknown[];
   /** Channel ids of each registration, by the token it returned. */
   registered: Map<string, string[]>;
   /** Authorization header of each GraphQL request. */
@@ -49,7 +53,7 @@ async function fakeServer(behaviour = standardAttach, heartbeatMs = 15000): Prom
   await new Promise((r) => wss.once("listening", r));
   const port = (wss.address() as { port: number }).port;
   const s: FakeServer = {
-    url: `http://127.0.0.1:${port}`, connections: 0, tokens: [], registrations: 0, registered: new Map(), authorization: [], access: {},
+    url: `http://127.0.0.1:${port}`, connections: 0, tokens: [], registrations: 0, options: [], registered: new Map(), authorization: [], access: {},
     behaviour, heartbeatMs, wss, sockets: new Set(),
   };
   wss.on("connection", (ws) => {
@@ -72,8 +76,9 @@ async function fakeServer(behaviour = standardAttach, heartbeatMs = 15000): Prom
 
 function client(s: FakeServer, extra: Partial<ConstructorParameters<typeof PvwireClient>[1]> = {}): PvwireClient {
   const fetch = async (_url: string, init: { headers: Record<string, string>; body: string }) => {
-    const body = JSON.parse(init.body) as { query: string; variables: { ids: string[] } };
+    const body = JSON.parse(init.body) as { query: string; variables: { ids: string[]; o: unknown } };
     if (!body.query.includes("subscribe")) throw new Error("unexpected query");
+    s.options.push(body.variables.o);
     s.authorization.push(init.headers.authorization);
     s.registrations++;
     const token = `tok-${s.registrations}`;
@@ -272,6 +277,32 @@ describe("PvwireClient with a fake server", () => {
     c.subscribe(["A", "B"], () => undefined);
     await until(() => s.connections >= 2);
     expect(errors[0]?.message).toMatch(/sequence gap: expected 3, got 99/);
+  });
+
+  it("hands the backfill to onHistory before the first state, and not again after a reconnect", async () => {
+    // The vector's HISTORY is att 1, sid 0: four rows up to 1700000004.0, the third a gap. Every
+    // ATTACH of the token gets it again (PROTOCOL.md section 2.8); the reader had those rows.
+    const history = readFileSync(join(import.meta.dirname, "../../../protocol/vectors/history_points.bin"));
+    const s = await fakeServer((ws, msg, ctx) => {
+      const [kind, req] = msg as [number, number];
+      if (kind !== 16) return;
+      const att = ctx.att();
+      ws.send(encode([1, req, att, ["ca://A"]]));
+      ws.send(history);
+      ws.send(encode([2, ctx.seq(), att, [[0, 31, 7 * s.connections, s.connections, 1700000004 + s.connections, 0, 0, 0, "", {}, 1, ""]]]));
+    });
+    const c = client(s);
+    const seen: string[] = [];
+    const sub = c.subscribe(["A"], (st) => seen.push(`${st.connection} ${String(st.value)}`), {
+      backfill: 60,
+      onHistory: (sid: number, h: History) => seen.push(`history ${sid} ${Array.from(h.value).join(",")} gap ${Array.from(h.gap).join(",")}`),
+    });
+    await sub.ready;
+    for (const ws of s.sockets) ws.close(1012, "restart");
+    await until(() => seen.length === 4);
+    expect(seen).toEqual(["history 0 1,2,NaN,0.5 gap 0,0,1,0", "CONNECTED 7", "DISCONNECTED 7", "CONNECTED 14"]);
+    expect(s.options).toEqual([{ maxRate: 0, mode: "LATEST", backfill: 60 }]);
+    expect(sub.channels[0]).toMatchObject({ serial: 2, conflated: 0 }); // untouched by HISTORY
   });
 });
 

@@ -60,6 +60,7 @@ function asMeaning(m: ServerMessage): unknown {
   for (const [k, v] of Object.entries(m)) out[SNAKE[k] ?? k] = v;
   const entries = (es: Entry[]) => es.map((e) => ({ ...e, ...("value" in e ? { value: actualValue(e.value) } : {}) }));
   if (m.kind === "SNAPSHOT") out.entries = entries(m.entries);
+  if (m.kind === "HISTORY") for (const k of ["t", "value", "min", "max", "severity", "status", "gap"] as const) out[k] = actualValue(m[k]);
   if (m.kind === "DATA") out.groups = m.groups.map((g) => ({ att: g.att, entries: entries(g.entries) }));
   return out;
 }

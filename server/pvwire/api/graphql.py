@@ -29,6 +29,7 @@ from ..core.subscribe import StreamOptions
 from ..errors import BadChannelId, ChannelNotFound, PvwireError
 from ..format import format_value
 from ..limits import (
+    MAX_BACKFILL_S,
     MAX_COLUMNS,
     MAX_PUT_TIMEOUT_S,
     MAX_QUERY_TOKENS,
@@ -267,6 +268,40 @@ def _admin_snapshot(info: Info) -> HubSnapshot:
     return snap
 
 
+@strawberry.type(
+    description="A channel's recent history as columns, one element per row, oldest first "
+    "(DESIGN.md section 7c): every update as it came (resolution 0) or buckets of `resolution` "
+    "seconds. A gap row (gap true, value null) is where the channel was away: a plot breaks "
+    "its line there."
+)
+class History:
+    id: str
+    resolution: float = strawberry.field(
+        description="seconds per bucket; 0: every update, as the IOC stamped it"
+    )
+    truncated: bool = strawberry.field(
+        description="more rows matched than maxPoints even at the coarsest resolution: the "
+        "newest were kept"
+    )
+    recorded_since: float | None = strawberry.field(
+        description="POSIX seconds of the oldest data this resolution still holds"
+    )
+    seconds: JSON = strawberry.field(
+        description="POSIX seconds of each point's IOC timestamp, or of each bucket's start"
+    )
+    nanoseconds: JSON
+    value: JSON = strawberry.field(description="the point's value, or a bucket's last one")
+    min: JSON
+    max: JSON
+    mean: JSON
+    count: JSON = strawberry.field(description="updates in the row (0 for a gap)")
+    severity: JSON = strawberry.field(
+        description="alarm severity as a number, 0 NO_ALARM to 3 INVALID (buckets: the highest)"
+    )
+    status: JSON = strawberry.field(description="EPICS alarm status code (buckets: 0)")
+    gap: JSON
+
+
 @strawberry.input
 class PutInput:
     id: str
@@ -293,6 +328,12 @@ class SubscribeOptions:
         description="images of more pixels arrive subsampled by a whole factor per axis to at "
         "most maxPixels pixels (metadata `reduced` gives the full dims and the step); "
         f"0 = whole images, else at least {shown('min_pixels')}. LATEST mode only",
+    )
+    backfill: float = strawberry.field(
+        default=0.0,
+        description="seconds of recorded history (server clock) each channel sends before its "
+        "snapshot, as HISTORY messages (PROTOCOL.md section 2.8); 0 = none, at most "
+        f"{shown('max_backfill_s')}",
     )
 
 
@@ -446,6 +487,52 @@ class Query:
     def search(self, info: Info, pattern: str, limit: int = 100) -> list[str]:
         return _hub(info).search(pattern, min(limit, MAX_SEARCH_RESULTS), _identity(info))
 
+    @strawberry.field(
+        description="recent history of a monitored channel between since and until (POSIX "
+        "seconds, IOC time; default: all that is held), as points or, when more than maxPoints, "
+        "the finest buckets that fit; errors: NO_HISTORY, BAD_CHANNEL_ID, FORBIDDEN, TOO_LARGE"
+    )
+    def history(
+        self,
+        info: Info,
+        id: str,
+        since: float | None = None,
+        until: float | None = None,
+        max_points: int = 1000,
+    ) -> History:
+        hub = _hub(info)
+        budget: ValueBudget = info.context["budget"]
+        if not 0 < max_points <= budget.limit // HISTORY_COLUMNS:
+            raise GraphQLError(
+                f"maxPoints must be between 1 and {budget.limit // HISTORY_COLUMNS:,}",
+                extensions={"code": "BAD_REQUEST"},
+            )
+        lo = 0 if since is None else _ns(since)
+        hi = 2**62 if until is None else _ns(until)
+        try:
+            cid, rows = hub.history(id, lo, hi, max_points, _identity(info))
+            # Every column counts against the response's cap, as array elements do.
+            budget.take(cid, np.broadcast_to(np.int8(0), (len(rows) * HISTORY_COLUMNS,)))
+        except PvwireError as exc:
+            raise _error(exc) from None
+        seconds, nanoseconds = np.divmod(rows.t, 1_000_000_000)
+        return History(
+            id=cid,
+            resolution=rows.resolution / 1e9,
+            truncated=rows.truncated,
+            recorded_since=rows.since / 1e9 if rows.since else None,
+            seconds=_json(seconds),
+            nanoseconds=_json(nanoseconds),
+            value=_json(rows.value),
+            min=_json(rows.min),
+            max=_json(rows.max),
+            mean=_json(rows.mean),
+            count=_json(rows.count),
+            severity=_json(rows.severity),
+            status=_json(rows.status),
+            gap=_json(rows.gap),
+        )
+
     @strawberry.field
     def server(self, info: Info) -> ServerInfo:
         hub = _hub(info)
@@ -464,6 +551,18 @@ class Query:
             worker=worker.worker,
             workers=worker.workers,
         )
+
+
+# Columns of a `history` answer: each row costs this many elements of the response's cap.
+HISTORY_COLUMNS = 10
+
+
+def _ns(posix_seconds: float) -> int:
+    if not math.isfinite(posix_seconds):
+        raise GraphQLError(
+            "since and until must be finite POSIX seconds", extensions={"code": "BAD_REQUEST"}
+        )
+    return max(0, min(int(posix_seconds * 1e9), 2**62))
 
 
 T = TypeVar("T")
@@ -556,6 +655,11 @@ class Mutation:
                 extensions={"code": "BAD_REQUEST"},
             )
         _check_reduction(options)
+        if not 0 <= options.backfill <= MAX_BACKFILL_S:
+            raise GraphQLError(
+                f"backfill must be between 0 and {MAX_BACKFILL_S:g} seconds",
+                extensions={"code": "BAD_REQUEST"},
+            )
         try:
             registration = hub.subscribe(
                 ids,
@@ -565,6 +669,7 @@ class Mutation:
                     options.max_rate,
                     options.max_columns,
                     options.max_pixels,
+                    options.backfill,
                 ),
             )
         except PvwireError as exc:

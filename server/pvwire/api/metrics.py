@@ -127,6 +127,22 @@ METRICS: tuple[Metric, ...] = (
     Metric("event_loop_lag_seconds", "gauge", "Worst event loop lag in the last 10 s.",
            _one(lambda s: s.loop_lag)),
     Metric("tick_duration_seconds", "histogram", "Time to process one tick.", _tick_histogram),
+    Metric("history_budget_bytes", "gauge", "Memory allowed for recent history (--history-mb).",
+           _one(lambda s: s.history.budget_bytes)),
+    Metric("history_bytes", "gauge", "Memory held by recent history.",
+           _one(lambda s: s.history.used_bytes)),
+    Metric("history_channels", "gauge",
+           "Channels with recent history, by whether they are monitored now.",
+           lambda s: [("", (("monitored", "true"),), s.snapshot.history.monitored),
+                      ("", (("monitored", "false"),),
+                       s.snapshot.history.channels - s.snapshot.history.monitored)],
+           {"monitored": frozenset({"true", "false"})}),
+    Metric("history_refused_total", "counter",
+           "Channels that got no history: the budget was full of monitored channels.",
+           _one(lambda s: s.history.refused)),
+    Metric("history_reclaimed_total", "counter",
+           "Histories of channels no longer monitored, dropped to make room for new ones.",
+           _one(lambda s: s.history.reclaimed)),
 )  # fmt: skip
 
 

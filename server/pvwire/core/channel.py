@@ -20,6 +20,7 @@ from ..limits import ALL_MODE_PER_CHANNEL
 from ..model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
 from ..upstream.base import Backend, Monitor
 from ..wire import codec as wire
+from .history import ChannelHistory
 from .reduce import Reduction, reduce_value
 
 __all__ = [
@@ -47,7 +48,7 @@ _update_body = wire.encode_update_body
 
 # Where a failure can be contained (`DirtyListener.count_failure`, typed so no other name can
 # be counted): `/metrics` exports a series for each of them, zero or not.
-FailureUnit = Literal["channel", "reduction", "view", "session"]
+FailureUnit = Literal["channel", "reduction", "view", "session", "history"]
 FAILURE_UNITS: tuple[FailureUnit, ...] = get_args(FailureUnit)
 
 
@@ -86,6 +87,7 @@ class Channel:
         "name",
         "nanoseconds",
         "reason",
+        "recorder",
         "refs",
         "seconds",
         "serial",
@@ -135,6 +137,9 @@ class Channel:
         # or whose mask holds META (`writable` differs by the view's access).
         self._cache: dict[int | tuple[int, Reduction | None, bool], wire.EntryBody] = {}
         self.fault = ""  # why encoding failed; the channel stays FAILED until it reconnects
+        # Where updates are recorded for `history` and `backfill` (core/history.py); None when
+        # the channel has none (budget full, or recording failed).
+        self.recorder: ChannelHistory | None = None
 
     # --- ChannelSink: called by the backend on the event loop, O(1) --------------------------
 
@@ -178,6 +183,12 @@ class Channel:
         if self.all_views and len(self.history) < ALL_MODE_LIMIT:
             # ALL mode must keep this update even if another arrives before the tick.
             self.history.append(self.body(mask, cache=False))
+        recorder = self.recorder
+        if recorder is not None:
+            try:
+                recorder.record(value, seconds, nanoseconds, severity, status)
+            except Exception as exc:
+                self._history_failed(exc)
 
     def on_meta(self, meta: Metadata) -> None:
         # `meta.writable` is the upstream's answer (None when it cannot tell, as for PVA); the
@@ -195,11 +206,24 @@ class Channel:
         self.state = state
         self.reason = reason
         self.fault = ""  # a new connection gets a new chance to deliver values we can encode
+        if state != ConnState.CONNECTED and self.recorder is not None:
+            try:
+                self.recorder.mark_gap()  # a plot must show a gap here, not a line
+            except Exception as exc:
+                self._history_failed(exc)
         if state == ConnState.CONNECTED and self.serial and self.known & VALUE:
             # A reconnect: the monitor will deliver a fresh first update; restart the serial so
             # clients do not count the gap as conflated updates (PROTOCOL.md section 3).
             self.serial = 0
         self._changed(CONN)
+
+    def _history_failed(self, exc: Exception) -> None:
+        """Recording failed: this channel's history stops, the channel goes on."""
+        recorder, self.recorder = self.recorder, None
+        log.error("channel %s: history recording failed, stopped: %r", self.id, exc)
+        self.listener.count_failure("history")
+        if recorder is not None:
+            recorder.failed = True  # its store reclaims it first and never hands it out again
 
     def _changed(self, mask: int) -> None:
         if self._cache:

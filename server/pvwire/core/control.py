@@ -190,6 +190,11 @@ class Control:
     def search(self, pattern: str, limit: int, identity: Identity) -> list[str]:
         """Glob over the catalogue, active channels and sim kinds, minus what `identity` may not
         read; a pattern without a scheme also matches names under any scheme."""
+        found = [cid for cid in self.matching(pattern) if self.access(identity, cid) != Access.NONE]
+        return found[: max(0, limit)]
+
+    def matching(self, pattern: str) -> list[str]:
+        """The known ids `pattern` matches (catalogue, active channels, sim kinds), sorted."""
         registry = self._registry
         candidates: set[str] = set(registry.channels) | self._file_ids
         for cid in registry.settings.catalogue:
@@ -200,13 +205,9 @@ class Control:
         for scheme, backend in registry.backends.items():
             candidates.update(f"{scheme}://{name}" for name in backend.names())
         has_scheme = "://" in pattern
-        found = sorted(
+        return sorted(
             cid
             for cid in candidates
-            if (
-                fnmatch.fnmatchcase(cid, pattern)
-                or (not has_scheme and fnmatch.fnmatchcase(cid.partition("://")[2], pattern))
-            )
-            and self.access(identity, cid) != Access.NONE
+            if fnmatch.fnmatchcase(cid, pattern)
+            or (not has_scheme and fnmatch.fnmatchcase(cid.partition("://")[2], pattern))
         )
-        return found[: max(0, limit)]

@@ -21,12 +21,14 @@ from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
 from ..access.rules import Access, RulesFile
 from ..config import Settings
+from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
 from ..wire.session import FORBIDDEN, AttachRefused, Source
 from ..wire.tokens import Claims, TokenSigner
 from .clients import Client
 from .control import Control
+from .history import HistorySlice, HistoryStore
 from .reduce import Reduction
 from .registry import Registry
 from .stats import ChannelSnapshot, ClientSnapshot, HubSnapshot
@@ -46,7 +48,8 @@ class Hub:
         self.settings = settings
         self.signer = signer
         self.ticker = Ticker(settings.tick_ms)
-        self.registry = Registry(backends, settings, self.ticker)
+        self.history_store = HistoryStore(int(settings.history_mb * (1 << 20)))
+        self.registry = Registry(backends, settings, self.ticker, history=self.history_store)
         self.rules = RulesFile(settings.access_rules, settings.write_rules)
         self.audit = AuditLog(settings.audit_log)
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
@@ -67,6 +70,23 @@ class Hub:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._schedule_housekeeping(loop, loop.time())
+        self._pin_history()
+
+    def _pin_history(self) -> None:
+        """`--history-channels`: monitored from start, held for good, their history never
+        reclaimed. A glob is matched against the ids the server knows (catalogue, sim kinds)."""
+        for pattern in self.settings.history_channels:
+            ids = self.control.matching(pattern) if any(c in pattern for c in "*?[") else [pattern]
+            if not ids:
+                log.warning("--history-channels %r matches no known channel id", pattern)
+            for i in ids:
+                try:
+                    ch = self.registry.acquire(self.registry.resolve(i)[0])
+                except PvwireError as exc:
+                    log.error("--history-channels %r: %s", i, exc)
+                    continue
+                if ch.recorder is not None:
+                    ch.recorder.pinned = True
 
     async def stop(self) -> None:
         if self._housekeeping is not None:
@@ -115,6 +135,15 @@ class Hub:
     def writes_enabled(self) -> bool:
         """Some rule lets someone write something."""
         return self.rules.rules.may_write_somewhere()
+
+    def history(
+        self, channel_id: str, since: int, until: int, max_points: int, identity: Identity
+    ) -> tuple[str, HistorySlice]:
+        """The recorded history of a channel between `since` and `until` (ns, IOC time), at
+        most `max_points` rows (core/history.py chooses points or buckets)."""
+        cid = self.registry.resolve(channel_id)[0]
+        self.control.require_read(identity, [cid])
+        return cid, self.history_store.query(cid, since, until, max_points)
 
     def is_admin(self, identity: Identity) -> bool:
         admins = self.settings.admin_groups
@@ -309,6 +338,7 @@ class Hub:
             channels=upstream if detail else (),
             client_count=len(clients),
             channel_count=len(channels),
+            history=self.history_store.stats(),
             upstream_channels={
                 scheme: backend.channel_counts()
                 for scheme, backend in sorted(self.registry.backends.items())

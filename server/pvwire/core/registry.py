@@ -3,6 +3,8 @@
 - Channels are refcounted by the views that hold them; the first view opens the upstream monitor,
   the last one to go lets it linger `linger_s` before closing (a page reload does not reconnect).
 - Views are shared by every attachment of the same channel list and options (the fan-out case).
+- Every monitored channel records its history (core/history.py) from its first holder on, while
+  the store's budget allows; a closed channel's history stays there until the budget needs it.
 - A channel that no server answers for `not_found_s` turns NOT_FOUND and keeps searching, so a
   script or a page can tell a typo from a quiet PV.
 """
@@ -19,6 +21,7 @@ from ..model import ConnState
 from ..upstream.base import Backend
 from .channel import Channel, DirtyListener
 from .clients import Client
+from .history import HistoryStore
 from .view import View, ViewKey
 
 __all__ = ["Registry"]
@@ -33,6 +36,7 @@ class Registry:
         settings: Settings,
         listener: DirtyListener,
         loop: asyncio.AbstractEventLoop | None = None,
+        history: HistoryStore | None = None,
     ) -> None:
         self.backends = dict(backends)
         self.settings = settings
@@ -43,6 +47,7 @@ class Registry:
         self._lingering: dict[str, asyncio.TimerHandle] = {}
         self._searching: dict[Channel, float] = {}  # opened, not connected yet -> opened at
         self.updates_closed = 0  # updates of channels already closed, so totals never go down
+        self.history = history or HistoryStore(int(settings.history_mb * (1 << 20)))
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -69,9 +74,13 @@ class Registry:
             ch = Channel(canonical_id, backend, name, self._listener)
             self.channels[canonical_id] = ch
             self._searching[ch] = self.loop.time()
+            ch.recorder = self.history.attach(canonical_id)
             ch.monitor = backend.monitor(name, ch)
-        elif handle := self._lingering.pop(canonical_id, None):
-            handle.cancel()
+        else:
+            if handle := self._lingering.pop(canonical_id, None):
+                handle.cancel()
+            if ch.recorder is None:  # refused before: the budget may have room now
+                ch.recorder = self.history.attach(canonical_id)
         ch.refs += 1
         return ch
 
@@ -89,6 +98,9 @@ class Registry:
         del self.channels[ch.id]
         self._searching.pop(ch, None)
         self.updates_closed += ch.updates
+        if ch.recorder is not None:
+            recorder, ch.recorder = ch.recorder, None
+            self.history.detach(recorder)
         if ch.monitor is not None:
             monitor, ch.monitor = ch.monitor, None
             try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..model import ConnState
 from .channel import FAILURE_UNITS
 from .control import ControlStats
+from .history import HistoryStats
 
 __all__ = ["FAILURE_UNITS", "ChannelSnapshot", "ClientSnapshot", "HubSnapshot"]
 
@@ -60,3 +61,4 @@ class HubSnapshot:
     channel_count: int  # open upstream channels, likewise
     # Channels the upstream libraries hold open, by scheme then state (e.g. ca: searching).
     upstream_channels: dict[str, dict[str, int]]
+    history: HistoryStats

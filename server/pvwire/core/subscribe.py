@@ -29,6 +29,7 @@ class StreamOptions:
     max_rate: float = 0.0
     max_columns: int = 0
     max_pixels: int = 0
+    backfill: float = 0.0  # seconds of history before each snapshot (PROTOCOL.md section 2.8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ def register(
         not_after=identity.expires_at,
         max_columns=options.max_columns,
         max_pixels=options.max_pixels,
+        backfill=options.backfill,
     )
     registered = []
     for sid, cid in enumerate(canonical):

@@ -12,10 +12,12 @@ value wins, the serial keeps the count) until it is. So is the view's array redu
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..limits import ALL_MODE_PER_VIEW
+from ..limits import ALL_MODE_PER_VIEW, MAX_BACKFILL_S
 from ..model import CONN, META
 from ..wire import codec as wire
 from .channel import Channel
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
     from .clients import Client
 
 __all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
+
+log = logging.getLogger("pvwire.view")
+
+# The longest `backfill` a subscription may ask for: the coarsest tier holds a day.
 
 # ALL mode: most entries one view holds between emissions (a maxRate-limited ALL view under
 # heavy load); about 3 MB of small entries.
@@ -142,6 +148,26 @@ class View:
         return wire.encode_entries(
             list(masks), [channels[sid].body(m, True, r, w[sid] == 1) for sid, m in masks.items()]
         )
+
+    def backfill_frames(self, att: int, seconds: float) -> list[bytes]:
+        """HISTORY messages with each channel's last `seconds` (server clock), to be sent right
+        before this attachment's snapshot (PROTOCOL.md section 2.8). A channel without history
+        sends none; a failure skips that channel's past, counted, and the attachment goes on."""
+        since = time.time_ns() - int(min(seconds, MAX_BACKFILL_S) * 1e9)
+        frames = []
+        for sid, ch in enumerate(self.channels):
+            recorder = ch.recorder
+            if recorder is None:
+                continue
+            try:
+                for part in recorder.backfill(since):
+                    columns = (part.t, part.value, part.min, part.max, part.severity,
+                               part.status, part.gap)  # fmt: skip
+                    frames.append(wire.encode_history(att, sid, part.resolution, columns))
+            except Exception:
+                log.exception("backfill of %s failed; its past is not sent", ch.id)
+                ch.listener.count_failure("history")
+        return frames
 
     def snapshot_entries(self) -> wire.Entries:
         r = self.reduction

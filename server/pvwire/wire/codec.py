@@ -25,6 +25,7 @@ from ..model import ALARM, CONN, META, TIME, VALUE, Value
 
 __all__ = [
     "HEARTBEAT",
+    "HISTORY_COLUMNS",
     "PROTOCOL_VERSION",
     "Attach",
     "BadMessage",
@@ -42,6 +43,7 @@ __all__ = [
     "encode_entry_body",
     "encode_error",
     "encode_hello",
+    "encode_history",
     "encode_pong",
     "encode_snapshot",
     "encode_update_body",
@@ -69,6 +71,7 @@ class Kind:
     ERROR = 5
     HEARTBEAT = 6
     PONG = 7
+    HISTORY = 8
     ATTACH = 16
     DETACH = 17
     PING = 18
@@ -393,6 +396,32 @@ def _aligned_data(head: bytes, groups: Sequence[tuple[int, Entries]]) -> bytes:
         group = b"\x92" + (_SID_CACHE[att] if att < 4096 else _pack(att))
         parts.append(group)
         at = _entries_parts(at + len(group), entries, parts)
+    return b"".join(parts)
+
+
+# HISTORY's columns: (name, wire dtype), in message order (PROTOCOL.md section 2.8).
+HISTORY_COLUMNS = (
+    ("t", "<i8"), ("value", "<f8"), ("min", "<f8"), ("max", "<f8"),
+    ("severity", "u1"), ("status", "<u2"), ("gap", "u1"),
+)  # fmt: skip
+
+
+def encode_history(att: int, sid: int, resolution: int, columns: Sequence[Any]) -> bytes:
+    """HISTORY `[8, att, sid, resolution, columns]`: `columns` holds the 7 arrays of
+    HISTORY_COLUMNS in order, each preceded by the nil items (0-7) that put its data on a
+    multiple of 8 bytes from the message's start, as entries are padded (section 3)."""
+    head = b"\x95" + _pack(Kind.HISTORY) + _pack(att) + _pack(sid) + _pack(resolution)
+    # Array 16 header: wide enough for the most items the padding can make (7 + 7 x 7).
+    pos = len(head) + 3
+    parts: list[bytes | memoryview] = [head, b""]
+    count = 0
+    for column, (_, dt) in zip(columns, HISTORY_COLUMNS, strict=True):
+        ext, info, data = _ndarray_parts(np.ascontiguousarray(column, dtype=dt))
+        pad = -(pos + len(ext) + len(info)) & 7
+        parts += (_NILS[pad], ext, info, data)
+        pos += pad + len(ext) + len(info) + len(data)
+        count += pad + 1
+    parts[1] = b"\xdc" + count.to_bytes(2, "big")
     return b"".join(parts)
 
 

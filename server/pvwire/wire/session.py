@@ -60,6 +60,7 @@ class Source(Protocol):
 
     def snapshot_entries(self) -> wire.Entries: ...
     def entries_for(self, masks: dict[int, int]) -> wire.Entries: ...
+    def backfill_frames(self, att: int, seconds: float) -> list[bytes]: ...
 
 
 class SessionHost(Protocol):
@@ -169,6 +170,11 @@ class Session(FlowView[bytes]):
         self.claims[att] = claims
         self.channel_count += len(view.ids)
         self._queue_frame(wire.encode_attached(req, att, view.ids))
+        if claims.backfill > 0:
+            # The past first, then the snapshot, built in this same call: no update can land
+            # between them, so the join has neither a gap nor a duplicate (PROTOCOL.md 2.8).
+            for frame in view.backfill_frames(att, claims.backfill):
+                self._queue_frame(frame)
         self._queue_frame(
             wire.encode_snapshot(self._next_seq(), att, view.snapshot_entries(), self.aligned)
         )

@@ -60,6 +60,8 @@ class Claims:
     # Array reduction (PROTOCOL.md section 4.6); 0 = off.
     max_columns: int = 0
     max_pixels: int = 0
+    # Seconds of recorded history sent before each attachment's snapshot (PROTOCOL.md 2.8).
+    backfill: float = 0.0
 
 
 class Issued(NamedTuple):
@@ -114,11 +116,12 @@ class TokenSigner:
         not_after: float | None = None,
         max_columns: int = 0,
         max_pixels: int = 0,
+        backfill: float = 0.0,
     ) -> str:
         """`issue`'s token alone."""
         return self.issue(
             ids, mode, max_rate, user=user, groups=groups, auth=auth, address=address,
-            not_after=not_after, max_columns=max_columns, max_pixels=max_pixels,
+            not_after=not_after, max_columns=max_columns, max_pixels=max_pixels, backfill=backfill,
         ).token  # fmt: skip
 
     def issue(
@@ -134,6 +137,7 @@ class TokenSigner:
         not_after: float | None = None,
         max_columns: int = 0,
         max_pixels: int = 0,
+        backfill: float = 0.0,
     ) -> Issued:
         """A token for `ids` and its expiry: after `ttl`, or at `not_after` (the identity's own
         expiry, e.g. its JWT's) if that comes first. The expiry comes from here rather than from
@@ -155,6 +159,8 @@ class TokenSigner:
             payload["maxColumns"] = max_columns
         if max_pixels:
             payload["maxPixels"] = max_pixels
+        if backfill:
+            payload["backfill"] = backfill
         # PROTOCOL.md section 7: `sub`, `grp` and `src` belong to identified callers only; the
         # address goes with every token that has one, because host rules are checked again on
         # ATTACH and on a rules reload, for anonymous callers too.
@@ -196,6 +202,7 @@ class TokenSigner:
                 address=str(payload.get("adr", "")),
                 max_columns=int(payload.get("maxColumns", 0)),
                 max_pixels=int(payload.get("maxPixels", 0)),
+                backfill=float(payload.get("backfill", 0.0)),
             )
         except (ValueError, KeyError, TypeError, zlib.error) as exc:
             raise TokenError(f"token payload unreadable: {exc}") from None

@@ -1,0 +1,160 @@
+"""What recent history costs (core/history.py, DESIGN.md section 7c), in one run:
+
+- recording: `Channel.on_update` per update with recording off and on, interleaved rounds on the
+  same channel, and `ChannelHistory.record` alone;
+- memory: bytes per channel in each ring, and how many channels a budget holds;
+- reading: `history` for an hour of 10 Hz data (36,000 updates recorded) at several
+  `maxPoints`, and the backfill of an hour, as the server answers them (no HTTP).
+
+    .venv/bin/python -m bench.history [--updates 200000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+from pvwire.core.channel import Channel, FailureUnit
+from pvwire.core.history import (
+    BUCKET_DTYPE,
+    CHANNEL_BYTES,
+    NS,
+    RAW_ITEM_BYTES,
+    RAW_POINTS,
+    TIERS,
+    ChannelHistory,
+)
+from pvwire.model import ConnState
+
+from tests.hub_doubles import FakeBackend
+
+
+class _Listener:
+    def mark_dirty(self, channel: Channel) -> None:
+        channel.dirty = 0  # as if the tick ran at once: every update takes the marking path
+
+    def count_failure(self, unit: FailureUnit) -> None:
+        raise AssertionError(unit)
+
+
+def per_update(channel: Channel, n: int, start: int) -> float:
+    """Seconds per `on_update` of a 10 Hz counter (values and times change every update)."""
+    on_update = channel.on_update
+    t0 = time.perf_counter()
+    for i in range(start, start + n):
+        on_update(float(i), 1_700_000_000 + i // 10, (i % 10) * 100_000_000, 0, 0, "")
+    return (time.perf_counter() - t0) / n
+
+
+def record_alone(n: int) -> float:
+    record = ChannelHistory("fake://y").record
+    t0 = time.perf_counter()
+    for i in range(n):
+        record(float(i), 1_700_000_000 + i // 10, (i % 10) * 100_000_000, 0, 0)
+    return (time.perf_counter() - t0) / n
+
+
+def loop_alone(n: int) -> float:
+    """The benchmark loop with a call that does nothing: what the figures above include."""
+
+    def record(value: float, seconds: int, nanoseconds: int, severity: int, status: int) -> None:
+        pass
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        record(float(i), 1_700_000_000 + i // 10, (i % 10) * 100_000_000, 0, 0)
+    return (time.perf_counter() - t0) / n
+
+
+def recording(updates: int, rounds: int) -> None:
+    channel = Channel("fake://x", FakeBackend(), "x", _Listener())
+    channel.on_connection(ConnState.CONNECTED)
+    history = ChannelHistory("fake://x")
+    off: list[float] = []
+    on: list[float] = []
+    alone: list[float] = []
+    empty: list[float] = []
+    start = 0
+    for _ in range(rounds):  # interleaved, so all see the same machine
+        channel.recorder = None
+        off.append(per_update(channel, updates, start))
+        start += updates
+        channel.recorder = history
+        on.append(per_update(channel, updates, start))
+        start += updates
+        alone.append(record_alone(updates))
+        empty.append(loop_alone(updates))
+    ns = 1e9
+    print(f"recording ({rounds} interleaved rounds of {updates:,} updates; best, median):")
+    for name, xs in (("Channel.on_update, history off", off),
+                     ("Channel.on_update, history on", on),
+                     ("ChannelHistory.record, loop incl.", alone),
+                     ("the loop with an empty call", empty)):  # fmt: skip
+        print(f"  {name:<34} {min(xs) * ns:6.0f} ns  {statistics.median(xs) * ns:6.0f} ns")
+    best, median = min(on) - min(off), statistics.median(on) - statistics.median(off)
+    print(f"  recording adds to on_update       {best * ns:6.0f} ns  {median * ns:6.0f} ns")
+
+
+def memory() -> None:
+    print("memory per channel:")
+    raw = RAW_POINTS * RAW_ITEM_BYTES
+    print(f"  raw ring: {RAW_POINTS:,} updates x {RAW_ITEM_BYTES} B = {raw / 1024:.1f} KiB")
+    for width, size in TIERS:
+        nbytes = size * BUCKET_DTYPE.itemsize
+        span = width * size / NS
+        print(f"  {width // NS:>4} s buckets: {size:,} x {BUCKET_DTYPE.itemsize} B = "
+              f"{nbytes / 1024:.1f} KiB, {span / 3600:g} h")  # fmt: skip
+    print(f"  total {CHANNEL_BYTES:,} B = {CHANNEL_BYTES / 1024:.1f} KiB per channel")
+    for mb in (64, 128, 512):
+        print(f"  --history-mb {mb}: {(mb << 20) // CHANNEL_BYTES:,} channels")
+
+
+def timed(call: Callable[[], object], repeat: int = 20) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def reading() -> None:
+    history = ChannelHistory("fake://x")
+    now = time.time_ns()
+    n = 36_000  # an hour at 10 Hz
+    first = now - 3600 * NS
+    for i in range(n):
+        t = first + i * (NS // 10)
+        history.record(float(i), t // NS, t % NS, 0, 0)
+    print(f"reading an hour of 10 Hz data ({n:,} updates recorded):")
+    for max_points in (1000, 360, 20, 100_000):
+        got = history.query(first, now, max_points)
+        best = timed(lambda m=max_points: history.query(first, now, m))  # type: ignore[misc]
+        kind = "points" if not got.resolution else f"{got.resolution // NS} s buckets"
+        print(f"  history(maxPoints={max_points:>6,}): {len(got):>5,} rows ({kind:>13})"
+              f"  {best * 1e6:8.0f} us")  # fmt: skip
+    recent = history.query(now - 60 * NS, now, 1000)
+    best = timed(lambda: history.query(now - 60 * NS, now, 1000))
+    print(
+        f"  history(last 60 s):        {len(recent):>5,} rows (points)         {best * 1e6:8.0f} us"
+    )
+    parts = history.backfill(first)
+    best = timed(lambda: history.backfill(first))
+    rows = " + ".join(f"{len(p):,}" for p in parts)
+    print(f"  backfill of an hour:        {rows} rows                {best * 1e6:8.0f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    recording(args.updates, args.rounds)
+    memory()
+    reading()
+
+
+if __name__ == "__main__":
+    main()

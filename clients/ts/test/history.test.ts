@@ -1,0 +1,65 @@
+// Backfill against the real server and demo IOC: a subscription with `backfill` gets the
+// channel's recorded past (onHistory) before its first state, and the first state is the step
+// after the last past row (PROTOCOL.md section 2.8).
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import WebSocket from "ws";
+import { PvwireClient, rowsAfter, type History, type WebSocketConstructor } from "../src/index.js";
+import { stackUnavailable, startStack, until, type Stack } from "./stack.js";
+
+const skip = stackUnavailable();
+if (skip) throw new Error(`integration tests cannot run: ${skip}`);
+
+describe("backfill", () => {
+  let stack: Stack;
+  let client: PvwireClient;
+
+  beforeAll(async () => {
+    stack = await startStack();
+    client = new PvwireClient(stack.url, { WebSocket: WebSocket as unknown as WebSocketConstructor });
+  });
+  afterAll(async () => {
+    client?.close();
+    await stack?.stop();
+  });
+
+  it("delivers the past, then live values that continue it with no gap or duplicate", async () => {
+    const id = `ca://${stack.prefix}COUNTER`;
+    const kept: number[] = [];
+    const keeper = client.subscribe([id], (st) => { if (typeof st.value === "number") kept.push(st.value); });
+    await until(() => kept.length > 30, 30_000, "30 counter updates recorded");
+    const past: History[] = [];
+    const live: { value: unknown; serial: number | undefined }[] = [];
+    const sub = client.subscribe([id], (st) => live.push({ value: st.value, serial: st.serial }), {
+      backfill: 60,
+      onHistory: (sid, h) => {
+        expect(sid).toBe(0);
+        expect(live).toHaveLength(0); // the past comes before the first state
+        past.push(h);
+      },
+    });
+    await sub.ready;
+    await until(() => live.length >= 2, 30_000, "live updates");
+    sub.unsubscribe();
+    keeper.unsubscribe();
+    const points = past[past.length - 1]!;
+    expect(points.resolution).toBe(0);
+    const values = Array.from(points.value);
+    expect(values.length).toBeGreaterThanOrEqual(30);
+    values.forEach((v, i) => expect(v).toBe(values[0]! + i)); // every step
+    const ts = Array.from(points.t);
+    ts.slice(1).forEach((t, i) => expect(t > ts[i]!).toBe(true));
+    expect(live[0]!.value).toBe(values[values.length - 1]! + 1); // the join
+  });
+
+  it("keeps only the rows newer than what a reader has", () => {
+    const h: History = {
+      kind: "HISTORY", att: 1, sid: 0, resolution: 0,
+      t: new BigInt64Array([10n, 20n, 30n]), value: new Float64Array([1, 2, 3]),
+      min: new Float64Array([1, 2, 3]), max: new Float64Array([1, 2, 3]),
+      severity: new Uint8Array(3), status: new Uint16Array(3), gap: new Uint8Array(3),
+    };
+    expect(rowsAfter(h, 0n)).toBe(h);
+    expect(Array.from(rowsAfter(h, 20n)!.value)).toEqual([3]);
+    expect(rowsAfter(h, 30n)).toBeNull();
+  });
+});

@@ -1,0 +1,301 @@
+"""Recent history over a real IOC and the real server: `history` over GraphQL, gaps where the IOC
+went away, and the memory budget's policy with many channels."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pvwire.core.history import CHANNEL_BYTES
+from pvwire.ioc import IocProcess
+from pvwire_client import Client, wire
+
+from tests.server_process import ServerProcess, server_args_for_tests
+from tests.stream_client import RawStream
+from tests.test_hub_faults import until
+from tests.test_metrics import samples
+
+DB = Path(__file__).parent / "dbs" / "test.db"
+COUNTER = "ca://PVW:COUNTER"
+HISTORY = """query($id: String!, $since: Float, $max: Int! = 1000) {
+  history(id: $id, since: $since, maxPoints: $max) {
+    id resolution truncated seconds nanoseconds value severity gap count
+  }
+}"""
+
+
+def history(server: ServerProcess, cid: str, since: float | None = None) -> dict[str, Any]:
+    doc = server.graphql(HISTORY, {"id": cid, "since": since})
+    assert "errors" not in doc, doc
+    got: dict[str, Any] = doc["data"]["history"]
+    return got
+
+
+async def collect(
+    client: Client, ids: list[str], done: Callable[[list[tuple[int, Any, int, int]]], bool]
+) -> list[tuple[int, Any, int, int]]:
+    """(state, value, seconds, nanoseconds) of every update until `done` says so."""
+    seen: list[tuple[int, Any, int, int]] = []
+    updates = client.monitor(ids)
+    try:
+        async with asyncio.timeout(60):
+            async for u in updates:
+                c = u.channel
+                seen.append((c.state, c.value, c.seconds or 0, c.nanoseconds or 0))
+                if done(seen):
+                    return seen
+    finally:
+        await updates.aclose()
+    raise AssertionError("unreachable")
+
+
+async def test_a_10hz_counter_comes_back_with_every_step_and_the_ioc_times(
+    server: ServerProcess,
+) -> None:
+    async with Client(server.url) as client:
+        seen = await collect(
+            client, [COUNTER], lambda s: sum(v is not None for _, v, _, _ in s) > 30
+        )
+    values = [(v, s, ns) for st, v, s, ns in seen if st == 1 and v is not None]
+    first, last = values[0], values[-1]
+    got = history(server, COUNTER, since=first[1] + first[2] * 1e-9 - 0.001)
+    assert got["resolution"] == 0 and not got["truncated"]
+    rows = list(zip(got["value"], got["seconds"], got["nanoseconds"], got["gap"], strict=True))
+    start = rows.index((first[0], first[1], first[2], False))
+    end = rows.index((last[0], last[1], last[2], False))
+    span = rows[start : end + 1]
+    # Every step of the counter, none missing, none twice, with the IOC's own timestamps.
+    assert [r[0] for r in span] == [float(x) for x in range(int(first[0]), int(last[0]) + 1)]
+    assert all((v, s, ns, False) in span for v, s, ns in values)
+    assert [(r[1], r[2]) for r in span] == sorted((r[1], r[2]) for r in span)
+
+
+SUBSCRIBE = """mutation($ids: [String!]!, $backfill: Float!) {
+  subscribe(ids: $ids, options: {backfill: $backfill}) { token }
+}"""
+
+
+def token(server: ServerProcess, ids: list[str], backfill: float = 0) -> str:
+    doc = server.graphql(SUBSCRIBE, {"ids": ids, "backfill": backfill})
+    assert "errors" not in doc, doc
+    return str(doc["data"]["subscribe"]["token"])
+
+
+async def test_backfill_then_live_with_no_gap_or_duplicate_at_the_join(
+    server: ServerProcess,
+) -> None:
+    stream = await RawStream.connect(server.ws_url)
+    try:
+        await stream.attach(token(server, [COUNTER]))  # the channel records from now on
+        updates = 0
+        while updates < 30:
+            data = await stream.next_data(timeout=30)
+            updates += sum(len(g.entries) for g in data.groups)
+        stream.req += 1
+        await stream.send(16, stream.req, token(server, [COUNTER], backfill=60))
+        attached = await stream.recv()
+        while isinstance(attached, wire.Data):  # the first attachment's updates go on
+            attached = await stream.recv()
+        assert isinstance(attached, wire.Attached), attached
+        histories: list[wire.History] = []
+        while True:
+            msg = await stream.recv()
+            if isinstance(msg, wire.History):
+                histories.append(msg)
+            elif isinstance(msg, wire.Snapshot):
+                snapshot = msg
+                break
+        assert histories and all(h.att == attached.att for h in histories)
+        points = histories[-1]
+        assert points.resolution == 0
+        after_gap = int(np.flatnonzero(points.gap)[-1]) + 1 if points.gap.any() else 0
+        steps = points.value[after_gap:]
+        assert len(steps) >= 29  # what the first attachment saw, at least
+        assert list(np.diff(steps)) == [1.0] * (len(steps) - 1)  # every step of the counter
+        (entry,) = snapshot.entries
+        assert entry.value is not None and entry.serial is not None
+        # The join: the snapshot's value is the next step after the last HISTORY row.
+        assert entry.value == steps[-1] + 1
+        assert points.t[-1] < entry.seconds * 1_000_000_000 + entry.nanoseconds
+        # Then live: DATA continues from the snapshot (a counter's steps are its serials).
+        while True:
+            data = await stream.next_data(timeout=30)
+            mine = [e for g in data.groups if g.att == attached.att for e in g.entries]
+            if mine:
+                first = mine[0]
+                break
+        assert first.value - entry.value == first.serial - entry.serial >= 1
+    finally:
+        await stream.close()
+
+
+@pytest.fixture
+async def own_stack() -> AsyncIterator[tuple[IocProcess, ServerProcess]]:
+    ioc = IocProcess([DB])
+    ioc.start()
+    server = ServerProcess(*server_args_for_tests(), env=ioc.ports.client_env())
+    server.start()
+    try:
+        yield ioc, server
+    finally:
+        server.stop()
+        ioc.stop()
+
+
+async def test_an_ioc_restart_is_a_gap_in_the_history(
+    own_stack: tuple[IocProcess, ServerProcess],
+) -> None:
+    ioc, server = own_stack
+    async with Client(server.url) as client:
+        updates = client.monitor([COUNTER])
+        states: list[tuple[int, Any]] = []
+
+        async def upto(predicate: Callable[[], bool], timeout: float) -> None:
+            async with asyncio.timeout(timeout):
+                async for u in updates:
+                    states.append((u.channel.state, u.channel.value))
+                    if predicate():
+                        return
+
+        await upto(lambda: sum(st == 1 for st, _ in states) > 5, 15)
+        ioc.stop()
+        await upto(lambda: states[-1][0] == 2, 15)
+        mark = len(states)
+        ioc.start()
+        await upto(lambda: sum(st == 1 for st, _ in states[mark:]) > 5, 30)
+        await updates.aclose()
+    got = history(server, COUNTER)
+    gaps = [i for i, g in enumerate(got["gap"]) if g]
+    assert gaps, got
+    g = gaps[0]
+    before, after = got["value"][:g], got["value"][g + 1 :]
+    assert before and after and None not in before and None not in after
+    assert got["value"][g] is None and got["count"][g] == 0
+    # The restarted IOC counts from its start again: the line must not join the two.
+    assert after[0] < before[-1]
+
+
+async def test_the_budget_holds_with_many_channels_and_reclaims_released_ones() -> None:
+    capacity = 4
+    budget_mb = capacity * CHANNEL_BYTES / 2**20
+    first = [f"sim://counter/a{i}?rate=10" for i in range(10)]
+    second = [f"sim://counter/b{i}?rate=10" for i in range(capacity)]
+    args = server_args_for_tests(["--history-mb", repr(budget_mb)])
+    with ServerProcess(*args) as server:
+
+        def metric(name: str) -> dict[str, str]:
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+                return samples(r.read().decode(), name)
+
+        async with Client(server.url) as client:
+            await collect(client, first, lambda s: sum(v is not None for _, v, _, _ in s) > 20)
+            m = metric("pvwire_history_bytes")
+            assert m == {"": str(capacity * CHANNEL_BYTES)}
+            assert metric("pvwire_history_refused_total") == {"": str(len(first) - capacity)}
+            kept = [cid for cid in first if "errors" not in server.graphql(HISTORY, {"id": cid})]
+            assert len(kept) == capacity
+            refused = server.graphql(HISTORY, {"id": next(c for c in first if c not in kept)})
+            assert refused["errors"][0]["extensions"]["code"] == "NO_HISTORY"
+            # Released (after the linger): kept while nothing needs the room...
+            await until(lambda: metric("pvwire_history_channels")['monitored="false"'] == "4")
+            assert "errors" not in server.graphql(HISTORY, {"id": kept[0]})
+            # ...and reclaimed, oldest release first, when new channels need it.
+            await collect(client, second, lambda s: sum(v is not None for _, v, _, _ in s) > 8)
+            assert metric("pvwire_history_reclaimed_total") == {"": str(capacity)}
+            assert metric("pvwire_history_bytes") == {"": str(capacity * CHANNEL_BYTES)}
+            assert all("errors" not in server.graphql(HISTORY, {"id": c}) for c in second)
+
+
+async def drain(client: Client, ids: list[str], seen: list[Any]) -> None:
+    """Keep the channels monitored (so they record), reading what comes."""
+    async for u in client.monitor(ids):
+        seen.append(u.channel.value)
+
+
+async def test_the_python_client_yields_the_past_then_live_values(server: ServerProcess) -> None:
+    async with Client(server.url) as client:
+        seen: list[Any] = []
+        keeper = asyncio.create_task(drain(client, [COUNTER], seen))
+        try:
+            await until(lambda: len(seen) > 30, timeout=60)
+            past: list[Any] = []
+            live: list[Any] = []
+            updates = client.monitor([COUNTER], backfill=60)
+            async with asyncio.timeout(60):
+                async for u in updates:
+                    if u.past:
+                        assert not live, "a past update after a live one"
+                        assert u.channel.serial is None
+                        past.append(u.channel)
+                    elif u.channel.value is not None:
+                        live.append(u.channel)
+                        if len(live) == 3:
+                            break
+            await updates.aclose()
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    values = [p.value for p in past]
+    start = max((i + 1 for i, v in enumerate(values) if v is None), default=0)  # after any gap
+    steps = values[start:]
+    assert len(steps) >= 29 and steps == [steps[0] + i for i in range(len(steps))]
+    # The join: the first live value is the step after the last past one.
+    assert live[0].value == steps[-1] + 1
+    assert (past[-1].seconds, past[-1].nanoseconds) < (live[0].seconds, live[0].nanoseconds)
+
+
+async def test_pvwire_monitor_backfill_prints_the_past_lines_first(server: ServerProcess) -> None:
+    async with Client(server.url) as client:
+        seen: list[Any] = []
+        keeper = asyncio.create_task(drain(client, [COUNTER], seen))
+        try:
+            await until(lambda: len(seen) > 20, timeout=60)
+            pvwire = str(Path(sys.executable).with_name("pvwire"))
+            proc = await asyncio.create_subprocess_exec(
+                pvwire, "monitor", "--json", "--backfill", "60", "--count", "3", COUNTER,
+                env={**os.environ, "PVWIRE_URL": server.url},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    assert proc.returncode == 0, err
+    docs = [json.loads(line) for line in out.decode().splitlines()]
+    past = [d for d in docs if d.get("serial") is None]
+    live = [d for d in docs if d.get("serial") is not None]
+    assert len(live) == 3
+    assert docs[: len(past)] == past  # the past lines first
+    # An earlier test's monitoring of the counter ended with a gap: a line of its own.
+    gaps = [i for i, d in enumerate(past) if d.get("connection") == "DISCONNECTED"]
+    assert all(past[i].get("value") is None for i in gaps)
+    values = [d["value"] for d in past[gaps[-1] + 1 if gaps else 0 :]]
+    assert len(values) >= 20 and values == [values[0] + i for i in range(len(values))]
+    assert live[0]["value"] == values[-1] + 1
+
+
+async def test_history_channels_are_recorded_from_start_with_no_subscriber() -> None:
+    # A glob over the catalogue (the test arguments list ca://PVW:COUNTER in it).
+    args = server_args_for_tests(["--history-channels", "ca://PVW:COUNT*"])
+    with ServerProcess(*args) as server:
+
+        def recorded() -> int:
+            doc = server.graphql(HISTORY, {"id": COUNTER})
+            return 0 if "errors" in doc else len(doc["data"]["history"]["value"])
+
+        await until(lambda: recorded() >= 20, timeout=60)
+        got = history(server, COUNTER)
+        steps = got["value"]
+        assert steps[-10:] == [steps[-10] + i for i in range(10)]
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        assert samples(text, "pvwire_history_channels")['monitored="true"'] == "1"
+        assert samples(text, "pvwire_clients") == {"": "0"}
