@@ -108,15 +108,15 @@ def graphql(url: str, query: str) -> dict[str, Any]:
     return doc
 
 
-async def token_travels(issuer: str, other: str, channel_id: str) -> Any:
-    """A stream token issued by one replica, attached on another: its snapshot's first value.
-    Fails unless both verify tokens with the same key."""
+async def token_travels(issuer: str, other: str, channel_id: str) -> tuple[str, ...]:
+    """A stream token issued by one replica, attached on another: the ids it attached. Fails
+    unless both verify tokens with the same key."""
     doc = graphql(issuer, f'mutation {{ subscribe(ids: ["{channel_id}"]) {{ token }} }}')
     ws = other.replace("http://", "ws://") + "/stream"
     stream = await RawStream.connect(ws)
     try:
-        _, snapshot = await stream.attach(doc["data"]["subscribe"]["token"])
-        return snapshot.raw[0]
+        attached, _ = await stream.attach(doc["data"]["subscribe"]["token"])
+        return attached.ids
     finally:
         await stream.close()
 
@@ -177,11 +177,11 @@ class Rollout:
                 env["valueFrom"]["secretKeyRef"]["name"] = self.secret
         return [config, deployment]
 
-    def add(self) -> KubeReplica:
+    def add(self, port: int | None = None) -> KubeReplica:
         """A new pod, played and started (not yet known to be ready)."""
         self._made += 1
         name = f"pvwire-{self.run}-r{self._made}"
-        port = free_port()
+        port = port or free_port()
         path = Path(self._dir.name) / f"{name}.yaml"
         path.write_text(yaml.safe_dump_all(self.manifest(name, port)))
         replica = KubeReplica(name, port, path, self.container["readinessProbe"])
@@ -189,9 +189,11 @@ class Rollout:
         self.replicas.append(replica)
         return replica
 
-    def replace(self, old: KubeReplica, ready_timeout: float) -> KubeReplica:
-        """A rolling update's step: the new pod first, then the old one stopped."""
-        new = self.add()
+    def replace(
+        self, old: KubeReplica, ready_timeout: float, port: int | None = None
+    ) -> KubeReplica:
+        """A rolling update's step: the new pod first, ready, then the old one stopped."""
+        new = self.add(port)
         new.wait_ready(ready_timeout)
         old.stop(self.grace)
         return new
