@@ -65,7 +65,7 @@ to_image() {
         --change "ENV LANG=C.UTF-8")
     for c in "$@"; do changes+=(--change "$c"); done
     tar -C "$rootfs" --numeric-owner -c . | podman import -q "${changes[@]}" - "$name" >/dev/null
-    log "$name: $(podman image inspect --format '{{.Size}}' "$name" | numfmt --to=iec) bytes"
+    log "$name: $(podman image inspect --format '{{.Size}}' "$name" | numfmt --to=si)B"
 }
 
 python_base() {
