@@ -55,7 +55,8 @@ haproxy:
 podman:
 	@command -v podman >/dev/null && command -v runc >/dev/null && command -v iptables >/dev/null \
 		&& command -v debootstrap >/dev/null || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc iptables debootstrap >/dev/null; }
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
+		podman runc iptables debootstrap >/dev/null; }
 export CONTAINERS_CONF := $(abspath scripts/containers.conf)
 
 # The server image (pvwire:0.1.0, what k8s/ runs), built from the Dockerfile by podman; the base
