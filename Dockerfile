@@ -6,8 +6,15 @@
 #          so this needs Python), compiles the PVA monitor module (scripts/build_ext.py, with
 #          Debian's g++) and builds pvwire's wheel with the page, GraphiQL and that module inside.
 # runtime: only the runtime lock (requirements-runtime.lock, no dev tools) and that wheel.
+#
+# The base images are arguments: where no public registry is reachable, `make image` makes
+# stand-ins from Debian's packages (scripts/base_images.sh) and passes them here. Their Python is
+# Debian's, in /usr/bin (the official image's is in /usr/local/bin): nothing below names a path.
 
-FROM node:20-bookworm-slim AS page
+ARG NODE_IMAGE=node:20-bookworm-slim
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${NODE_IMAGE} AS page
 WORKDIR /src/clients/ts
 COPY clients/ts/package.json clients/ts/package-lock.json ./
 RUN npm ci --no-audit --no-fund
@@ -18,11 +25,14 @@ WORKDIR /src/clients/ts
 COPY clients/ts ./
 RUN npm run build
 
-FROM python:3.11-slim AS wheel
+FROM ${PYTHON_IMAGE} AS wheel
 # The compiler is the base image's Debian release's; the module's ABI follows the pinned pvxslibs.
-# hadolint ignore=DL3008
+# Python's headers come with the official image; Debian's Python keeps them in libpython3.11-dev
+# (named or not: the unquoted $(...) is meant to give no word at all).
+# hadolint ignore=DL3008,SC2046
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
+    && apt-get install -y --no-install-recommends g++ $(python -c "import sysconfig, os; \
+        print('' if os.path.exists(sysconfig.get_path('include') + '/Python.h') else 'libpython3.11-dev')") \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY requirements-runtime.lock ./
@@ -36,7 +46,7 @@ RUN PYTHONPATH=server python server/graphiql/vendor.py \
     && python scripts/build_ext.py \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY requirements-runtime.lock ./

@@ -12,6 +12,7 @@ include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
 .PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext node chromium haproxy graphiql clean runtime-lock coniql
+.PHONY: podman image kustomize kube
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
@@ -48,6 +49,33 @@ chromium:
 haproxy:
 	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
+# The container engine for `make image` and `make kube`: Debian's podman, with runc and iptables
+# (crun refuses this machine's cgroups; netavark needs iptables) and debootstrap for the base
+# images when the public ones cannot be pulled. Its settings: scripts/containers.conf.
+podman:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v iptables >/dev/null \
+		&& command -v debootstrap >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
+		podman runc iptables debootstrap >/dev/null; }
+export CONTAINERS_CONF := $(abspath scripts/containers.conf)
+
+# The server image (pvwire:0.1.0, what k8s/ runs), built from the Dockerfile by podman; the base
+# images are made from Debian's packages first where the public ones cannot be pulled.
+image: podman
+	scripts/image.sh
+
+# kustomize renders k8s/ as `kubectl apply -k` does (v5.5.0 is the one kubectl 1.32 embeds),
+# built once from the Go module proxy with the machine's Go (~2.5 min).
+KUSTOMIZE := .tools/kustomize
+kustomize: $(KUSTOMIZE)
+$(KUSTOMIZE):
+	GOBIN=$(abspath .tools) go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0
+
+# k8s/ played by podman on this machine: a demo IOC, two replicas from the Deployment and the
+# Secret, haproxy standing in for the Service; runs until Ctrl-C (tests/kube.py).
+kube: venv image kustomize haproxy
+	$(PY) -m tests.kube
+
 # Coniql 0.4.2, the server pvwire is compared with in bench/, in a virtual environment of its own
 # (its pins clash with pvwire's: graphql-core, strawberry); bench/coniql.py finds it here.
 CONIQL_VENV := .venv-coniql
@@ -71,7 +99,7 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv ext tsbuild graphiql chromium haproxy coniql
+pytest: venv ext tsbuild graphiql chromium haproxy coniql podman kustomize
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
 tstest: venv ext node tsbuild graphiql

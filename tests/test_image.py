@@ -1,10 +1,9 @@
-"""The container image, checked without a Docker engine (there is none here): the build context
-that .dockerignore leaves, the Dockerfile's lint, the runtime lock, and the wheel and runtime
-stages' steps replayed in a fresh virtual environment (the PVA module compiled there) that must
-then serve the page, GraphiQL and /healthz.
+"""The container image, checked without a container engine: the build context that
+.dockerignore leaves, the Dockerfile's lint, the runtime lock, and the wheel and runtime stages'
+steps replayed in a fresh virtual environment (the PVA module compiled there) that must then
+serve the page, GraphiQL and /healthz.
 
-Not verified here: the Node stage inside node:20-bookworm-slim (replayed by `make tsbuild
-graphiql` on this machine instead), the base images themselves, and `docker build` as a whole.
+The image itself, built by podman and run, is tests/test_container.py's.
 """
 
 from __future__ import annotations

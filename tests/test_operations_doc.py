@@ -27,6 +27,7 @@ UNIT = ROOT / "docs" / "pvwire.service"
 # Flags the guide gives to other programs, with the program.
 OTHER_TOOLS = {"--example-config": "pvagw", "--network": "docker", "--now": "systemctl"}
 OTHER_TOOLS |= {"--no-deps": "pip", "--strict": "kubernetes-validate"}
+OTHER_TOOLS |= {"--build-arg": "docker", "--from-literal": "kubectl"}
 
 
 FLAG = r"(?<![\w-])--[a-z][a-z-]*"
