@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import signal
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from strawberry.fastapi import GraphQLRouter
 from . import __version__
 from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.ratelimit import RateLimiter
+from .access.refusals import RefusalLog
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.limits import ValueBudget
@@ -107,6 +109,7 @@ def create_app(
         try:
             yield
         finally:
+            authenticator.refusals.close()  # the summary of refusals left out, if any
             await hub.stop()
 
     app = FastAPI(
@@ -129,16 +132,21 @@ def create_app(
             allow_headers=["*"],
         )
 
-    authenticator = make_authenticator(settings)
+    authenticator = make_authenticator(settings, RefusalLog(hub.audit.refusal))
+    app.state.authenticator = authenticator
     cost_limiter = RateLimiter(settings.max_cost_per_s, 2 * settings.max_cost_per_s)
 
     async def context(request: Request) -> dict[str, Any]:
         check_origin(settings, request.headers.get("origin"))
         peer = request.client.host if request.client else ""
+        # The body, for a refusal's audit line (cached: strawberry reads the same bytes again).
+        body = await request.body() if request.method == "POST" else b""
         return {
             "hub": hub,
             "request": request,
-            "identity": authenticator.identify(request.headers, peer),
+            "identity": authenticator.identify(
+                request.headers, peer, lambda: graphql_operation(body, request.query_params)
+            ),
             "budget": ValueBudget(settings.max_graphql_elements),
             "cost_limiter": cost_limiter,
             "worker": worker,
@@ -198,7 +206,11 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         text = render_metrics(
-            hub.snapshot(detail=False), len(hub.sessions), len(hub.registry.channels), worker
+            hub.snapshot(detail=False),
+            len(hub.sessions),
+            len(hub.registry.channels),
+            worker,
+            dict(authenticator.refusals.counts),
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -227,7 +239,32 @@ def check_origin(settings: Settings, origin: str | None) -> None:
         raise OriginRefused(f"origin {origin!r} is not allowed")
 
 
-def make_authenticator(settings: Settings) -> Authenticator:
+_OPERATION = re.compile(r"\s*(query|mutation|subscription)?\s*(\w*)[^{]*\{\s*(?:\w+\s*:\s*)?(\w+)")
+
+
+def graphql_operation(body: bytes, params: Mapping[str, str]) -> str:
+    """What a GraphQL request asks, for the audit file: `mutation put`, `query SetUp` (by the
+    operation's name when it has one, else its first field), or `graphql` if it cannot tell.
+    Looks at the first 2,000 characters only: this runs for refusals, which anyone can send."""
+    request: Any = dict(params)
+    if body:
+        try:
+            request = json.loads(body[:1_000_000])
+        except ValueError:
+            return "graphql"
+    if not isinstance(request, dict):
+        return "graphql"
+    name, query = request.get("operationName"), request.get("query")
+    found = _OPERATION.match(query[:2000]) if isinstance(query, str) else None
+    kind = (found.group(1) if found else "") or "query"
+    if isinstance(name, str) and name.isidentifier():
+        return f"{kind} {name[:100]}"
+    if found:
+        return f"{kind} {found.group(2) or found.group(3)}"[:100]
+    return "graphql"
+
+
+def make_authenticator(settings: Settings, refusals: RefusalLog | None = None) -> Authenticator:
     return Authenticator(
         JwtSettings(
             secret_file=settings.jwt_secret_file,
@@ -241,6 +278,7 @@ def make_authenticator(settings: Settings) -> Authenticator:
         trusted_proxies=settings.trusted_proxies,
         user_header=settings.user_header,
         groups_header=settings.groups_header,
+        refusals=refusals or RefusalLog(),
     )
 
 

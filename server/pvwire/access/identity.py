@@ -8,17 +8,22 @@ fall back to anonymous: a user whose token expired must be told, not quietly dem
 
 A reverse proxy that authenticated the user passes the name in a header; it is believed only from
 the listed proxy networks, and there the client's real address comes from `X-Forwarded-For`.
+
+Every refusal, and a user header from an address that is no trusted proxy, goes to `refusals`
+(access/refusals.py: audited with the reason and the request's operation, counted, bounded).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jwt
+
+from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
 
@@ -29,6 +34,10 @@ class AuthError(Exception):
     """The request's credentials are present but not acceptable (HTTP 401 UNAUTHENTICATED)."""
 
     code = "UNAUTHENTICATED"
+
+    def __init__(self, message: str, reason: str = "malformed_token") -> None:
+        super().__init__(message)
+        self.reason = reason  # one of refusals.REASONS: what the audit file and metrics say
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,7 @@ class Authenticator:
     trusted_proxies: Sequence[str] = ()  # CIDRs
     user_header: str = ""  # e.g. X-Remote-User, believed only from trusted proxies
     groups_header: str = ""  # comma-separated groups from the proxy, optional
+    refusals: RefusalLog = field(default_factory=RefusalLog)
 
     def __post_init__(self) -> None:
         self._proxies: list[Network] = [
@@ -110,23 +120,49 @@ class Authenticator:
                 return forwarded
         return peer
 
-    def identify(self, headers: Mapping[str, str], peer: str) -> Identity:
-        """The identity of a request with these headers from the TCP peer `peer`."""
+    def identify(
+        self, headers: Mapping[str, str], peer: str, operation: str | Callable[[], str] = ""
+    ) -> Identity:
+        """The identity of a request with these headers from the TCP peer `peer`.
+
+        `operation` names what the request asks (a GraphQL operation, `pvws`) for the audit
+        line of a refusal; a function is called only then."""
         trusted = self._trusted(peer)
         address = self.client_address(headers, peer)
         auth = headers.get("authorization", "")
         if auth:
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise AuthError("Authorization header must be 'Bearer <token>'")
-            return self._from_jwt(token.strip(), address)
-        if trusted and self.user_header:
-            user = headers.get(self.user_header.lower(), "").strip()
-            if user:
-                groups = headers.get(self.groups_header.lower(), "") if self.groups_header else ""
-                names = frozenset(g.strip() for g in groups.split(",") if g.strip())
-                return Identity(user, names, "proxy", address)
+            try:
+                scheme, _, token = auth.partition(" ")
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise AuthError(
+                        "Authorization header must be 'Bearer <token>'", "malformed_header"
+                    )
+                return self._from_jwt(token.strip(), address)
+            except AuthError as exc:
+                self._refused(exc.reason, address, operation, str(exc))
+                raise
+        user = headers.get(self.user_header.lower(), "").strip() if self.user_header else ""
+        if user and trusted:
+            groups = headers.get(self.groups_header.lower(), "") if self.groups_header else ""
+            names = frozenset(g.strip() for g in groups.split(",") if g.strip())
+            return Identity(user, names, "proxy", address)
+        if user:
+            # Ignored, as it must be: only a trusted proxy vouches for a user. But someone
+            # tried to be `user`, and that is worth a line.
+            detail = f"{self.user_header} from {peer}, which is no trusted proxy"
+            self._refused("untrusted_proxy_header", address, operation, detail, user[:100])
         return Identity("", frozenset(), "anonymous", address)
+
+    def _refused(
+        self,
+        reason: str,
+        address: str,
+        operation: str | Callable[[], str],
+        detail: str,
+        user: str = "",
+    ) -> None:
+        op = operation if isinstance(operation, str) else operation()
+        self.refusals.refused(reason, address, op, detail, user)
 
     def _trusted(self, peer: str) -> bool:
         if not self._proxies:
@@ -140,7 +176,8 @@ class Authenticator:
     def _from_jwt(self, token: str, address: str) -> Identity:
         if not self._algorithms:
             raise AuthError(
-                "this server accepts no bearer tokens (no JWT secret or JWKS configured)"
+                "this server accepts no bearer tokens (no JWT secret or JWKS configured)",
+                "no_keys",
             )
         s = self.jwt_settings
         try:
@@ -148,7 +185,9 @@ class Authenticator:
             alg = header.get("alg")
             if alg not in self._algorithms:
                 # Also refuses `alg: none`: PyJWT would too, this says why in plain words.
-                raise AuthError(f"token algorithm {alg!r} not accepted ({self._algorithms})")
+                raise AuthError(
+                    f"token algorithm {alg!r} not accepted ({self._algorithms})", "bad_algorithm"
+                )
             if alg == "HS256":
                 key: Any = self._secret
             elif header.get("kid"):
@@ -156,7 +195,9 @@ class Authenticator:
             else:  # no key id: fine when the JWKS holds a single key
                 key = next(iter(self._jwks.values())) if len(self._jwks) == 1 else None
             if key is None:
-                raise AuthError(f"token key id {header.get('kid')!r} is not in the JWKS file")
+                raise AuthError(
+                    f"token key id {header.get('kid')!r} is not in the JWKS file", "unknown_key"
+                )
             claims: dict[str, Any] = jwt.decode(
                 token,
                 key,
@@ -171,24 +212,26 @@ class Authenticator:
                 },
             )
         except jwt.ExpiredSignatureError:
-            raise AuthError("token expired") from None
+            raise AuthError("token expired", "expired") from None
         except jwt.ImmatureSignatureError:
-            raise AuthError("token not valid yet (nbf)") from None
+            raise AuthError("token not valid yet (nbf)", "not_yet_valid") from None
         except jwt.InvalidAudienceError:
-            raise AuthError(f"token audience is not {s.audience!r}") from None
+            raise AuthError(f"token audience is not {s.audience!r}", "wrong_audience") from None
         except jwt.InvalidIssuerError:
-            raise AuthError(f"token issuer is not {s.issuer!r}") from None
+            raise AuthError(f"token issuer is not {s.issuer!r}", "wrong_issuer") from None
         except jwt.InvalidAlgorithmError:
             raise AuthError(
-                f"token algorithm not accepted (accepted: {self._algorithms})"
+                f"token algorithm not accepted (accepted: {self._algorithms})", "bad_algorithm"
             ) from None
         except jwt.InvalidSignatureError:
-            raise AuthError("token signature does not verify") from None
+            raise AuthError("token signature does not verify", "bad_signature") from None
         except jwt.PyJWTError as exc:
             raise AuthError(f"token rejected: {exc}") from None
         user = str(claims.get(s.user_claim) or claims.get("sub") or "")
         if not user:
-            raise AuthError(f"token names no user (claims {s.user_claim!r} and 'sub' are empty)")
+            raise AuthError(
+                f"token names no user (claims {s.user_claim!r} and 'sub' are empty)", "no_user"
+            )
         raw_groups = claims.get(s.groups_claim, [])
         if isinstance(raw_groups, str):
             raw_groups = raw_groups.split()

@@ -120,7 +120,7 @@ class PvwsEndpoint:
         refusal, code = "", POLICY
         identity = Identity("", address=address)
         try:
-            identity = self.authenticator.identify(websocket.headers, peer)
+            identity = self.authenticator.identify(websocket.headers, peer, "pvws")
         except AuthError as exc:
             refusal = str(exc)
         allowed = settings.allowed_origins
@@ -251,7 +251,8 @@ class PvwsEndpoint:
     def _refused(self, request: Request) -> JSONResponse | None:
         peer = request.client.host if request.client else ""
         try:
-            identity = self.authenticator.identify(request.headers, peer)
+            path = request.url.path
+            identity = self.authenticator.identify(request.headers, peer, f"pvws {path}")
         except AuthError as exc:
             return JSONResponse({"error": str(exc)}, status_code=401)
         if not self.hub.is_admin(identity):
