@@ -97,6 +97,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hub.start()
+        await authenticator.start()  # the OIDC issuer's keys, if one is followed
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # SIGHUP reads the access rules and the catalogue file again (both are also read
             # when their file changes). The one handler: the loop's replaces any set before.
@@ -109,7 +110,7 @@ def create_app(
         try:
             yield
         finally:
-            authenticator.refusals.close()  # the summary of refusals left out, if any
+            await authenticator.stop()  # and the summary of refusals left out, if any
             await hub.stop()
 
     app = FastAPI(
@@ -144,7 +145,7 @@ def create_app(
         return {
             "hub": hub,
             "request": request,
-            "identity": authenticator.identify(
+            "identity": await authenticator.authenticate(
                 request.headers, peer, lambda: graphql_operation(body, request.query_params)
             ),
             "budget": ValueBudget(settings.max_graphql_elements),
@@ -269,6 +270,9 @@ def make_authenticator(settings: Settings, refusals: RefusalLog | None = None) -
         JwtSettings(
             secret_file=settings.jwt_secret_file,
             jwks_file=settings.jwks_file,
+            oidc_issuer=settings.oidc_issuer,
+            oidc_refresh_s=settings.oidc_refresh_s,
+            oidc_min_interval_s=settings.oidc_min_interval_s,
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
             groups_claim=settings.jwt_groups_claim,

@@ -1,10 +1,11 @@
 """Who a request is: a bearer JWT, a trusted proxy's user header, or anonymous.
 
 JWTs are checked with PyJWT (a well-kept library; no home-made crypto): the signature (HS256 with
-a shared secret, or RS256/ES256 with the keys of a JWKS file, as a site's OIDC provider issues
-them), `exp` and `nbf` with a clock-skew leeway, `iss` and `aud` when configured. `alg: none` and
-any algorithm not configured are refused. A present but bad token is an error, never a silent
-fall back to anonymous: a user whose token expired must be told, not quietly demoted.
+a shared secret, or RS256/ES256 with the keys of a JWKS file or of an OIDC issuer followed over
+HTTP, access/oidc.py, as a site's OIDC provider issues them), `exp` and `nbf` with a clock-skew
+leeway, `iss` and `aud` when configured. `alg: none` and any algorithm not configured are
+refused. A present but bad token is an error, never a silent fall back to anonymous: a user
+whose token expired must be told, not quietly demoted.
 
 A reverse proxy that authenticated the user passes the name in a header; it is believed only from
 the listed proxy networks, and there the client's real address comes from `X-Forwarded-For`.
@@ -23,6 +24,7 @@ from typing import Any
 
 import jwt
 
+from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, usable_keys
 from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
@@ -63,6 +65,9 @@ ANONYMOUS = Identity("")
 class JwtSettings:
     secret_file: str = ""  # HS256 shared secret
     jwks_file: str = ""  # RS256/ES256 public keys
+    oidc_issuer: str = ""  # an OIDC provider whose keys are fetched and followed
+    oidc_refresh_s: float = 600.0  # keys fetched again this often
+    oidc_min_interval_s: float = 10.0  # and on an unknown key id, at most this often
     issuer: str = ""
     audience: str = ""
     groups_claim: str = "groups"
@@ -71,7 +76,12 @@ class JwtSettings:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.secret_file or self.jwks_file)
+        return bool(self.secret_file or self.jwks_file or self.oidc_issuer)
+
+    @property
+    def expected_issuer(self) -> str:
+        """The `iss` a token must carry: the one configured, else the OIDC issuer's."""
+        return self.issuer or self.oidc_issuer
 
 
 @dataclass
@@ -87,8 +97,9 @@ class Authenticator:
             ipaddress.ip_network(c, strict=False) for c in self.trusted_proxies
         ]
         self._secret: str | None = None  # HS256
-        self._jwks: dict[str, Any] = {}  # key id ("" when the JWKS gives none) -> public key
+        self._jwks: dict[str, jwt.PyJWK] = {}  # key id ("" when the JWKS has none) -> key
         self._algorithms: list[str] = []
+        self.issuer_keys: IssuerKeys | None = None
         s = self.jwt_settings
         if s.secret_file:
             secret = Path(s.secret_file).read_text().strip()
@@ -100,11 +111,54 @@ class Authenticator:
         if s.jwks_file:
             jwks = jwt.PyJWKSet.from_json(Path(s.jwks_file).read_text())
             for key in jwks.keys:
-                if key.algorithm_name not in ("RS256", "ES256"):
+                if key.algorithm_name not in ALGORITHMS:
                     raise ValueError(f"{s.jwks_file}: key {key.key_id!r} is not RS256 or ES256")
-                self._jwks[key.key_id or ""] = key.key
+            self._jwks = usable_keys(jwks)
+            for key in self._jwks.values():
                 if key.algorithm_name not in self._algorithms:
                     self._algorithms.append(key.algorithm_name)
+        if s.oidc_issuer:
+            self.issuer_keys = IssuerKeys(s.oidc_issuer, s.oidc_refresh_s, s.oidc_min_interval_s)
+            self._algorithms += [a for a in ALGORITHMS if a not in self._algorithms]
+
+    @property
+    def provider(self) -> ProviderInfo | None:
+        """The OIDC provider's endpoints, once its discovery document was read."""
+        return self.issuer_keys.provider if self.issuer_keys else None
+
+    async def start(self) -> None:
+        if self.issuer_keys is not None:
+            await self.issuer_keys.start()
+
+    async def stop(self) -> None:
+        if self.issuer_keys is not None:
+            await self.issuer_keys.stop()
+        self.refusals.close()
+
+    async def authenticate(
+        self, headers: Mapping[str, str], peer: str, operation: str | Callable[[], str] = ""
+    ) -> Identity:
+        """`identify`, after fetching the issuer's keys again if the token names a key id they
+        do not hold (when the rate limit allows): the first token signed with a provider's new
+        key is accepted, not refused until the next scheduled fetch."""
+        keys = self.issuer_keys
+        if keys is not None and keys.may_refresh():
+            kid = self._unknown_kid(headers.get("authorization", ""))
+            if kid is not None:
+                await keys.refresh()
+        return self.identify(headers, peer, operation)
+
+    def _unknown_kid(self, auth: str) -> str | None:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or self.issuer_keys is None:
+            return None
+        try:
+            kid = jwt.get_unverified_header(token.strip()).get("kid")
+        except jwt.PyJWTError:
+            return None
+        if isinstance(kid, str) and kid not in self._jwks and kid not in self.issuer_keys.keys:
+            return kid
+        return None
 
     @property
     def configured(self) -> bool:
@@ -188,27 +242,25 @@ class Authenticator:
                 raise AuthError(
                     f"token algorithm {alg!r} not accepted ({self._algorithms})", "bad_algorithm"
                 )
-            if alg == "HS256":
-                key: Any = self._secret
-            elif header.get("kid"):
-                key = self._jwks.get(str(header["kid"]))
-            else:  # no key id: fine when the JWKS holds a single key
-                key = next(iter(self._jwks.values())) if len(self._jwks) == 1 else None
+            key = self._secret if alg == "HS256" else self._public_key(header.get("kid"))
             if key is None:
                 raise AuthError(
-                    f"token key id {header.get('kid')!r} is not in the JWKS file", "unknown_key"
+                    f"token key id {header.get('kid')!r} is not among the server's keys"
+                    + (f" (JWKS {s.jwks_file})" if s.jwks_file else "")
+                    + (f" (issuer {s.oidc_issuer})" if s.oidc_issuer else ""),
+                    "unknown_key",
                 )
             claims: dict[str, Any] = jwt.decode(
                 token,
                 key,
                 algorithms=self._algorithms,
                 audience=s.audience or None,
-                issuer=s.issuer or None,
+                issuer=s.expected_issuer or None,
                 leeway=s.leeway_s,
                 options={
                     "require": ["exp"],
                     "verify_aud": bool(s.audience),
-                    "verify_iss": bool(s.issuer),
+                    "verify_iss": bool(s.expected_issuer),
                 },
             )
         except jwt.ExpiredSignatureError:
@@ -218,7 +270,7 @@ class Authenticator:
         except jwt.InvalidAudienceError:
             raise AuthError(f"token audience is not {s.audience!r}", "wrong_audience") from None
         except jwt.InvalidIssuerError:
-            raise AuthError(f"token issuer is not {s.issuer!r}", "wrong_issuer") from None
+            raise AuthError(f"token issuer is not {s.expected_issuer!r}", "wrong_issuer") from None
         except jwt.InvalidAlgorithmError:
             raise AuthError(
                 f"token algorithm not accepted (accepted: {self._algorithms})", "bad_algorithm"
@@ -239,3 +291,16 @@ class Authenticator:
             frozenset(str(g) for g in raw_groups) if isinstance(raw_groups, list) else frozenset()
         )
         return Identity(user, groups, "jwt", address, float(claims["exp"]))
+
+    def _public_key(self, kid: object) -> Any:
+        """The key for a token's key id, from the JWKS file or the issuer's keys; a token
+        without one is fine while a single key is held."""
+        held = dict(self._jwks)
+        if self.issuer_keys is not None:
+            held.update(self.issuer_keys.keys)
+        if isinstance(kid, str) and kid:
+            found = held.get(kid)
+            if found is None and self.issuer_keys is not None:
+                self.issuer_keys.want(kid)
+            return found.key if found is not None else None
+        return next(iter(held.values())).key if len(held) == 1 else None
