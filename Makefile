@@ -89,7 +89,7 @@ lint: venv node
 pytest: venv ext tsbuild graphiql chromium haproxy coniql keycloak
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
-tstest: venv ext node tsbuild graphiql
+tstest: venv ext node tsbuild graphiql chromium keycloak
 	cd $(TS) && PVWIRE_PYTHON=$(abspath $(PY)) npm test --silent
 
 test: lint pytest tstest

@@ -193,6 +193,13 @@ def create_app(
             return FileResponse(page)
         return PlainTextResponse("the status page is not built (run `make tsbuild`)", 404)
 
+    @app.get("/auth.json")
+    async def auth_config() -> dict[str, str]:
+        """How the page signs in: the provider and the public client (PKCE), or {} for none."""
+        if not (settings.oidc_issuer and settings.oidc_client_id):
+            return {}
+        return {"issuer": settings.oidc_issuer, "clientId": settings.oidc_client_id}
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "alive"}
