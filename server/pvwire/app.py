@@ -195,10 +195,10 @@ def create_app(
 
     @app.get("/auth.json")
     async def auth_config() -> dict[str, str]:
-        """How the page signs in: the provider and the public client (PKCE), or {} for none."""
-        if not (settings.oidc_issuer and settings.oidc_client_id):
-            return {}
-        return {"issuer": settings.oidc_issuer, "clientId": settings.oidc_client_id}
+        """Where to sign in: the provider, and the public client the page uses (PKCE); {} for
+        none. `pvwire login` reads it too."""
+        found = {"issuer": settings.oidc_issuer, "clientId": settings.oidc_client_id}
+        return {k: v for k, v in found.items() if v}
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

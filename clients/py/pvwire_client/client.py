@@ -11,7 +11,6 @@ import contextlib
 import copy
 import inspect
 import logging
-import os
 import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -26,6 +25,7 @@ from .batch import Batch, BatchMerger
 from .control import DEFAULT_URL
 from .errors import PvwireError, ServerUnavailable, StreamClosed, StreamRefused, TooManyChannels
 from .graphql import PutResult, Registration
+from .login import default_token
 from .state import DISCONNECTED, ChannelState
 from .transport import Connection, ConnectionClosed, HandshakeError, connect
 from .wire import (
@@ -156,7 +156,7 @@ class Client:
         # connection is broken: close it with 4000 and reconnect.
         self.request_timeout = request_timeout
         self.stream_url = stream_url
-        self._token: TokenSource = os.environ.get("PVWIRE_TOKEN") if token is None else token
+        self._token: TokenSource = default_token() if token is None else token
         self._http = httpx.AsyncClient(transport=transport, timeout=timeout + 10.0)
         self._stream: _Stream | None = None
 

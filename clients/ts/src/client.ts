@@ -2,6 +2,7 @@
  * PvwireClient: GraphQL calls (get, put, search) and subscriptions multiplexed over ONE shared
  * WebSocket, with reconnect/re-attach, token renewal and a heartbeat watchdog.
  */
+import { defaultGetToken } from "./storedToken.js";
 import { applyEntry, initialState, linkLost, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
 import { closeClass, closeName, CloseCode } from "./closeCodes.js";
 import { backoffDelay, DEFAULT_BACKOFF, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
@@ -218,6 +219,8 @@ export class PvwireClient {
     if (!f) throw new PvwireError("no fetch implementation: pass options.fetch");
     this.WS = WS;
     this.fetchFn = f;
+    // Without getToken: in Node, PVWIRE_TOKEN or the token `pvwire login` stored (storedToken.ts).
+    if (!("getToken" in options)) this.opts = { ...options, getToken: defaultGetToken(f) };
     this.backoff = { ...DEFAULT_BACKOFF, ...options.backoff };
     this.random = options.random ?? Math.random;
   }
