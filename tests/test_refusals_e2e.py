@@ -15,9 +15,10 @@ import httpx
 import jwt
 import pytest
 import websockets
-from pvwire_client import Client, Unauthenticated
+from pvwire_client import Client, Unauthenticated, wire
 
 from tests.server_process import ServerProcess
+from tests.stream_client import RawStream
 
 SECRET = "refusals-e2e-secret-not-for-production-0123456789"
 
@@ -109,3 +110,19 @@ async def test_a_flood_of_forged_tokens_is_counted_and_summarised(
     assert len(written) <= 20 + elapsed + 1
     assert summaries
     assert len(written) + sum(x["suppressed"] for x in summaries) == 2000
+
+
+async def test_a_forged_stream_token_at_attach_is_audited(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    stream = await RawStream.connect(server.ws_url)
+    try:
+        await stream.send(16, 1, "k1.forged.token")
+        refused = await stream.recv()
+        assert isinstance(refused, wire.Error), refused
+    finally:
+        await stream.close()
+    (line,) = audit(tmp_path)
+    assert (line["reason"], line["operation"], line["address"]) == (
+        "bad_stream_token", "stream attach", "127.0.0.1")  # fmt: skip
+    assert refusal_counts(server)["bad_stream_token"] == 1

@@ -133,7 +133,7 @@ def create_app(
             allow_headers=["*"],
         )
 
-    authenticator = make_authenticator(settings, RefusalLog(hub.audit.refusal))
+    authenticator = make_authenticator(settings, hub.refusals)
     app.state.authenticator = authenticator
     cost_limiter = RateLimiter(settings.max_cost_per_s, 2 * settings.max_cost_per_s)
 
@@ -218,7 +218,7 @@ def create_app(
             len(hub.sessions),
             len(hub.registry.channels),
             worker,
-            dict(authenticator.refusals.counts),
+            dict(hub.refusals.counts),
         )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 

@@ -37,6 +37,9 @@ REASONS = (
     "wrong_issuer",
     "no_user",  # valid, but names nobody
     "untrusted_proxy_header",  # a user header from an address not listed as a trusted proxy
+    # A stream token (ATTACH) that is malformed, forged or of a key the server does not hold.
+    # One that expired is not counted: clients renew those in the ordinary course.
+    "bad_stream_token",
 )
 
 Write = Callable[[dict[str, Any]], None]

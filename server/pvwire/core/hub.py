@@ -19,12 +19,13 @@ from typing import Any, cast
 from ..access.audit import AuditLog
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
+from ..access.refusals import RefusalLog
 from ..access.rules import Access, RulesFile
 from ..config import Settings
 from ..model import Reading
 from ..upstream.base import Backend
 from ..wire.session import FORBIDDEN, AttachRefused, Source
-from ..wire.tokens import Claims, TokenSigner
+from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
 from .clients import Client
 from .control import Control
 from .reduce import Reduction
@@ -48,6 +49,9 @@ class Hub:
         self.registry = Registry(backends, settings, self.ticker)
         self.rules = RulesFile(settings.access_rules, settings.write_rules)
         self.audit = AuditLog(settings.audit_log)
+        # Refused authentications, audited and counted (access/refusals.py): the bearer tokens
+        # the authenticator refuses, and the stream tokens refused here.
+        self.refusals = RefusalLog(self.audit.refusal)
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
         self.control = Control(self.registry, self.rules, self.audit, puts)
         self.sessions: set[Client] = set()  # of both endpoints
@@ -74,6 +78,7 @@ class Hub:
         self.registry.close_all()
         for backend in self.registry.backends.values():
             await backend.close()
+        self.refusals.close()
         self.audit.close()
 
     # --- the control plane --------------------------------------------------------------------
@@ -127,8 +132,14 @@ class Hub:
 
     # --- sessions (SessionHost) ---------------------------------------------------------------
 
-    def verify_token(self, token: str) -> Claims:
-        return self.signer.verify(token)
+    def verify_token(self, token: str, address: str = "") -> Claims:
+        try:
+            return self.signer.verify(token)
+        except TokenExpired:
+            raise
+        except TokenError as exc:
+            self.refusals.refused("bad_stream_token", address, "stream attach", str(exc))
+            raise
 
     def open_view(self, claims: Claims, session: Client, att: int) -> Source:
         denied = self._denied(claims)
