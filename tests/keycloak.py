@@ -6,9 +6,9 @@ client `pvwire-page` (code flow + PKCE, redirects to any 127.0.0.1 port), a publ
 `pvwire-cli` (device grant), a confidential client `pvwire-service` (client credentials, its
 service account in operators). Access tokens carry `aud: pvwire` and `groups`, and live 120 s.
 
-Costs measured on this machine (2 cores, shared): ~510 MB of memory, 80 s to start the first time
-(Keycloak builds its configuration) and ~25-40 s after that; hence one per test session, started
-only by the tests that ask for it.
+Costs measured on this machine (2 cores, shared with other jobs): ~500 MB of memory; 83-90 s to
+start the first time after `make keycloak` (it builds its configuration), then 34 s on a quiet
+machine and 75 s under load. Hence one per test session, started only by the tests that ask.
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ from pvwire_client.login import login, stored_token
 from tests.keycloak import SERVICE, SERVICE_SECRET, Keycloak, dump
 from tests.server_process import ServerProcess
 
-# Keycloak's start (75-90 s on a busy machine, more the first time) counts against the first
-# test that asks for it.
+# Keycloak's start (35-90 s here, tests/keycloak.py) counts against the first test that asks.
 pytestmark = pytest.mark.timeout(600)
 
 PVWIRE = str(Path(sys.executable).with_name("pvwire"))
