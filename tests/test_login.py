@@ -5,11 +5,15 @@ tests/test_keycloak.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from pvwire_client.login import LoginError, cache_file, default_token, stored_token
+
+PVWIRE = str(Path(sys.executable).with_name("pvwire"))
 
 
 @pytest.fixture
@@ -50,3 +54,12 @@ def test_an_expired_token_without_a_way_to_renew_it_says_log_in_again(cache: Pat
     store(cache, expires_at=time.time() - 1, refresh_token="", client_secret="")
     with pytest.raises(LoginError, match="pvwire login"):
         stored_token()
+
+
+def test_a_refused_renewal_is_not_authenticated_for_the_command(cache: Path) -> None:
+    """Exit status 4 with the hint to log in, not a traceback."""
+    store(cache, expires_at=time.time() - 1, refresh_token="", client_secret="")
+    done = subprocess.run([PVWIRE, "get", "--server", "http://127.0.0.1:9", "sim://x"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    assert "pvwire login" in done.stderr

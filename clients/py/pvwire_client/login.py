@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import Unauthenticated
+
 if TYPE_CHECKING:  # imported when used: `default_token` runs in every command, and must be quick
     import httpx
 
@@ -29,8 +31,9 @@ RENEW_MARGIN_S = 30.0  # renewed this long before it expires: a request in fligh
 TIMEOUT_S = 30.0
 
 
-class LoginError(Exception):
-    """The identity provider refused, or the stored token cannot be renewed."""
+class LoginError(Unauthenticated):
+    """The identity provider refused, or the stored token cannot be renewed: like a token the
+    server refused, so callers (and the command's exit status, 4) treat both alike."""
 
 
 def cache_file() -> Path:
