@@ -11,7 +11,7 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext node chromium haproxy graphiql clean runtime-lock coniql
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext node chromium haproxy keycloak graphiql clean runtime-lock coniql
 .PHONY: podman image kustomize kube
 
 venv: $(VENV)/.installed
@@ -76,6 +76,21 @@ $(KUSTOMIZE):
 kube: venv image kustomize haproxy
 	$(PY) -m tests.kube
 
+# The identity provider of the sign-in tests (tests/keycloak.py starts it): Keycloak's
+# distribution from Maven Central, fetched by Maven and unpacked under .cache/, run by Debian's
+# Java 17 (Keycloak 26.7.3 runs on it).
+KEYCLOAK_VERSION := 26.7.3
+KEYCLOAK_CACHE := .cache/keycloak
+keycloak: $(KEYCLOAK_CACHE)/keycloak-$(KEYCLOAK_VERSION)/bin/kc.sh
+$(KEYCLOAK_CACHE)/keycloak-$(KEYCLOAK_VERSION)/bin/kc.sh:
+	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+	@command -v mvn >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null; }
+	mkdir -p $(KEYCLOAK_CACHE)
+	mvn -q -B dependency:copy -Dartifact=org.keycloak:keycloak-quarkus-dist:$(KEYCLOAK_VERSION):tar.gz -DoutputDirectory=$(abspath $(KEYCLOAK_CACHE))
+	tar -xzf $(KEYCLOAK_CACHE)/keycloak-quarkus-dist-$(KEYCLOAK_VERSION).tar.gz -C $(KEYCLOAK_CACHE)
+	rm $(KEYCLOAK_CACHE)/keycloak-quarkus-dist-$(KEYCLOAK_VERSION).tar.gz
+	touch $@
+
 # Coniql 0.4.2, the server pvwire is compared with in bench/, in a virtual environment of its own
 # (its pins clash with pvwire's: graphql-core, strawberry); bench/coniql.py finds it here.
 CONIQL_VENV := .venv-coniql
@@ -99,10 +114,10 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv ext tsbuild graphiql chromium haproxy coniql podman kustomize
+pytest: venv ext tsbuild graphiql chromium haproxy coniql podman kustomize keycloak
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
-tstest: venv ext node tsbuild graphiql
+tstest: venv ext node tsbuild graphiql chromium keycloak
 	cd $(TS) && PVWIRE_PYTHON=$(abspath $(PY)) npm test --silent
 
 test: lint pytest tstest
@@ -126,4 +141,4 @@ runtime-lock: venv
 	$(PY) scripts/runtime_lock.py
 
 clean:
-	rm -rf $(VENV) $(CONIQL_VENV) server/pvwire/upstream/_pvaingest*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
+	rm -rf $(VENV) $(CONIQL_VENV) .cache server/pvwire/upstream/_pvaingest*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

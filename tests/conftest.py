@@ -24,6 +24,7 @@ from pvwire.loopback import apply_loopback_env
 from pvwire.model import ConnState, Metadata, Value
 from pvwire.wire.tokens import TokenSigner
 
+from tests.keycloak import Keycloak
 from tests.server_process import ServerProcess, server_args_for_tests
 
 from . import hub_doubles
@@ -132,6 +133,17 @@ def server(epics_env: IocProcess) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="session")
 def server_url(server: ServerProcess) -> str:
     return server.url
+
+
+@pytest.fixture(scope="session")
+def keycloak() -> Iterator[Keycloak]:
+    """A real identity provider (tests/keycloak.py), started once, by the tests that ask."""
+    kc = Keycloak()
+    kc.start()
+    try:
+        yield kc
+    finally:
+        kc.stop()
 
 
 # In-memory hub for unit tests of the core (tests/hub_doubles.py).

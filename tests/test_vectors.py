@@ -160,7 +160,7 @@ def test_vectors_dir_exists() -> None:
 class _NoHost:
     """A malformed message never reaches the hub."""
 
-    def verify_token(self, token: str) -> Any:
+    def verify_token(self, token: str, address: str) -> Any:
         raise AssertionError("verify_token called for a malformed message")
 
     def open_view(self, claims: Any, session: Any, att: int) -> Any:

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import signal
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from strawberry.fastapi import GraphQLRouter
 from . import __version__
 from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.ratelimit import RateLimiter
+from .access.refusals import RefusalLog
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.limits import ValueBudget
@@ -96,6 +98,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         hub.start()
+        await authenticator.start()  # the OIDC issuer's keys, if one is followed
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # SIGHUP reads the access rules and the catalogue file again (both are also read
             # when their file changes). The one handler: the loop's replaces any set before.
@@ -108,6 +111,7 @@ def create_app(
         try:
             yield
         finally:
+            await authenticator.stop()  # and the summary of refusals left out, if any
             await hub.stop()
 
     app = FastAPI(
@@ -130,16 +134,21 @@ def create_app(
             allow_headers=["*"],
         )
 
-    authenticator = make_authenticator(settings)
+    authenticator = make_authenticator(settings, hub.refusals)
+    app.state.authenticator = authenticator
     cost_limiter = RateLimiter(settings.max_cost_per_s, 2 * settings.max_cost_per_s)
 
     async def context(request: Request) -> dict[str, Any]:
         check_origin(settings, request.headers.get("origin"))
         peer = request.client.host if request.client else ""
+        # The body, for a refusal's audit line (cached: strawberry reads the same bytes again).
+        body = await request.body() if request.method == "POST" else b""
         return {
             "hub": hub,
             "request": request,
-            "identity": authenticator.identify(request.headers, peer),
+            "identity": await authenticator.authenticate(
+                request.headers, peer, lambda: graphql_operation(body, request.query_params)
+            ),
             "budget": ValueBudget(settings.max_graphql_elements),
             "cost_limiter": cost_limiter,
             "worker": worker,
@@ -189,6 +198,13 @@ def create_app(
             return FileResponse(page)
         return PlainTextResponse("the status page is not built (run `make tsbuild`)", 404)
 
+    @app.get("/auth.json")
+    async def auth_config() -> dict[str, str]:
+        """Where to sign in: the provider, and the public client the page uses (PKCE); {} for
+        none. `pvwire login` reads it too."""
+        found = {"issuer": settings.oidc_issuer, "clientId": settings.oidc_client_id}
+        return {k: v for k, v in found.items() if v}
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "alive"}
@@ -230,11 +246,39 @@ def check_origin(settings: Settings, origin: str | None) -> None:
         raise OriginRefused(f"origin {origin!r} is not allowed")
 
 
-def make_authenticator(settings: Settings) -> Authenticator:
+_OPERATION = re.compile(r"\s*(query|mutation|subscription)?\s*(\w*)[^{]*\{\s*(?:\w+\s*:\s*)?(\w+)")
+
+
+def graphql_operation(body: bytes, params: Mapping[str, str]) -> str:
+    """What a GraphQL request asks, for the audit file: `mutation put`, `query SetUp` (by the
+    operation's name when it has one, else its first field), or `graphql` if it cannot tell.
+    Looks at the first 2,000 characters only: this runs for refusals, which anyone can send."""
+    request: Any = dict(params)
+    if body:
+        try:
+            request = json.loads(body[:1_000_000])
+        except ValueError:
+            return "graphql"
+    if not isinstance(request, dict):
+        return "graphql"
+    name, query = request.get("operationName"), request.get("query")
+    found = _OPERATION.match(query[:2000]) if isinstance(query, str) else None
+    kind = (found.group(1) if found else "") or "query"
+    if isinstance(name, str) and name.isidentifier():
+        return f"{kind} {name[:100]}"
+    if found:
+        return f"{kind} {found.group(2) or found.group(3)}"[:100]
+    return "graphql"
+
+
+def make_authenticator(settings: Settings, refusals: RefusalLog | None = None) -> Authenticator:
     return Authenticator(
         JwtSettings(
             secret_file=settings.jwt_secret_file,
             jwks_file=settings.jwks_file,
+            oidc_issuer=settings.oidc_issuer,
+            oidc_refresh_s=settings.oidc_refresh_s,
+            oidc_min_interval_s=settings.oidc_min_interval_s,
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
             groups_claim=settings.jwt_groups_claim,
@@ -244,6 +288,7 @@ def make_authenticator(settings: Settings) -> Authenticator:
         trusted_proxies=settings.trusted_proxies,
         user_header=settings.user_header,
         groups_header=settings.groups_header,
+        refusals=refusals or RefusalLog(),
     )
 
 

@@ -77,6 +77,8 @@ def _settings(args: argparse.Namespace) -> Any:
         "audit_log": args.audit_log,
         "jwt_secret_file": args.jwt_secret_file,
         "jwks_file": args.jwks_file,
+        "oidc_issuer": args.oidc_issuer,
+        "oidc_client_id": args.oidc_client_id,
         "jwt_issuer": args.jwt_issuer,
         "jwt_audience": args.jwt_audience,
         "jwt_groups_claim": args.jwt_groups_claim,
@@ -248,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--admin-group", action="append", help="group that may see clients")
         p.add_argument("--jwt-secret-file", help="HS256 secret for bearer JWTs")
         p.add_argument("--jwks-file", help="JWKS (RS256/ES256 public keys) for bearer JWTs")
+        p.add_argument("--oidc-issuer", help="OIDC provider whose keys (discovered, refreshed "
+                       "on rotation) check bearer JWTs; its URL is the required `iss`")  # fmt: skip
+        p.add_argument("--oidc-client-id", help="public client the page signs in with (PKCE)")
         p.add_argument("--jwt-issuer", help="required `iss` of bearer JWTs")
         p.add_argument("--jwt-audience", help="required `aud` of bearer JWTs")
         p.add_argument("--jwt-groups-claim", help="claim holding the groups (default groups)")

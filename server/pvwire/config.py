@@ -44,6 +44,12 @@ class Settings:
     audit_log: str = ""  # JSON lines, one per put (also logged to pvwire.audit)
     jwt_secret_file: str = ""  # HS256 shared secret
     jwks_file: str = ""  # RS256/ES256 public keys of the site's OIDC provider
+    # An OIDC provider followed over HTTP(S): discovery, then its JWKS, fetched again every
+    # oidc_refresh_s and on a key id not held (at most every oidc_min_interval_s).
+    oidc_issuer: str = ""
+    oidc_client_id: str = ""  # the public client the page signs in with (PKCE)
+    oidc_refresh_s: float = 600.0
+    oidc_min_interval_s: float = 10.0
     jwt_issuer: str = ""
     jwt_audience: str = ""
     jwt_groups_claim: str = "groups"

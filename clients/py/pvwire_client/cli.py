@@ -5,12 +5,14 @@
     pvwire monitor ID... [--count N] [--duration S] [--backfill S]
     pvwire info ID                           metadata
     pvwire search PATTERN
+    pvwire login [--client-id ID] [--client-secret-file PATH]   sign in (login.py)
 
 ``--json`` prints machine-readable output (for monitor one JSON object per line: a channel's
 first holds everything known, later ones only what changed); ``--server URL`` or ``PVWIRE_URL``
 selects the server (default http://127.0.0.1:8080). A server that checks identities takes the
 user's bearer token (the site's OIDC access token) from ``PVWIRE_TOKEN``, ``--token-file PATH`` or
-``--token TOKEN`` (visible to other users in the process list). Problems print one line on
+``--token TOKEN`` (visible to other users in the process list), else the one ``pvwire login``
+stored. Problems print one line on
 stderr: ``ID: what happened`` for a channel, ``pvwire: what happened`` for the command.
 
 ``monitor`` reports a channel that no IOC answers (``ID: not found (...)``) or that failed, once,
@@ -84,7 +86,7 @@ def exit_status(errors: Sequence[PvwireError]) -> int:
 def problem_line(e: PvwireError) -> str:
     """The stderr line for an error that ended the command."""
     if _EXIT_BY_CODE.get(e.code) == EXIT_UNAUTHENTICATED:
-        hint = "give a valid token: PVWIRE_TOKEN, --token-file or --token"
+        hint = "give a valid token: pvwire login, PVWIRE_TOKEN, --token-file or --token"
         return f"pvwire: not authenticated: {e} ({hint})"
     if isinstance(e, NotFound):
         return channel_error(e)
@@ -167,6 +169,31 @@ def _search(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _login(a: argparse.Namespace) -> int:
+    import httpx
+
+    from .login import LoginError, cache_file, login
+
+    secret = a.client_secret or ""
+    if a.client_secret_file:
+        with open(a.client_secret_file, encoding="utf-8") as f:
+            secret = f.read().strip()
+    try:
+        stored = login(
+            a.server,
+            issuer=a.issuer or "",
+            client_id=a.client_id or "",
+            client_secret=secret,
+            show=lambda s: print(s, file=sys.stderr, flush=True),
+        )
+    except (LoginError, httpx.HTTPError, ValueError, KeyError) as e:
+        print(f"pvwire: login: {e}", file=sys.stderr)
+        return EXIT_UNAUTHENTICATED
+    print(f"pvwire: signed in at {stored['issuer']}; token stored in {cache_file()}",
+          file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -233,13 +260,26 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("pattern", metavar="PATTERN")
     s.add_argument("--limit", type=int, default=100)
     s.set_defaults(fn=_search)
+    lg = sub.add_parser("login", help="sign in at the site's identity provider, store the token")
+    lg.add_argument("--server", default=os.environ.get("PVWIRE_URL", DEFAULT_URL),
+                    help="pvwire server that names the provider (env PVWIRE_URL)")  # fmt: skip
+    lg.add_argument("--issuer", help="the provider's issuer URL (default: the server's)")
+    lg.add_argument("--client-id", help="OIDC client (default: the server's page client)")
+    secret = lg.add_mutually_exclusive_group()
+    secret.add_argument(
+        "--client-secret-file",
+        metavar="PATH",
+        help="a service's client secret: client credentials, no person",
+    )
+    secret.add_argument("--client-secret", help="as --client-secret-file, but visible to others")
+    lg.set_defaults(fn=_login)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     a = parser.parse_args(argv)
-    if a.token_file is not None:
+    if getattr(a, "token_file", None) is not None:
         try:
             with open(a.token_file, encoding="utf-8") as f:
                 a.token = f.read().strip()

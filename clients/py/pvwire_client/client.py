@@ -13,7 +13,6 @@ import contextlib
 import copy
 import inspect
 import logging
-import os
 import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -37,6 +36,7 @@ from .errors import (
     TooManyChannels,
 )
 from .graphql import PutResult, Registration
+from .login import default_token
 from .session import (
     Backfill,
     Connected,
@@ -154,7 +154,7 @@ class Client:
         # connection is broken: close it with 4000 and reconnect.
         self.request_timeout = request_timeout
         self.stream_url = stream_url
-        self._token: TokenSource = os.environ.get("PVWIRE_TOKEN") if token is None else token
+        self._token: TokenSource = default_token() if token is None else token
         self._http = httpx.AsyncClient(transport=transport, timeout=timeout + 10.0)
         self._stream: _Stream | None = None
 

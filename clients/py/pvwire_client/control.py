@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 from . import graphql as gql
 from .errors import PvwireError, ServerUnavailable
+from .login import default_token
 from .state import ChannelState
 
 __all__ = ["DEFAULT_URL", "Control"]
@@ -41,7 +41,7 @@ class Control:
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._token = os.environ.get("PVWIRE_TOKEN") if token is None else token
+        self._token = default_token() if token is None else token
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ServerUnavailable(f"not an http(s) URL: {url!r}")

@@ -2,18 +2,25 @@
 // WebSocket), a live table, puts, a waveform plot and a one-minute strip chart on canvases.
 import { COLOR_MAPS, DEFAULT_MAX_PIXELS, drawStaleMarker, ImageView, NdArray, PvwireClient, toDate, type ChannelState, type ColorMapName, type History, type PvwireError, type SubscribeOptions, type Subscription, type TypedArray } from "../src/index.js";
 import { niceTicks, placeTicks, timeTicks } from "./axes.js";
+import { setUpSignIn, takeProviderAnswer, type SignIn } from "./signin.js";
 
 const DEMO_PREFIX = "PVWIRE:DEMO:";
 const DEMO_PVS = [...["COUNTER", "COUNTER_1HZ", "SINE", "NOISE", "MODE", "MESSAGE", "SP", "RBV", "WAVEFORM"].map((n) => DEMO_PREFIX + n), `pva://${DEMO_PREFIX}IMAGE`];
 const STRIP_SECONDS = 60;
 
+// Back from the identity provider, the page's own query is put back before it is read here.
+const providerAnswer = takeProviderAnswer();
 const params = new URLSearchParams(location.search);
-// The bearer token lives in sessionStorage (this tab only, gone when it closes), never in the URL
-// where it would end up in history, logs and Referer headers. Asked for before every request and
-// re-registration, so a token pasted later applies from the next request on.
+// The bearer token: the signed-in user's access token (signin.ts), else one given in the token
+// field, which is hidden unless the address asks for it (`?token-field`, for tests and tools).
+// Both live in sessionStorage (this tab only, gone when it closes), never in the URL where they
+// would end up in history, logs and Referer headers. Asked for before every request and
+// re-registration, so a token refreshed or given later applies from the next request on.
 const TOKEN_KEY = "pvwire.token";
-const currentToken = (): string | undefined => sessionStorage.getItem(TOKEN_KEY) || undefined;
-const client = new PvwireClient(params.get("server") ?? location.origin, { getToken: currentToken });
+const SERVER = params.get("server") ?? location.origin;
+let signIn: SignIn | undefined;
+const currentToken = (): string | undefined => signIn?.token() ?? (sessionStorage.getItem(TOKEN_KEY) || undefined);
+const client = new PvwireClient(SERVER, { getToken: currentToken });
 (globalThis as { pvwire?: PvwireClient }).pvwire = client; // for the browser tests and the console
 
 const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
@@ -577,7 +584,7 @@ $("search-form").addEventListener("submit", (ev) => {
   }, (e: Error) => showError(`search: ${e.message}`));
 });
 
-// ---- identity: the token field
+// ---- identity: sign-in with the site's provider, or the token field
 /** Who the token says the user is, for display only: the server verifies it, the page cannot. */
 function describeToken(token: string | undefined): string {
   if (!token) return "anonymous";
@@ -592,11 +599,23 @@ function describeToken(token: string | undefined): string {
   }
 }
 
+let shownIdentity = "";
 function showIdentity(): void {
-  $("identity").textContent = describeToken(currentToken());
+  const who = describeToken(currentToken());
+  $("identity").textContent = who;
+  $("sign-in").hidden = signIn === undefined || signIn.token() !== undefined;
+  $("sign-out").hidden = signIn?.token() === undefined;
+  if (who === shownIdentity) return; // a refreshed token of the same user: nothing to redo
+  shownIdentity = who;
+  showError("");
+  // Every subscription registers again under the new identity: its access may differ.
+  for (const row of rows.values()) {
+    row.putError.textContent = "";
+    subscribeRow(row);
+  }
 }
-showIdentity();
 
+$("token-form").hidden = !params.has("token-field");
 $("token-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const input = $<HTMLInputElement>("token-input");
@@ -605,12 +624,12 @@ $("token-form").addEventListener("submit", (ev) => {
   if (token) sessionStorage.setItem(TOKEN_KEY, token);
   else sessionStorage.removeItem(TOKEN_KEY);
   showIdentity();
-  showError("");
-  // Every subscription registers again under the new identity: its access may differ.
-  for (const row of rows.values()) {
-    row.putError.textContent = "";
-    subscribeRow(row);
-  }
+});
+$("sign-in").addEventListener("click", () => {
+  signIn?.signIn().catch((e: Error) => showError(`sign in: ${e.message}`));
+});
+$("sign-out").addEventListener("click", () => {
+  signIn?.signOut().catch((e: Error) => showError(`sign out: ${e.message}`));
 });
 
 // ---- preload the demo IOC's channels (search first; the fixed list if search finds none)
@@ -632,4 +651,14 @@ async function preload(): Promise<void> {
   const sine = list.find((n) => n.endsWith(":SINE"));
   if (sine) selectStrip(sine);
 }
-void preload();
+// Sign-in first: a page the provider just sent back must subscribe as the signed-in user.
+void setUpSignIn(SERVER, showIdentity, providerAnswer)
+  .then((s) => {
+    signIn = s;
+    showIdentity();
+    if (s?.failure) showError(`sign in: ${s.failure}`);
+  }, (e: Error) => {
+    showIdentity();
+    showError(`sign in: ${e.message}`);
+  })
+  .finally(() => void preload());

@@ -6,6 +6,7 @@
  * state and decides what to send, apply, close and retry; this file owns the socket, the timers,
  * the backoff and the GraphQL re-registrations, and applies entries with `applyEntry`.
  */
+import { defaultGetToken } from "./storedToken.js";
 import { applyEntry, initialState, linkLost, withAccess, type Access, type ChangedField, type ChannelState } from "./channel.js";
 import { closeName, CloseCode } from "./closeCodes.js";
 import { backoffDelay, DEFAULT_BACKOFF, transition, type BackoffOptions, type ConnectionEvent, type ConnectionState } from "./connection.js";
@@ -241,6 +242,8 @@ export class PvwireClient {
     if (!f) throw new PvwireError("no fetch implementation: pass options.fetch");
     this.WS = WS;
     this.fetchFn = f;
+    // Without getToken: in Node, PVWIRE_TOKEN or the token `pvwire login` stored (storedToken.ts).
+    if (!("getToken" in options)) this.opts = { ...options, getToken: defaultGetToken(f) };
     this.backoff = { ...DEFAULT_BACKOFF, ...options.backoff };
     this.random = options.random ?? Math.random;
     this.session = this.newSession();

@@ -75,7 +75,7 @@ describe("demo page with a token in Chromium", () => {
     page = browser.pages()[0] ?? (await browser.newPage());
     const errors: string[] = [];
     page.on("pageerror", (e) => errors.push(e.message));
-    await page.goto(`${stack.url}/?pvs=${P}SP,${P}RBV`);
+    await page.goto(`${stack.url}/?token-field&pvs=${P}SP,${P}RBV`);
     await row(`${P}SP`).waitFor({ timeout: 30_000 });
     expect(errors).toEqual([]);
   });

@@ -1,4 +1,5 @@
-"""The audit trail: one JSON line per put, allowed or denied, to a file and to `pvwire.audit`.
+"""The audit trail: one JSON line per put, allowed or denied, to a file and to `pvwire.audit`;
+and the refused authentications (`refusal`, bounded by access/refusals.py), logged as warnings.
 
 Unless CA puts carry the user's name (--forward-identity, docs/ACCESS.md), the IOC sees pvwire's
 account for every put; this file is the record of who asked, and of who refused: pvwire's rules
@@ -78,13 +79,21 @@ class AuditLog:
             "latency_ms": round(latency_s * 1000.0, 3),
             "wait": wait,
         }
+        self._write(record, logging.INFO)
+
+    def refusal(self, record: dict[str, Any]) -> None:
+        """A refused authentication (or a summary of those left out under a flood): a security
+        event, so a warning in the log, where the default level shows it."""
+        self._write(record, logging.WARNING)
+
+    def _write(self, record: dict[str, Any], level: int) -> None:
         line = json.dumps(record, separators=(",", ":"), allow_nan=False)
         if self._file is not None:
             try:
                 self._file.write(line + "\n")
             except OSError:
                 log.exception("cannot write the audit file; the record follows in this log")
-        log.info("%s", line)
+        log.log(level, "%s", line)
 
     def close(self) -> None:
         if self._file is not None:

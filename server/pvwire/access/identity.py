@@ -1,24 +1,31 @@
 """Who a request is: a bearer JWT, a trusted proxy's user header, or anonymous.
 
 JWTs are checked with PyJWT (a well-kept library; no home-made crypto): the signature (HS256 with
-a shared secret, or RS256/ES256 with the keys of a JWKS file, as a site's OIDC provider issues
-them), `exp` and `nbf` with a clock-skew leeway, `iss` and `aud` when configured. `alg: none` and
-any algorithm not configured are refused. A present but bad token is an error, never a silent
-fall back to anonymous: a user whose token expired must be told, not quietly demoted.
+a shared secret, or RS256/ES256 with the keys of a JWKS file or of an OIDC issuer followed over
+HTTP, access/oidc.py, as a site's OIDC provider issues them), `exp` and `nbf` with a clock-skew
+leeway, `iss` and `aud` when configured. `alg: none` and any algorithm not configured are
+refused. A present but bad token is an error, never a silent fall back to anonymous: a user
+whose token expired must be told, not quietly demoted.
 
 A reverse proxy that authenticated the user passes the name in a header; it is believed only from
 the listed proxy networks, and there the client's real address comes from `X-Forwarded-For`.
+
+Every refusal, and a user header from an address that is no trusted proxy, goes to `refusals`
+(access/refusals.py: audited with the reason and the request's operation, counted, bounded).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jwt
+
+from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, usable_keys
+from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
 
@@ -29,6 +36,10 @@ class AuthError(Exception):
     """The request's credentials are present but not acceptable (HTTP 401 UNAUTHENTICATED)."""
 
     code = "UNAUTHENTICATED"
+
+    def __init__(self, message: str, reason: str = "malformed_token") -> None:
+        super().__init__(message)
+        self.reason = reason  # one of refusals.REASONS: what the audit file and metrics say
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +65,9 @@ ANONYMOUS = Identity("")
 class JwtSettings:
     secret_file: str = ""  # HS256 shared secret
     jwks_file: str = ""  # RS256/ES256 public keys
+    oidc_issuer: str = ""  # an OIDC provider whose keys are fetched and followed
+    oidc_refresh_s: float = 600.0  # keys fetched again this often
+    oidc_min_interval_s: float = 10.0  # and on an unknown key id, at most this often
     issuer: str = ""
     audience: str = ""
     groups_claim: str = "groups"
@@ -62,7 +76,12 @@ class JwtSettings:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.secret_file or self.jwks_file)
+        return bool(self.secret_file or self.jwks_file or self.oidc_issuer)
+
+    @property
+    def expected_issuer(self) -> str:
+        """The `iss` a token must carry: the one configured, else the OIDC issuer's."""
+        return self.issuer or self.oidc_issuer
 
 
 @dataclass
@@ -71,14 +90,16 @@ class Authenticator:
     trusted_proxies: Sequence[str] = ()  # CIDRs
     user_header: str = ""  # e.g. X-Remote-User, believed only from trusted proxies
     groups_header: str = ""  # comma-separated groups from the proxy, optional
+    refusals: RefusalLog = field(default_factory=RefusalLog)
 
     def __post_init__(self) -> None:
         self._proxies: list[Network] = [
             ipaddress.ip_network(c, strict=False) for c in self.trusted_proxies
         ]
         self._secret: str | None = None  # HS256
-        self._jwks: dict[str, Any] = {}  # key id ("" when the JWKS gives none) -> public key
+        self._jwks: dict[str, jwt.PyJWK] = {}  # key id ("" when the JWKS has none) -> key
         self._algorithms: list[str] = []
+        self.issuer_keys: IssuerKeys | None = None
         s = self.jwt_settings
         if s.secret_file:
             secret = Path(s.secret_file).read_text().strip()
@@ -90,11 +111,54 @@ class Authenticator:
         if s.jwks_file:
             jwks = jwt.PyJWKSet.from_json(Path(s.jwks_file).read_text())
             for key in jwks.keys:
-                if key.algorithm_name not in ("RS256", "ES256"):
+                if key.algorithm_name not in ALGORITHMS:
                     raise ValueError(f"{s.jwks_file}: key {key.key_id!r} is not RS256 or ES256")
-                self._jwks[key.key_id or ""] = key.key
+            self._jwks = usable_keys(jwks)
+            for key in self._jwks.values():
                 if key.algorithm_name not in self._algorithms:
                     self._algorithms.append(key.algorithm_name)
+        if s.oidc_issuer:
+            self.issuer_keys = IssuerKeys(s.oidc_issuer, s.oidc_refresh_s, s.oidc_min_interval_s)
+            self._algorithms += [a for a in ALGORITHMS if a not in self._algorithms]
+
+    @property
+    def provider(self) -> ProviderInfo | None:
+        """The OIDC provider's endpoints, once its discovery document was read."""
+        return self.issuer_keys.provider if self.issuer_keys else None
+
+    async def start(self) -> None:
+        if self.issuer_keys is not None:
+            await self.issuer_keys.start()
+
+    async def stop(self) -> None:
+        if self.issuer_keys is not None:
+            await self.issuer_keys.stop()
+        self.refusals.close()
+
+    async def authenticate(
+        self, headers: Mapping[str, str], peer: str, operation: str | Callable[[], str] = ""
+    ) -> Identity:
+        """`identify`, after fetching the issuer's keys again if the token names a key id they
+        do not hold (when the rate limit allows): the first token signed with a provider's new
+        key is accepted, not refused until the next scheduled fetch."""
+        keys = self.issuer_keys
+        if keys is not None and keys.may_refresh():
+            kid = self._unknown_kid(headers.get("authorization", ""))
+            if kid is not None:
+                await keys.refresh()
+        return self.identify(headers, peer, operation)
+
+    def _unknown_kid(self, auth: str) -> str | None:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or self.issuer_keys is None:
+            return None
+        try:
+            kid = jwt.get_unverified_header(token.strip()).get("kid")
+        except jwt.PyJWTError:
+            return None
+        if isinstance(kid, str) and kid not in self._jwks and kid not in self.issuer_keys.keys:
+            return kid
+        return None
 
     @property
     def configured(self) -> bool:
@@ -110,23 +174,49 @@ class Authenticator:
                 return forwarded
         return peer
 
-    def identify(self, headers: Mapping[str, str], peer: str) -> Identity:
-        """The identity of a request with these headers from the TCP peer `peer`."""
+    def identify(
+        self, headers: Mapping[str, str], peer: str, operation: str | Callable[[], str] = ""
+    ) -> Identity:
+        """The identity of a request with these headers from the TCP peer `peer`.
+
+        `operation` names what the request asks (a GraphQL operation, `pvws`) for the audit
+        line of a refusal; a function is called only then."""
         trusted = self._trusted(peer)
         address = self.client_address(headers, peer)
         auth = headers.get("authorization", "")
         if auth:
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not token.strip():
-                raise AuthError("Authorization header must be 'Bearer <token>'")
-            return self._from_jwt(token.strip(), address)
-        if trusted and self.user_header:
-            user = headers.get(self.user_header.lower(), "").strip()
-            if user:
-                groups = headers.get(self.groups_header.lower(), "") if self.groups_header else ""
-                names = frozenset(g.strip() for g in groups.split(",") if g.strip())
-                return Identity(user, names, "proxy", address)
+            try:
+                scheme, _, token = auth.partition(" ")
+                if scheme.lower() != "bearer" or not token.strip():
+                    raise AuthError(
+                        "Authorization header must be 'Bearer <token>'", "malformed_header"
+                    )
+                return self._from_jwt(token.strip(), address)
+            except AuthError as exc:
+                self._refused(exc.reason, address, operation, str(exc))
+                raise
+        user = headers.get(self.user_header.lower(), "").strip() if self.user_header else ""
+        if user and trusted:
+            groups = headers.get(self.groups_header.lower(), "") if self.groups_header else ""
+            names = frozenset(g.strip() for g in groups.split(",") if g.strip())
+            return Identity(user, names, "proxy", address)
+        if user:
+            # Ignored, as it must be: only a trusted proxy vouches for a user. But someone
+            # tried to be `user`, and that is worth a line.
+            detail = f"{self.user_header} from {peer}, which is no trusted proxy"
+            self._refused("untrusted_proxy_header", address, operation, detail, user[:100])
         return Identity("", frozenset(), "anonymous", address)
+
+    def _refused(
+        self,
+        reason: str,
+        address: str,
+        operation: str | Callable[[], str],
+        detail: str,
+        user: str = "",
+    ) -> None:
+        op = operation if isinstance(operation, str) else operation()
+        self.refusals.refused(reason, address, op, detail, user)
 
     def _trusted(self, peer: str) -> bool:
         if not self._proxies:
@@ -140,7 +230,8 @@ class Authenticator:
     def _from_jwt(self, token: str, address: str) -> Identity:
         if not self._algorithms:
             raise AuthError(
-                "this server accepts no bearer tokens (no JWT secret or JWKS configured)"
+                "this server accepts no bearer tokens (no JWT secret or JWKS configured)",
+                "no_keys",
             )
         s = self.jwt_settings
         try:
@@ -148,47 +239,51 @@ class Authenticator:
             alg = header.get("alg")
             if alg not in self._algorithms:
                 # Also refuses `alg: none`: PyJWT would too, this says why in plain words.
-                raise AuthError(f"token algorithm {alg!r} not accepted ({self._algorithms})")
-            if alg == "HS256":
-                key: Any = self._secret
-            elif header.get("kid"):
-                key = self._jwks.get(str(header["kid"]))
-            else:  # no key id: fine when the JWKS holds a single key
-                key = next(iter(self._jwks.values())) if len(self._jwks) == 1 else None
+                raise AuthError(
+                    f"token algorithm {alg!r} not accepted ({self._algorithms})", "bad_algorithm"
+                )
+            key = self._secret if alg == "HS256" else self._public_key(header.get("kid"))
             if key is None:
-                raise AuthError(f"token key id {header.get('kid')!r} is not in the JWKS file")
+                raise AuthError(
+                    f"token key id {header.get('kid')!r} is not among the server's keys"
+                    + (f" (JWKS {s.jwks_file})" if s.jwks_file else "")
+                    + (f" (issuer {s.oidc_issuer})" if s.oidc_issuer else ""),
+                    "unknown_key",
+                )
             claims: dict[str, Any] = jwt.decode(
                 token,
                 key,
                 algorithms=self._algorithms,
                 audience=s.audience or None,
-                issuer=s.issuer or None,
+                issuer=s.expected_issuer or None,
                 leeway=s.leeway_s,
                 options={
                     "require": ["exp"],
                     "verify_aud": bool(s.audience),
-                    "verify_iss": bool(s.issuer),
+                    "verify_iss": bool(s.expected_issuer),
                 },
             )
         except jwt.ExpiredSignatureError:
-            raise AuthError("token expired") from None
+            raise AuthError("token expired", "expired") from None
         except jwt.ImmatureSignatureError:
-            raise AuthError("token not valid yet (nbf)") from None
+            raise AuthError("token not valid yet (nbf)", "not_yet_valid") from None
         except jwt.InvalidAudienceError:
-            raise AuthError(f"token audience is not {s.audience!r}") from None
+            raise AuthError(f"token audience is not {s.audience!r}", "wrong_audience") from None
         except jwt.InvalidIssuerError:
-            raise AuthError(f"token issuer is not {s.issuer!r}") from None
+            raise AuthError(f"token issuer is not {s.expected_issuer!r}", "wrong_issuer") from None
         except jwt.InvalidAlgorithmError:
             raise AuthError(
-                f"token algorithm not accepted (accepted: {self._algorithms})"
+                f"token algorithm not accepted (accepted: {self._algorithms})", "bad_algorithm"
             ) from None
         except jwt.InvalidSignatureError:
-            raise AuthError("token signature does not verify") from None
+            raise AuthError("token signature does not verify", "bad_signature") from None
         except jwt.PyJWTError as exc:
             raise AuthError(f"token rejected: {exc}") from None
         user = str(claims.get(s.user_claim) or claims.get("sub") or "")
         if not user:
-            raise AuthError(f"token names no user (claims {s.user_claim!r} and 'sub' are empty)")
+            raise AuthError(
+                f"token names no user (claims {s.user_claim!r} and 'sub' are empty)", "no_user"
+            )
         raw_groups = claims.get(s.groups_claim, [])
         if isinstance(raw_groups, str):
             raw_groups = raw_groups.split()
@@ -196,3 +291,16 @@ class Authenticator:
             frozenset(str(g) for g in raw_groups) if isinstance(raw_groups, list) else frozenset()
         )
         return Identity(user, groups, "jwt", address, float(claims["exp"]))
+
+    def _public_key(self, kid: object) -> Any:
+        """The key for a token's key id, from the JWKS file or the issuer's keys; a token
+        without one is fine while a single key is held."""
+        held = dict(self._jwks)
+        if self.issuer_keys is not None:
+            held.update(self.issuer_keys.keys)
+        if isinstance(kid, str) and kid:
+            found = held.get(kid)
+            if found is None and self.issuer_keys is not None:
+                self.issuer_keys.want(kid)
+            return found.key if found is not None else None
+        return next(iter(held.values())).key if len(held) == 1 else None

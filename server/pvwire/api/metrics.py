@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .. import __version__
+from ..access.refusals import REASONS
 from ..core.stats import FAILURE_UNITS, HubSnapshot
 from ..core.tick import TICK_BUCKETS_MS
 from ..wire.codes import CLOSE_CODES
@@ -124,6 +125,11 @@ METRICS: tuple[Metric, ...] = (
            "a view or a session closed).",
            lambda s: [("", (("unit", u),), s.snapshot.failures.get(u, 0)) for u in FAILURE_UNITS],
            {"unit": frozenset(FAILURE_UNITS)}),
+    Metric("auth_refusals_total", "counter",
+           "Refused authentications (bad, expired or misaddressed tokens, untrusted proxy "
+           "headers), by reason.",
+           lambda s: [("", (("reason", r),), s.snapshot.auth_refusals.get(r, 0)) for r in REASONS],
+           {"reason": frozenset(REASONS)}),
     Metric("event_loop_lag_seconds", "gauge", "Worst event loop lag in the last 10 s.",
            _one(lambda s: s.loop_lag)),
     Metric("tick_duration_seconds", "histogram", "Time to process one tick.", _tick_histogram),

@@ -97,7 +97,7 @@ class MjpegEndpoint:
         hub = self.hub
         peer = request.client.host if request.client else ""
         try:
-            identity = self.authenticator.identify(request.headers, peer)
+            identity = self.authenticator.identify(request.headers, peer, "mjpeg")
         except AuthError as exc:
             return _text(401, str(exc))
         try:

@@ -157,7 +157,7 @@ class PvwsEndpoint:
         peer = websocket.client.host if websocket.client else ""
         address = self.authenticator.client_address(websocket.headers, peer)
         try:
-            identity = self.authenticator.identify(websocket.headers, peer)
+            identity = self.authenticator.identify(websocket.headers, peer, "pvws")
         except AuthError as exc:
             await refuse(websocket, hub, POLICY, str(exc))
             return
@@ -230,7 +230,8 @@ class PvwsEndpoint:
 
     def _identify(self, request: Request) -> Identity:
         peer = request.client.host if request.client else ""
-        return self.authenticator.identify(request.headers, peer)
+        # The operation names the URL in the audit line of a refused authentication.
+        return self.authenticator.identify(request.headers, peer, f"pvws {request.url.path}")
 
     def _refused(self, request: Request) -> JSONResponse | None:
         try:

@@ -19,13 +19,14 @@ from typing import Any, cast
 from ..access.audit import AuditLog
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
+from ..access.refusals import RefusalLog
 from ..access.rules import Access, RulesFile
 from ..config import Settings
 from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
 from ..wire.session import FORBIDDEN, AttachRefused, Source
-from ..wire.tokens import Claims, TokenSigner
+from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
 from .clients import Client
 from .control import Control
 from .history import HistorySlice, HistoryStore
@@ -52,6 +53,9 @@ class Hub:
         self.registry = Registry(backends, settings, self.ticker, history=self.history_store)
         self.rules = RulesFile(settings.access_rules, settings.write_rules)
         self.audit = AuditLog(settings.audit_log)
+        # Refused authentications, audited and counted (access/refusals.py): the bearer tokens
+        # the authenticator refuses, and the stream tokens refused here.
+        self.refusals = RefusalLog(self.audit.refusal)
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
         self.control = Control(self.registry, self.rules, self.audit, puts)
         self.sessions: set[Client] = set()  # of both endpoints
@@ -95,6 +99,7 @@ class Hub:
         self.registry.close_all()
         for backend in self.registry.backends.values():
             await backend.close()
+        self.refusals.close()
         self.audit.close()
 
     # --- the control plane --------------------------------------------------------------------
@@ -187,8 +192,14 @@ class Hub:
 
     # --- sessions (SessionHost) ---------------------------------------------------------------
 
-    def verify_token(self, token: str) -> Claims:
-        return self.signer.verify(token)
+    def verify_token(self, token: str, address: str = "") -> Claims:
+        try:
+            return self.signer.verify(token)
+        except TokenExpired:
+            raise
+        except TokenError as exc:
+            self.refusals.refused("bad_stream_token", address, "stream attach", str(exc))
+            raise
 
     def open_view(self, claims: Claims, session: Client, att: int) -> Source:
         identity = identity_of(claims)
@@ -339,6 +350,7 @@ class Hub:
             client_count=len(clients),
             channel_count=len(channels),
             history=self.history_store.stats(),
+            auth_refusals=dict(self.refusals.counts),
             upstream_channels={
                 scheme: backend.channel_counts()
                 for scheme, backend in sorted(self.registry.backends.items())

@@ -62,3 +62,4 @@ class HubSnapshot:
     # Channels the upstream libraries hold open, by scheme then state (e.g. ca: searching).
     upstream_channels: dict[str, dict[str, int]]
     history: HistoryStats
+    auth_refusals: dict[str, int]  # refused authentications by reason (access/refusals.py)

@@ -66,7 +66,7 @@ class Source(Protocol):
 class SessionHost(Protocol):
     """What a session needs from the hub."""
 
-    def verify_token(self, token: str) -> Claims: ...
+    def verify_token(self, token: str, address: str) -> Claims: ...
     def open_view(self, claims: Claims, session: Session, att: int) -> Source: ...
     def close_view(self, view: Source, session: Session, att: int) -> None: ...
 
@@ -139,7 +139,7 @@ class Session(FlowView[bytes]):
 
     def _attach(self, req: int, token: str) -> None:
         try:
-            claims = self._host.verify_token(token)
+            claims = self._host.verify_token(token, self.address)
         except TokenError as exc:
             # Only this attachment fails (4401 or 4402): the client re-registers and retries.
             self._error(req, exc.close_code, str(exc))

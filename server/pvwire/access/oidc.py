@@ -1,0 +1,175 @@
+"""The verification keys of an OIDC issuer, followed as the provider rotates them.
+
+`--oidc-issuer URL`: the provider's discovery document (`URL/.well-known/openid-configuration`)
+names its JWKS; the keys are fetched at start, again on a schedule (`refresh_s`, 10 min), and
+again when a token names a key id they do not hold, at most once per `min_interval_s` (10 s): a
+provider that rotates its keys (Keycloak adds a key, makes it active, then retires the old one)
+needs no restart here, and a flood of tokens with made-up key ids costs the provider at most one
+request per 10 s.
+
+PyJWT's `PyJWKClient` does the fetch and the parsing (a well-kept client: timeout, no redirects,
+the payload checked before it is used). Its own lookup (`get_signing_key`) is not used: it
+fetches in the caller's thread, which here is the event loop; the fetches run in a worker thread
+and the keys are swapped in whole, so a lookup never waits on the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+
+__all__ = ["ALGORITHMS", "IssuerKeys", "ProviderInfo", "usable_keys"]
+
+log = logging.getLogger("pvwire.access")
+
+ALGORITHMS = ("RS256", "ES256")  # what a site's provider signs access tokens with
+
+
+def usable_keys(jwks: jwt.PyJWKSet) -> dict[str, jwt.PyJWK]:
+    """The signing keys of a JWKS by key id ("" for one without), RS256/ES256 only: Keycloak's
+    JWKS also lists an encryption key (`use: enc`, RSA-OAEP), which must not verify tokens."""
+    return {
+        k.key_id or "": k
+        for k in jwks.keys
+        if k.public_key_use in ("sig", None) and k.algorithm_name in ALGORITHMS
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderInfo:
+    """What the discovery document says, as far as pvwire and its clients use it."""
+
+    issuer: str
+    jwks_uri: str
+    authorization_endpoint: str = ""
+    token_endpoint: str = ""
+    device_authorization_endpoint: str = ""
+    end_session_endpoint: str = ""
+
+    @classmethod
+    def from_document(cls, issuer: str, doc: Mapping[str, Any]) -> ProviderInfo:
+        # OpenID Connect Discovery 1.0, section 4.3: the document's issuer must be the one asked
+        # for, or a provider could vouch for another one's tokens.
+        if doc.get("issuer") != issuer:
+            raise ValueError(f"discovery names issuer {doc.get('issuer')!r}, not {issuer!r}")
+        if not isinstance(doc.get("jwks_uri"), str):
+            raise ValueError("discovery document has no jwks_uri")
+
+        def text(name: str) -> str:
+            value = doc.get(name, "")
+            return value if isinstance(value, str) else ""
+
+        return cls(
+            issuer,
+            doc["jwks_uri"],
+            text("authorization_endpoint"),
+            text("token_endpoint"),
+            text("device_authorization_endpoint"),
+            text("end_session_endpoint"),
+        )
+
+
+def discover(issuer: str, timeout: float) -> ProviderInfo:
+    """Blocking: the issuer's discovery document (run in a worker thread)."""
+    url = issuer.rstrip("/") + "/.well-known/openid-configuration"
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        doc = json.load(response)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{url} is not a JSON object")
+    return ProviderInfo.from_document(issuer, doc)
+
+
+class IssuerKeys:
+    """The keys of one issuer, fetched over HTTP(S); `keys` is replaced whole on each fetch."""
+
+    def __init__(
+        self,
+        issuer: str,
+        refresh_s: float = 600.0,
+        min_interval_s: float = 10.0,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not issuer.startswith(("https://", "http://")):
+            raise ValueError(f"--oidc-issuer {issuer!r} is not an http(s) URL")
+        self.issuer = issuer
+        self.refresh_s, self.min_interval_s, self.timeout_s = refresh_s, min_interval_s, timeout_s
+        self._clock = clock
+        self.provider: ProviderInfo | None = None
+        self.keys: dict[str, jwt.PyJWK] = {}
+        self.fetches = 0  # successful ones
+        self._last_attempt = -float("inf")
+        self._inflight: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wanted = asyncio.Event()
+
+    async def start(self) -> None:
+        """The first fetch (a provider that does not answer yet is retried by the schedule:
+        until then, every token is refused as `unknown_key`), then the schedule."""
+        await self.refresh()
+        self._task = asyncio.create_task(self._run(), name="oidc-keys")
+
+    async def stop(self) -> None:
+        for task in (self._task, self._inflight):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def may_refresh(self) -> bool:
+        return self._clock() - self._last_attempt >= self.min_interval_s
+
+    def want(self, kid: str) -> None:
+        """A token named a key id not held: fetch again as soon as the rate limit allows."""
+        if kid not in self.keys:
+            self._wanted.set()
+
+    async def refresh(self) -> None:
+        """Fetch now (the fetch under way, if one is): the discovery document, then the JWKS."""
+        if self._inflight is None or self._inflight.done():
+            self._last_attempt = self._clock()
+            self._inflight = asyncio.create_task(self._fetch())
+        await asyncio.shield(self._inflight)
+
+    async def _fetch(self) -> None:
+        try:
+            provider = self.provider
+            if provider is None:
+                provider = await asyncio.to_thread(discover, self.issuer, self.timeout_s)
+                self.provider = provider
+            client = jwt.PyJWKClient(provider.jwks_uri, cache_jwk_set=False,
+                                     timeout=self.timeout_s)  # fmt: skip
+            jwks = await asyncio.to_thread(client.get_jwk_set, True)
+            keys = usable_keys(jwks)
+            if not keys:
+                raise ValueError(f"{provider.jwks_uri} holds no RS256 or ES256 signing key")
+        except (OSError, ValueError, jwt.PyJWTError) as exc:
+            # The keys in hand stay: a provider that is down for a minute must not log everyone
+            # out. Logged each time, at most once per `min_interval_s`.
+            log.warning("cannot fetch the keys of %s: %s", self.issuer, exc)
+            return
+        if set(keys) != set(self.keys):
+            log.info("keys of %s: %s", self.issuer, sorted(keys))
+        self.keys = keys
+        self.fetches += 1
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                # Retried sooner while no key is held (a provider that was down at start).
+                wait = self.refresh_s if self.keys else self.min_interval_s
+                await asyncio.wait_for(self._wanted.wait(), wait)
+            self._wanted.clear()
+            delay = self.min_interval_s - (self._clock() - self._last_attempt)
+            if delay > 0:
+                await asyncio.sleep(delay)  # the rate limit, not a synchronisation
+            await self.refresh()

@@ -1,0 +1,122 @@
+"""Refused authentications: each one a security event, written to the audit file and counted.
+
+A forged, expired or misaddressed token, or a proxy's user header from an address that is not a
+trusted proxy, is what an attacker's probing looks like; it must leave a trace. But whoever can
+reach the server can send bad tokens as fast as it answers them, so what is written is
+bounded: a token bucket per reason lets `burst` lines through, then `rate` per second; past
+that, refusals are only counted, and one summary line per reason and `interval` says how many
+were left out. The counters (`/metrics`)
+see every refusal.
+
+Reasons come from a fixed allow-list (`REASONS`), so neither the audit file nor the metrics can
+be grown by what a client sends; the free text of a refusal (the client is told it) stays out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["REASONS", "RefusalLog"]
+
+REASONS = (
+    "malformed_header",  # not `Authorization: Bearer <token>`
+    "no_keys",  # a bearer token, and the server accepts none
+    "malformed_token",  # not a JWT at all, or a required claim missing
+    "bad_algorithm",  # `alg: none` or an algorithm not configured
+    "unknown_key",  # a key id the JWKS does not hold
+    "bad_signature",
+    "expired",
+    "not_yet_valid",  # nbf in the future
+    "wrong_audience",
+    "wrong_issuer",
+    "no_user",  # valid, but names nobody
+    "untrusted_proxy_header",  # a user header from an address not listed as a trusted proxy
+    # A stream token (ATTACH) that is malformed, forged or of a key the server does not hold.
+    # One that expired is not counted: clients renew those in the ordinary course.
+    "bad_stream_token",
+)
+
+Write = Callable[[dict[str, Any]], None]
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float  # when `tokens` was last brought up to date (monotonic seconds)
+    suppressed: int = 0
+
+
+class RefusalLog:
+    """Counts every refusal by reason and hands a bounded number of them to `write`."""
+
+    def __init__(
+        self,
+        write: Write | None = None,
+        rate: float = 1.0,
+        burst: int = 20,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._write = write
+        self.rate, self.burst, self.interval = rate, burst, interval
+        self._clock = clock
+        self.counts: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self._buckets: dict[str, _Bucket] = {}
+        self._summary_due: float | None = None  # when the pending summary is to be written
+        self._timer: asyncio.TimerHandle | None = None
+
+    def refused(
+        self, reason: str, address: str, operation: str, detail: str = "", user: str = ""
+    ) -> None:
+        if reason not in self.counts:
+            raise ValueError(f"refusal reason {reason!r} is not one of {REASONS}")
+        self.counts[reason] += 1
+        now = self._clock()
+        if self._summary_due is not None and now >= self._summary_due:
+            self.flush()  # no event loop to do it on time (or it is late): do it now
+        b = self._buckets.get(reason)
+        if b is None:
+            b = self._buckets[reason] = _Bucket(float(self.burst), now)
+        b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
+        b.at = now
+        if b.tokens >= 1.0:
+            b.tokens -= 1.0
+            self._emit(
+                {"event": "auth_refused", "reason": reason, "address": address,
+                 "operation": operation, "user": user or None, "detail": detail[:200]}
+            )  # fmt: skip
+            return
+        b.suppressed += 1
+        if self._summary_due is None:
+            self._summary_due = now + self.interval
+            with contextlib.suppress(RuntimeError):  # no running loop: the next refusal flushes
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_later(self.interval, self.flush)
+
+    def flush(self) -> None:
+        """One summary line for each reason with refusals left out since the last one."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._summary_due = None
+        for reason, b in self._buckets.items():
+            if b.suppressed:
+                self._emit(
+                    {"event": "auth_refused_summary", "reason": reason, "suppressed": b.suppressed,
+                     "interval_s": self.interval}
+                )  # fmt: skip
+                b.suppressed = 0
+
+    def close(self) -> None:
+        self.flush()
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self._write is not None:
+            now = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+            self._write({"time": now, **record})
