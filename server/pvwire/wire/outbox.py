@@ -43,7 +43,11 @@ class Outbox(Generic[T]):
         """Items from the front while their sizes add up to less than `limit` (at least one
         when any is queued), and their size; they stay counted as queued until `sent()`."""
         items = self._items
-        out: list[T] = []
+        if self.queued_bytes <= limit:  # everything queued fits: taken at once
+            out = list(items)
+            items.clear()
+            return out, sum(map(len, out))
+        out = []
         size = 0
         while items and size < limit:
             item = items.popleft()

@@ -272,11 +272,13 @@ class PvwsEncoder:
         self._last_texts: list[str] = []
         self._last_frames = b""
 
-    def acquire(self, name: str) -> None:
+    def acquire(self, name: str) -> _Entry:
+        """Count a client of `name`; its entry, where the texts of `name` are kept."""
         entry = self._entries.get(name)
         if entry is None:
             entry = self._entries[name] = _Entry(name)
         entry.refs += 1
+        return entry
 
     def release(self, name: str) -> None:
         entry = self._entries.get(name)
@@ -372,6 +374,8 @@ class _Pv:
     __slots__ = (
         "array",
         "att",
+        "ch",
+        "entry",
         "level",
         "meta",
         "name",
@@ -386,12 +390,14 @@ class _Pv:
         self.name = name
         self.att = att
         self.view = opened.view
+        self.ch = opened.view.channels[0]  # the view's one channel, read at every update
         self.writes = opened.may_write
         self.array = False  # opened at the array rate
         self.shown = False  # the client has a value (not a disconnect) of it
         self.meta: Metadata | None = None  # metadata last sent; None: nothing sent yet
         self.severity = ""
         self.level = -1  # the severity number of `severity`
+        self.entry: _Entry | None = None  # the encoder's, once acquired
         self.readonly: bool | None = None
 
 
@@ -520,7 +526,7 @@ class PvwsSession(FlowView[str]):
         self.attachments[att] = opened.view
         self.claims[att] = opened.claims
         self.channel_count += 1
-        self._encoder.acquire(name)
+        pv.entry = self._encoder.acquire(name)
         # What the channel already holds goes out now: a client joining a watched channel must
         # not wait for its next change.
         text = self._update(pv)
@@ -586,12 +592,12 @@ class PvwsSession(FlowView[str]):
         by_att = self._by_att
         value_text = self._encoder.value_text
         texts: list[str] = []
-        size = 0
+        append = texts.append
         for att in atts:
             pv = by_att.get(att)
             if pv is None:
                 continue
-            ch = pv.view.channels[0]
+            ch = pv.ch
             if (
                 pv.shown
                 and ch.meta is pv.meta
@@ -601,19 +607,24 @@ class PvwsSession(FlowView[str]):
                 and ch.known & VALUE
             ):
                 # Connected (shown implies a value), same metadata (so same readonly), same
-                # severity: the value alone.
-                text: str | None = value_text(pv.name, ch)
+                # severity: the value alone, which another client may have had made already.
+                entry = pv.entry
+                if entry is not None:
+                    updates, meta, text = entry.plain
+                    if updates == ch.updates and meta is ch.meta:
+                        append(text)
+                        continue
+                append(value_text(pv.name, ch))
             else:
-                text = self._update(pv)
-            if text is not None:
-                texts.append(text)
-                size += len(text)
+                update = self._update(pv)
+                if update is not None:
+                    append(update)
         if texts:
-            self._flow.extend(texts, size)
+            self._flow.extend(texts, sum(map(len, texts)))
 
     def _update(self, pv: _Pv) -> str | None:
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
-        ch = pv.view.channels[0]
+        ch = pv.ch
         if not connected(ch):
             if not pv.shown:
                 return None  # pvws sends nothing for a PV that never connected
@@ -648,6 +659,7 @@ class PvwsSession(FlowView[str]):
                 continue  # keeps the scalar rate
             self._host.close(pv.view, self, pv.att)
             pv.view = opened.view
+            pv.ch = opened.view.channels[0]
             pv.array = True
             self.attachments[pv.att] = opened.view
 
