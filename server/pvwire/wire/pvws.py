@@ -17,7 +17,8 @@ for `stall_timeout` closes the connection with 4008.
 Differences from pvws, on purpose: a severity change is sent for every type (pvws drops it for
 arrays and for a value whose type changed, e.g. after a disconnect); metadata is sent again when
 it changes (pvws sends it only once); a refused subscription or a bad PV name is answered with an
-`error` message (pvws only logs it), to clients that read errors (`_may_read_errors`: not to
+`error` message (pvws only logs it), and so is a PV whose channel fails (pvws shows it as
+disconnected only), to clients that read errors (`_may_read_errors`: not to
 Grafana's, which takes every message for data); updates are not throttled unless PV_THROTTLE_MS /
 PV_ARRAY_THROTTLE_MS say so. docs/PVWS.md has the whole comparison, message by message and type
 by type (`TYPES`).
@@ -361,6 +362,18 @@ def severity_name(severity: int) -> str:
     return SEVERITIES[severity] if 0 <= severity < len(SEVERITIES) else UNDEFINED
 
 
+def failure(ch: ChannelState) -> str:
+    """Why `ch` cannot be served, or "" when it has not failed (it may still be connecting or
+    disconnected): a value the encoder could not carry, or the upstream's reason for FAILED
+    (Channel.reason: a PVA error, a value the backend cannot serve, the local PV cap)."""
+    if ch.fault:
+        return ch.fault
+    if ch.state == ConnState.FAILED:
+        # Read where it exists: the states the encoder also reads (a get's reading) have none.
+        return str(getattr(ch, "reason", "")) or "failed"
+    return ""
+
+
 def connected(ch: ChannelState) -> bool:
     return ch.state == ConnState.CONNECTED and not ch.fault and bool(ch.known & VALUE)
 
@@ -376,6 +389,7 @@ class _Pv:
         "att",
         "ch",
         "entry",
+        "failure",
         "level",
         "meta",
         "name",
@@ -398,6 +412,7 @@ class _Pv:
         self.severity = ""
         self.level = -1  # the severity number of `severity`
         self.entry: _Entry | None = None  # the encoder's, once acquired
+        self.failure = ""  # the channel's failure last reported with an error ("": none)
         self.readonly: bool | None = None
 
 
@@ -626,12 +641,20 @@ class PvwsSession(FlowView[str]):
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
         ch = pv.ch
         if not connected(ch):
+            why = failure(ch)
+            if why != pv.failure:
+                # pvws shows a failed PV only as disconnected; its reason, once per failure,
+                # tells the page's user what to fix (cs-web-lib shows errors as toasts).
+                pv.failure = why
+                if why:
+                    self.write_failed(f"{pv.name}: {why}")
             if not pv.shown:
                 return None  # pvws sends nothing for a PV that never connected
             pv.shown = False
             pv.severity = UNDEFINED
             pv.level = -1
             return self._encoder.text(pv.name, ch, False, True, None)
+        pv.failure = ""
         meta = ch.meta
         with_meta = pv.meta is not meta
         severity = severity_name(ch.severity)
