@@ -43,6 +43,7 @@ from ..wire.pvws_snapshot import PvwsSocketSnapshot, snapshot
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
 from .connection import Message, Wakeup, refuse, run_connection
+from .wsprotocol import FRAMES
 
 __all__ = ["PvwsEndpoint", "throttle_rates"]
 
@@ -199,10 +200,20 @@ class PvwsEndpoint:
 
         self.sessions[session.id] = session
         try:
-            await run_connection(
-                websocket, hub, cast(Client, session), wakeup, handle, websocket.send_text,
-                session.next_text, session.sent, log,
-            )  # fmt: skip
+            if FRAMES in websocket.scope.get("extensions", {}):
+                # Every message queued since the last write, in one write (api/wsprotocol.py).
+                async def send_frames(frames: bytes) -> None:
+                    await websocket.send({"type": "websocket.send", FRAMES: frames})
+
+                await run_connection(
+                    websocket, hub, cast(Client, session), wakeup, handle, send_frames,
+                    session.next_frames, session.frames_written, log,
+                )  # fmt: skip
+            else:
+                await run_connection(
+                    websocket, hub, cast(Client, session), wakeup, handle, websocket.send_text,
+                    session.next_text, session.sent, log,
+                )  # fmt: skip
         finally:
             self.sessions.pop(session.id, None)
 

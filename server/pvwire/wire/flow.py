@@ -49,9 +49,17 @@ class FlowControl(Generic[T]):
     def push(self, item: T) -> None:
         self._out.push(item)
 
+    def extend(self, items: list[T], nbytes: int) -> None:
+        """`push` for each of `items` (of `nbytes` in all), waking the writer once."""
+        self._out.extend(items, nbytes)
+
     def pop(self) -> T | None:
         """The next item to send, or None; it stays counted as queued until `sent()`."""
         return self._out.pop()
+
+    def pop_many(self, limit: int) -> tuple[list[T], int]:
+        """Several items at once, about `limit` in size, and their size (`Outbox.pop_many`)."""
+        return self._out.pop_many(limit)
 
     def merging(self) -> bool:
         """Whether this tick's changes must be merged instead of queued: from the moment the
@@ -68,10 +76,11 @@ class FlowControl(Generic[T]):
             return True
         return False
 
-    def sent(self, nbytes: int) -> None:
-        """The writer finished sending an item of `nbytes`; catch up once drained enough."""
+    def sent(self, nbytes: int, items: int = 1) -> None:
+        """The writer finished sending `items` items of `nbytes` in all; catch up once drained
+        enough."""
         self._out.sent(nbytes)
-        self.frames_sent += 1
+        self.frames_sent += items
         self.bytes_sent += nbytes
         if self.behind and self._out.queued_bytes < self.send_budget // 2:
             self.behind = False

@@ -27,9 +27,33 @@ class Outbox(Generic[T]):
         self.queued_bytes += len(item)
         self._wake()
 
+    def extend(self, items: list[T], nbytes: int) -> None:
+        """Queue `items`, of `nbytes` in all: `push` for each, with one wake-up."""
+        if not self.queued_bytes:
+            self.last_progress = self._clock()
+        self._items.extend(items)
+        self.queued_bytes += nbytes
+        self._wake()
+
     def pop(self) -> T | None:
         """The next item to send, or None; it stays counted as queued until `sent()`."""
         return self._items.popleft() if self._items else None
+
+    def pop_many(self, limit: int) -> tuple[list[T], int]:
+        """Items from the front while their sizes add up to less than `limit` (at least one
+        when any is queued), and their size; they stay counted as queued until `sent()`."""
+        items = self._items
+        if self.queued_bytes <= limit:  # everything queued fits: taken at once
+            out = list(items)
+            items.clear()
+            return out, sum(map(len, out))
+        out = []
+        size = 0
+        while items and size < limit:
+            item = items.popleft()
+            out.append(item)
+            size += len(item)
+        return out, size
 
     def sent(self, nbytes: int) -> None:
         self.queued_bytes -= nbytes

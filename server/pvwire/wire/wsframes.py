@@ -1,0 +1,33 @@
+"""WebSocket text frames (RFC 6455 section 5.2) as a server sends them: FIN set, unmasked, no
+extension. Made here so that many messages can go to the socket in one write
+(api/wsprotocol.py); websockets' own `Frame.serialize`, one call per message, was 5 % of the
+server's CPU with 10 pvws clients x 200 PVs at 10 Hz.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+__all__ = ["text_frames"]
+
+_SHORT = [bytes((0x81, n)) for n in range(126)]  # a header of a payload under 126 bytes
+_MEDIUM = struct.Struct("!BBH")
+_LONG = struct.Struct("!BBQ")
+
+
+def text_frames(texts: Iterable[str]) -> bytes:
+    """One text frame per string, joined."""
+    parts: list[bytes] = []
+    append = parts.append
+    for text in texts:
+        data = text.encode()
+        n = len(data)
+        if n < 126:
+            append(_SHORT[n])
+        elif n < 65536:
+            append(_MEDIUM.pack(0x81, 126, n))
+        else:
+            append(_LONG.pack(0x81, 127, n))
+        append(data)
+    return b"".join(parts)
