@@ -13,12 +13,15 @@ export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopbac
 
 .PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext node chromium haproxy graphiql clean runtime-lock coniql
 
+# pvwire itself is installed without an isolated build environment: its build needs the EPICS
+# wheels (setup.py), which the lock has just installed. Editable: `make ext` compiles in place.
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
+$(VENV)/.installed: requirements.lock pyproject.toml setup.py clients/py/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
-	$(PY) -m pip install -q --no-deps -e . -e clients/py
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --no-deps -e clients/py
 	touch $@
 
 # The compiled PVA monitor module (server/pvwire/upstream/_pvaingest.cpp), built in place against
