@@ -189,7 +189,19 @@ def create_app(
     async def readyz() -> JSONResponse:
         lag = hub.loop_lag
         ready = lag < MAX_LOOP_LAG_READY
-        body = {"ready": ready, "loop_lag_s": lag, "channels": len(hub.registry.channels)}
+        # A scheme this process cannot serve (pva:// without its compiled module) leaves the
+        # others ready; it is named here, with the reason, for whoever looks at the probe.
+        unavailable = {
+            scheme: backend.unavailable
+            for scheme, backend in sorted(hub.registry.backends.items())
+            if backend.unavailable is not None
+        }
+        body = {
+            "ready": ready,
+            "loop_lag_s": lag,
+            "channels": len(hub.registry.channels),
+            "unavailable": unavailable,
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")

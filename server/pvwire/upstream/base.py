@@ -62,6 +62,8 @@ class Backend(ABC):
     """Upstream access for one channel-id scheme. `name` excludes the `scheme://` prefix."""
 
     scheme: str
+    # Why this backend cannot serve any channel in this process (shown by /readyz), or None.
+    unavailable: str | None = None
 
     @abstractmethod
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
