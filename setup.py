@@ -32,6 +32,7 @@ SETTINGS = (
     "libraries",
     "runtime_library_dirs",
     "extra_compile_args",
+    "extra_link_args",
     "depends",
     "language",
 )
