@@ -7,9 +7,7 @@ a CA or PVA context, and every module shares the same IOC (tests/dbs/test.db).
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,6 +25,7 @@ from pvwire.wire.tokens import TokenSigner
 from tests.server_process import ServerProcess, server_args_for_tests
 
 from . import hub_doubles
+from .eventually import eventually_async
 
 DBS = Path(__file__).parent / "dbs"
 
@@ -105,12 +104,10 @@ class RecordingSink:
         return self.states[-1][0] if self.states else None
 
     async def wait(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
-        """Poll until `predicate()` is true; fail with what was recorded after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s; recorded: {self.events[-10:]}")
-            await asyncio.sleep(0.01)
+        """Until `predicate()` is true; fails with what was recorded after `timeout`."""
+        await eventually_async(
+            predicate, lambda: f"recorded: {self.events[-10:]}", timeout=timeout, interval=0.01
+        )
 
 
 class Update(NamedTuple):

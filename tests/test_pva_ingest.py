@@ -26,6 +26,7 @@ from pvwire.upstream import pva_ingest
 from pvwire.upstream.pva import PvaBackend
 
 from tests.conftest import RecordingSink
+from tests.eventually import eventually_async
 
 pytestmark = pytest.mark.ioc
 
@@ -53,15 +54,6 @@ def many_ioc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[IocPro
         ioc.stop()
 
 
-async def wait_for(predicate: object, timeout: float, what: str) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def test_every_one_of_5000_subscriptions_delivers_its_first_value(
     many_ioc: IocProcess,
 ) -> None:
@@ -70,7 +62,9 @@ async def test_every_one_of_5000_subscriptions_delivers_its_first_value(
     monitors = [backend.monitor(f"ING:A{i}", sink) for i, sink in enumerate(sinks)]
     try:
         # Generous: subscribing to 5,000 PVs takes well under a second on an idle machine.
-        await wait_for(lambda: all(s.updates for s in sinks), 120.0, "every first value")
+        await eventually_async(
+            lambda: all(s.updates for s in sinks), "every first value", timeout=120.0
+        )
         silent = [i for i, s in enumerate(sinks) if not s.updates]
         assert not silent, f"{len(silent)} subscriptions never delivered: {silent[:10]}"
         for i, sink in enumerate(sinks):
