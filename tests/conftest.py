@@ -1,8 +1,10 @@
 """Session-wide EPICS setup: one test IOC, and its client environment in os.environ.
 
 libca and pvxs read the EPICS_* environment once, when their context is created, and the whole
-suite runs in one pytest process; so the environment is set here, once, before any test creates
-a CA or PVA context, and every module shares the same IOC (tests/dbs/test.db).
+suite runs in one pytest process; so the environment is set here, when the suite starts, before
+any test creates a CA or PVA context: the loopback settings, and the ports of the one IOC that
+every module shares (tests/dbs/test.db). The IOC itself runs only once a test requests it
+(`epics_env`, directly or through a fixture such as `server`): unit tests start no IOC.
 """
 
 from __future__ import annotations
@@ -50,20 +52,24 @@ hypothesis_settings.load_profile(
 )
 
 
-@pytest.fixture(scope="session", autouse=True)
+# For this process and every process it starts, whether or not a test needs the IOC: its ports
+# are chosen now (below the ephemeral range, see pvwire.ioc.free_port), the IOC starts later.
+apply_loopback_env()
+_SHARED_IOC = IocProcess([DBS / "test.db"])
+os.environ.update(_SHARED_IOC.ports.client_env())
+
+
+@pytest.fixture(scope="session")
 def epics_env() -> Iterator[IocProcess]:
     """The shared test IOC, already running; os.environ holds what a client needs to reach it.
 
     Tests that stop and restart it (`ioc.stop(); ioc.start()`, same ports) must leave it running.
     """
-    apply_loopback_env()
-    ioc = IocProcess([DBS / "test.db"])
-    os.environ.update(ioc.ports.client_env())
-    ioc.start()
+    _SHARED_IOC.start()
     try:
-        yield ioc
+        yield _SHARED_IOC
     finally:
-        ioc.stop()
+        _SHARED_IOC.stop()
 
 
 class RecordingSink:

@@ -16,7 +16,7 @@ from pvwire.upstream.ca_channel import CaChannel
 
 from tests.eventually import eventually_async
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 TIMEOUT = 10.0
 

@@ -22,7 +22,7 @@ from pvwire_client.climonitor import Watch
 from pvwire_client.entry import ALARM, CONN, META, TIME, VALUE
 from pvwire_client.state import CONNECTED, FAILED, NOT_FOUND, ChannelState
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 PVWIRE = str(Path(sys.executable).with_name("pvwire"))
 
 

@@ -25,6 +25,7 @@ import pytest
 import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pvwire.ioc import IocProcess
 from pvwire_client import closecodes
 
 from tests.eventually import eventually_async
@@ -37,7 +38,7 @@ GOOD_QUERY = "{ server { version } }"
 
 
 @pytest.fixture(scope="module")
-def fuzz_server() -> Iterator[ServerProcess]:
+def fuzz_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
     with ServerProcess(*server_args_for_tests()) as proc:
         yield proc
 

@@ -28,7 +28,7 @@ from pvwire.upstream.pva import PvaBackend
 from tests.conftest import RecordingSink
 from tests.eventually import eventually_async
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 MANY = 5000
 
