@@ -273,4 +273,5 @@ def test_inspection_needs_an_admin(epics_env: IocProcess) -> None:
     with ServerProcess(*server_args_for_tests(["--admin-group", "ops"])) as server:
         with pytest.raises(urllib.error.HTTPError) as err:
             http(server.url + "/pvws/summary")
+        err.value.close()  # it holds the response, and with it the socket
         assert err.value.code == 403
