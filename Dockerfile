@@ -3,8 +3,9 @@
 # page:    Node builds the demo page (clients/ts -> server/pvwire/static) and installs the exact
 #          GraphiQL files of server/graphiql/package-lock.json.
 # wheel:   vendors those GraphiQL files next to the server (their hashes come from strawberry,
-#          so this needs Python), compiles the PVA monitor module (scripts/build_ext.py, with
-#          Debian's g++) and builds pvwire's wheel with the page, GraphiQL and that module inside.
+#          so this needs Python) and builds pvwire's wheel (setup.py compiles the PVA monitor
+#          module with Debian's g++, against the runtime lock's pvxslibs) with the page, GraphiQL
+#          and that module inside, tagged for this platform.
 # runtime: only the runtime lock (requirements-runtime.lock, no dev tools) and that wheel.
 #
 # The base images are arguments: where no public registry is reachable, `make image` makes
@@ -36,15 +37,17 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY requirements-runtime.lock ./
-RUN pip install --no-cache-dir -r requirements-runtime.lock
-COPY pyproject.toml README.md ./
+# The wheel is built in this environment (no isolated one): its module is then compiled against
+# exactly the EPICS wheels the runtime stage installs. wheel: requirements.lock's, which
+# setuptools 65 builds wheels with.
+RUN pip install --no-cache-dir -r requirements-runtime.lock wheel==0.45.1
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY scripts/build_ext.py ./scripts/
 COPY server ./server
 COPY --from=page /src/server/pvwire/static ./server/pvwire/static
 COPY --from=page /src/server/graphiql/node_modules ./server/graphiql/node_modules
 RUN PYTHONPATH=server python server/graphiql/vendor.py \
-    && python scripts/build_ext.py \
-    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+    && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

@@ -11,15 +11,18 @@ TS := clients/ts
 include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
-.PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext node chromium haproxy keycloak graphiql clean runtime-lock coniql
+.PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext sanitize node chromium haproxy keycloak graphiql clean runtime-lock coniql
 .PHONY: podman image kustomize kube
 
+# pvwire itself is installed without an isolated build environment: its build needs the EPICS
+# wheels (setup.py), which the lock has just installed. Editable: `make ext` compiles in place.
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
+$(VENV)/.installed: requirements.lock pyproject.toml setup.py clients/py/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
-	$(PY) -m pip install -q --no-deps -e . -e clients/py
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --no-deps -e clients/py
 	touch $@
 
 # The compiled PVA monitor module (server/pvwire/upstream/_pvaingest.cpp), built in place against
@@ -27,6 +30,29 @@ $(VENV)/.installed: requirements.lock pyproject.toml clients/py/pyproject.toml
 ext: venv
 	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 	$(PY) scripts/build_ext.py
+
+# The PVA tests against the module built with AddressSanitizer and UBSan (bench/README.md, "The
+# PVA module under the sanitizers"): a copy of the package in build/sanitize, first on the path.
+# Python itself is not instrumented: ASan's runtime is preloaded (with libstdc++, without which
+# ASan cannot intercept C++ throws), Python's allocator is plain malloc (so ASan sees Python
+# objects too), and leaks are not checked (the interpreter keeps its memory until exit). Any
+# error ends the process; its report is written to a file, which fails the target even when
+# the process was a server a test started.
+SANITIZE_DIR := build/sanitize
+SANITIZE_TESTS := tests/test_pva_ingest.py tests/test_pva_fast_path.py tests/test_backend_pva.py
+SANITIZE_REPORT := $(abspath $(SANITIZE_DIR))/report
+SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PYTHONMALLOC=malloc \
+	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
+	ASAN_OPTIONS=detect_leaks=0:log_path=$(SANITIZE_REPORT) \
+	UBSAN_OPTIONS=print_stacktrace=1:log_path=$(SANITIZE_REPORT)
+sanitize: venv
+	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
+	$(PY) scripts/build_ext.py --sanitize $(SANITIZE_DIR)
+	$(SANITIZE_ENV) $(PY) -c 'import pvwire.upstream._pvaingest as m, sys; \
+		sys.exit(0 if m.__file__.startswith("$(abspath $(SANITIZE_DIR))/") else m.__file__)'
+	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(SANITIZE_TESTS); \
+		status=$$?; if ls $(SANITIZE_REPORT).* >/dev/null 2>&1; then \
+		cat $(SANITIZE_REPORT).*; exit 1; fi; exit $$status
 
 node: $(TS)/node_modules/.installed
 $(TS)/node_modules/.installed: $(TS)/package.json $(TS)/package-lock.json
@@ -141,4 +167,4 @@ runtime-lock: venv
 	$(PY) scripts/runtime_lock.py
 
 clean:
-	rm -rf $(VENV) $(CONIQL_VENV) .cache server/pvwire/upstream/_pvaingest*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
+	rm -rf $(VENV) $(CONIQL_VENV) .cache $(SANITIZE_DIR) server/pvwire/upstream/_pvaingest*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

@@ -229,6 +229,7 @@ class Child:
         except subprocess.TimeoutExpired:
             self.kill()
             raise RuntimeError(f"child {self.proc.args} did not finish") from None
+        self._close_pipes()
         data: dict[str, Any] = json.loads(self.out.read_text())
         return data
 
@@ -236,6 +237,14 @@ class Child:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """The child has exited: its pipes go now, not whenever the collector finds them."""
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):  # stdin: a write the child never read
+                    pipe.close()
 
 
 def _percentile(hist: list[int], q: float) -> float:

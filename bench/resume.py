@@ -44,10 +44,11 @@ class NodeFollower:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            ev = json.loads(line)
-            if ev["ev"] == "value":
-                self.values.append(ev["t"] / 1000)
+        with self.proc.stdout:  # closed by its only reader, at the end
+            for line in self.proc.stdout:
+                ev = json.loads(line)
+                if ev["ev"] == "value":
+                    self.values.append(ev["t"] / 1000)
 
     def close(self) -> None:
         assert self.proc.stdin is not None

@@ -1,5 +1,9 @@
 """Build pvwire's compiled module in place: `python scripts/build_ext.py` (make does it).
 
+`--sanitize DIR` (`make sanitize`) builds it instead with AddressSanitizer and UBSan, into a copy
+of the package in DIR, which the sanitizer run puts first on PYTHONPATH; the checkout's module
+is left alone.
+
 `pvwire.upstream._pvaingest` (PVA monitors, server/pvwire/upstream/_pvaingest.cpp) is compiled
 against the pvxs and EPICS headers that the installed `pvxslibs` and `epicscorelibs` wheels ship,
 with their compiler settings (`epicscorelibs.config`: pvxs is built with the pre-C++11 string
@@ -10,8 +14,10 @@ this script and those libraries (replaced wheels bring newer library files).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -31,7 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "server" / "pvwire" / "upstream" / "_pvaingest.cpp"
 
 
-def extension() -> Extension:
+# Any error stops the process (no recovery), with a stack that names the lines: -O1 and frame
+# pointers, as the sanitizers' documentation advises.
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+
+
+def extension(sanitize: bool = False) -> Extension:
     pvxs_lib = str(Path(pvxslibs.path.__file__).parent / "lib")
     epics_lib = epicscorelibs.path.lib_path
     return Extension(
@@ -49,7 +60,9 @@ def extension() -> Extension:
         # Found by path at load time; `import p4p` (which the module does first) has already
         # loaded the same libraries, which the loader then reuses.
         runtime_library_dirs=[pvxs_lib, epics_lib],
-        extra_compile_args=["-std=c++17", "-O2", "-g0", "-Wall", "-Wno-missing-field-initializers"],
+        extra_compile_args=["-std=c++17", "-Wall", "-Wno-missing-field-initializers"]
+        + ([*SANITIZE, "-O1", "-g"] if sanitize else ["-O2", "-g0"]),
+        extra_link_args=SANITIZE if sanitize else [],
         language="c++",
     )
 
@@ -61,17 +74,35 @@ def up_to_date(ext: Extension) -> bool:
     return target.exists() and all(f.stat().st_mtime < target.stat().st_mtime for f in inputs)
 
 
-def main() -> int:
-    ext = extension()
-    if up_to_date(ext):
-        return 0
+def build(ext: Extension, into: Path | None) -> None:
+    """Compile `ext` in place, or into the package tree under `into`."""
     with tempfile.TemporaryDirectory(prefix="pvwire-build-") as tmp:
         dist = Distribution({"ext_modules": [ext], "package_dir": {"": "server"}})
         cmd = dist.get_command_obj("build_ext")
-        cmd.inplace = True  # type: ignore[attr-defined]
+        cmd.inplace = into is None  # type: ignore[attr-defined]
         cmd.build_temp = tmp  # type: ignore[attr-defined]
-        cmd.build_lib = tmp  # type: ignore[attr-defined]
+        cmd.build_lib = str(into or tmp)  # type: ignore[attr-defined]
         dist.run_command("build_ext")
+
+
+def sanitized(into: Path) -> None:
+    """A copy of the package in `into`, its module built with the sanitizers (every time)."""
+    shutil.rmtree(into, ignore_errors=True)
+    ignore = shutil.ignore_patterns("_pvaingest*.so", "__pycache__")
+    shutil.copytree(ROOT / "server" / "pvwire", into / "pvwire", ignore=ignore)
+    build(extension(sanitize=True), into)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sanitize", type=Path, metavar="DIR", help="ASan+UBSan build in DIR")
+    args = parser.parse_args()
+    if args.sanitize is not None:
+        sanitized(args.sanitize.resolve())
+        return 0
+    ext = extension()
+    if not up_to_date(ext):
+        build(ext, None)
     return 0
 
 

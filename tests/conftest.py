@@ -1,15 +1,15 @@
 """Session-wide EPICS setup: one test IOC, and its client environment in os.environ.
 
 libca and pvxs read the EPICS_* environment once, when their context is created, and the whole
-suite runs in one pytest process; so the environment is set here, once, before any test creates
-a CA or PVA context, and every module shares the same IOC (tests/dbs/test.db).
+suite runs in one pytest process; so the environment is set here, when the suite starts, before
+any test creates a CA or PVA context: the loopback settings, and the ports of the one IOC that
+every module shares (tests/dbs/test.db). The IOC itself runs only once a test requests it
+(`epics_env`, directly or through a fixture such as `server`): unit tests start no IOC.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,6 +28,7 @@ from tests.keycloak import Keycloak
 from tests.server_process import ServerProcess, server_args_for_tests
 
 from . import hub_doubles
+from .eventually import eventually_async
 
 DBS = Path(__file__).parent / "dbs"
 
@@ -52,20 +53,24 @@ hypothesis_settings.load_profile(
 )
 
 
-@pytest.fixture(scope="session", autouse=True)
+# For this process and every process it starts, whether or not a test needs the IOC: its ports
+# are chosen now (below the ephemeral range, see pvwire.ioc.free_port), the IOC starts later.
+apply_loopback_env()
+_SHARED_IOC = IocProcess([DBS / "test.db"])
+os.environ.update(_SHARED_IOC.ports.client_env())
+
+
+@pytest.fixture(scope="session")
 def epics_env() -> Iterator[IocProcess]:
     """The shared test IOC, already running; os.environ holds what a client needs to reach it.
 
     Tests that stop and restart it (`ioc.stop(); ioc.start()`, same ports) must leave it running.
     """
-    apply_loopback_env()
-    ioc = IocProcess([DBS / "test.db"])
-    os.environ.update(ioc.ports.client_env())
-    ioc.start()
+    _SHARED_IOC.start()
     try:
-        yield ioc
+        yield _SHARED_IOC
     finally:
-        ioc.stop()
+        _SHARED_IOC.stop()
 
 
 class RecordingSink:
@@ -106,12 +111,10 @@ class RecordingSink:
         return self.states[-1][0] if self.states else None
 
     async def wait(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
-        """Poll until `predicate()` is true; fail with what was recorded after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s; recorded: {self.events[-10:]}")
-            await asyncio.sleep(0.01)
+        """Until `predicate()` is true; fails with what was recorded after `timeout`."""
+        await eventually_async(
+            predicate, lambda: f"recorded: {self.events[-10:]}", timeout=timeout, interval=0.01
+        )
 
 
 class Update(NamedTuple):

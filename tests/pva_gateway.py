@@ -18,6 +18,8 @@ from pathlib import Path
 from pvwire.ioc import IocPorts, IocProcess, free_port
 from pvwire.loopback import apply_loopback_env
 
+from tests.eventually import eventually
+
 __all__ = ["PvaGateway", "qsrv_monitors"]
 
 
@@ -116,11 +118,17 @@ def qsrv_monitors(ioc: IocProcess, timeout: float = 30.0) -> Counter[tuple[str, 
         f"import ctypes, epicscorelibs.ioc as _e; print({start!r}, flush=True); "
         f"_e.iocshCmd(b'pvxsr 5'); ctypes.CDLL(None).fflush(None); print({end!r}, flush=True)"
     )
-    deadline = time.monotonic() + timeout
-    while end not in (text := ioc.output()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no pvxsr report after {timeout} s:\n{text}")
-        time.sleep(0.1)
+
+    def output_with_report() -> str:
+        text = ioc.output()
+        return text if end in text else ""
+
+    text = eventually(
+        output_with_report,
+        lambda: f"a pvxsr report:\n{ioc.output()}",
+        timeout=timeout,
+        interval=0.1,
+    )
     assert start in text, "the IOC's output buffer is too short for the report"
     report = text.split(start)[1].split(end)[0]
     found: Counter[tuple[str, str]] = Counter()

@@ -121,7 +121,8 @@ class ServerProcess:
             with urllib.request.urlopen(req, timeout=30) as r:
                 result: dict[str, Any] = json.loads(r.read())
         except urllib.error.HTTPError as exc:
-            result = json.loads(exc.read())
+            with exc:  # it holds the response, and with it the socket
+                result = json.loads(exc.read())
         return result
 
     def __enter__(self) -> ServerProcess:

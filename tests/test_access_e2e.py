@@ -65,7 +65,8 @@ class Access:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
+            with exc:  # it holds the response, and with it the socket
+                return exc.code, json.loads(exc.read())
 
 
 def mint(user: str, *groups: str, ttl: float = 300) -> str:

@@ -26,7 +26,7 @@ from pvwire_client.state import ChannelState
 from tests.alltypes_expect import COUNTERS, EXPECT, QSRV_ENUM_ARRAY_MONITOR, same_value
 from tests.server_process import ServerProcess, server_args_for_tests
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 DB = Path(__file__).parent / "dbs" / "alltypes.db"
 SCHEMES = ("ca", "pva")

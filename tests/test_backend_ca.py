@@ -17,7 +17,7 @@ from pvwire.upstream.ca import CaBackend
 
 from tests.conftest import RecordingSink
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pvwire.upstream.pva import PvaBackend
 
 from tests.conftest import RecordingSink
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 
 @pytest.fixture

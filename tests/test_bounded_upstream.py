@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psutil
 import pytest
 
+from tests.eventually import eventually
 from tests.server_process import ServerProcess, server_args_for_tests
 
 QUERY = "query($ids: [String!]!) { channels(ids: $ids, timeout: 0.5) { id errorCode } }"
@@ -47,14 +47,6 @@ def _ca_channels(server: ServerProcess, state: str) -> int:
     return int(m.group(1))
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.2)  # polling /metrics: the event is in another process
-
-
 def _flood(server: ServerProcess, start: int, count: int) -> None:
     for first in range(start, start + count, BATCH):
         names = range(first, first + BATCH // 2)
@@ -75,17 +67,29 @@ def test_flood_of_unknown_names_is_released(own_server: ServerProcess) -> None:
     busy = threading.Thread(target=_flood, args=(server, 10_000_000, BATCH))
     busy.start()
     try:
-        _wait_for(lambda: _ca_channels(server, "searching") > 0, 30, "searching channels seen")
+        eventually(
+            lambda: _ca_channels(server, "searching") > 0, "searching channels seen", interval=0.2
+        )
     finally:
         busy.join()
 
     # Warm-up: the allocator and the libraries reach their working size first.
     _flood(server, 0, WARM_UP)
-    _wait_for(lambda: _ca_channels(server, "searching") == 0, RELEASE_TIMEOUT, "no CA search")
+    eventually(
+        lambda: _ca_channels(server, "searching") == 0,
+        "no CA search",
+        timeout=RELEASE_TIMEOUT,
+        interval=0.2,
+    )
     rss_before = proc.memory_info().rss
 
     _flood(server, WARM_UP, FLOOD)
-    _wait_for(lambda: _ca_channels(server, "searching") == 0, RELEASE_TIMEOUT, "no CA search")
+    eventually(
+        lambda: _ca_channels(server, "searching") == 0,
+        "no CA search",
+        timeout=RELEASE_TIMEOUT,
+        interval=0.2,
+    )
     assert _ca_channels(server, "connected") == 0
     growth = proc.memory_info().rss - rss_before
     assert growth < RSS_GROWTH_LIMIT, f"RSS grew {growth / 2**20:.1f} MB over the flood"

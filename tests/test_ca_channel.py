@@ -14,7 +14,9 @@ from pvwire.ioc import IocProcess
 from pvwire.upstream import ca_channel
 from pvwire.upstream.ca_channel import CaChannel
 
-pytestmark = pytest.mark.ioc
+from tests.eventually import eventually_async
+
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 TIMEOUT = 10.0
 
@@ -127,9 +129,9 @@ async def test_a_libca_thread_that_ends_gives_its_thread_state_back(
         assert kept  # the circuit's receive thread keeps its thread state between callbacks
         await loop.run_in_executor(None, epics_env.stop)
         # The circuit to the IOC closes and its receive thread ends, giving its state back.
-        async with asyncio.timeout(30):
-            while kept <= ca_channel._pinned:
-                await asyncio.sleep(0.05)
+        await eventually_async(
+            lambda: not kept <= ca_channel._pinned, "the receive thread's state given back"
+        )
     finally:
         chan.close()
         if not epics_env.running:

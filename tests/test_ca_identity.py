@@ -13,7 +13,7 @@ from pvwire.errors import ChannelNotFound, IocDenied, PutRejected, WriteDenied
 from pvwire.ioc import IocProcess, free_port
 from pvwire.upstream.ca_identity import Address, IdentityCircuits
 
-from tests.test_hub_faults import until
+from tests.eventually import eventually_async
 
 pytestmark = pytest.mark.ioc
 
@@ -71,7 +71,7 @@ async def test_circuits_are_bounded_and_closed_when_idle(address: Address) -> No
         for user in ("u1", "u2", "u3"):
             await put(circuits, user, address, "ACF:OPEN", float(len(user)))
         assert len(circuits) == 2  # u1's circuit, the least recently used, was closed
-        await until(lambda: len(circuits) == 0)  # nobody puts: all closed after idle_s
+        await eventually_async(lambda: len(circuits) == 0)  # nobody puts: all closed after idle_s
         await put(circuits, "u1", address, "ACF:OPEN", 4.0)  # a new circuit on demand
         assert len(circuits) == 1
     finally:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from pvwire.config import CatalogueFile, Settings, read_catalogue
 
+from tests.eventually import eventually
 from tests.server_process import ServerProcess
 
 
@@ -72,13 +71,6 @@ def search(server: ServerProcess, pattern: str) -> list[str]:
     return found
 
 
-def wait_until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 def test_server_reloads_the_file_without_restart(tmp_path: Path) -> None:
     path = tmp_path / "names.txt"
     path.write_text("# facility names\nCAT:ONE\npva://CAT:TWO\nfoo://CAT:BAD\n")
@@ -89,10 +81,10 @@ def test_server_reloads_the_file_without_restart(tmp_path: Path) -> None:
         assert "left out 1 entries that are not valid channel ids: 'foo://CAT:BAD'" in log
 
         path.write_text("CAT:FIVE\n")
-        wait_until(lambda: search(server, "*CAT:*") == ["ca://CAT:FIVE"], "file change")
+        eventually(lambda: search(server, "*CAT:*") == ["ca://CAT:FIVE"], "file change")
 
         path.write_bytes(b"\xff\n")
-        wait_until(lambda: "cannot be read" in server.log(), "failure logged")
+        eventually(lambda: "cannot be read" in server.log(), "failure logged")
         assert search(server, "*CAT:*") == ["ca://CAT:FIVE"]
         assert server.graphql("{ server { version } }")["data"]["server"]["version"]
 
@@ -119,7 +111,7 @@ def test_sighup_reads_the_catalogue_and_the_access_rules_again(tmp_path: Path) -
         assert server.pid is not None
         os.kill(server.pid, signal.SIGHUP)
         # One signal, both files: the new name is offered and the hidden one is not.
-        wait_until(lambda: search(server, "*CAT:*") == ["ca://CAT:FOUR"], "reload on SIGHUP")
+        eventually(lambda: search(server, "*CAT:*") == ["ca://CAT:FOUR"], "reload on SIGHUP")
 
 
 def test_sighup_without_catalogue_file_keeps_the_server_running() -> None:

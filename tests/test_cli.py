@@ -22,7 +22,7 @@ from pvwire_client.climonitor import Watch
 from pvwire_client.entry import ALARM, CONN, META, TIME, VALUE
 from pvwire_client.state import CONNECTED, FAILED, NOT_FOUND, ChannelState
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 PVWIRE = str(Path(sys.executable).with_name("pvwire"))
 
 
@@ -197,8 +197,9 @@ def test_monitor_of_a_missing_pv_says_not_found_keeps_watching_and_exits_3(
 
 
 def _pump(name: str, pipe: IO[str], lines: queue.Queue[tuple[str, str]]) -> None:
-    for line in pipe:
-        lines.put((name, line.rstrip("\n")))
+    with pipe:  # closed by its only reader, at the end
+        for line in pipe:
+            lines.put((name, line.rstrip("\n")))
     lines.put((f"eof-{name}", ""))
 
 

@@ -18,7 +18,7 @@ from pvwire.api.stream import serve_stream
 from pvwire.core.hub import Hub
 from starlette.websockets import WebSocket
 
-from tests.test_hub_faults import until
+from tests.eventually import eventually_async
 
 Serve = Callable[[Hub, WebSocket], Awaitable[None]]
 
@@ -71,7 +71,7 @@ ENDPOINTS = [pytest.param(stream, id="stream"), pytest.param(pvws, id="pvws")]
 async def test_a_cancelled_connection_closes_with_1012(hub: Hub, serve: Serve) -> None:
     ws = FakeSocket()
     task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
-    await until(lambda: len(hub.sessions) == 1)
+    await eventually_async(lambda: len(hub.sessions) == 1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -87,10 +87,10 @@ async def test_the_session_is_released_before_its_close_frame_gets_out(
 ) -> None:
     ws = FakeSocket(held=True)
     task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
-    await until(lambda: len(hub.sessions) == 1)
+    await eventually_async(lambda: len(hub.sessions) == 1)
     (session,) = hub.sessions
     session.request_close(4008, "too slow")
-    await until(lambda: bool(ws.closes))
+    await eventually_async(lambda: bool(ws.closes))
     # The close frame waits behind unread data (up to a minute); the session, its views and their
     # upstream monitors are let go already.
     assert ws.closes == [(4008, "too slow")] and not hub.sessions
@@ -105,7 +105,7 @@ async def test_a_client_close_releases_the_session_and_counts_its_code(
 ) -> None:
     ws = FakeSocket()
     task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
-    await until(lambda: len(hub.sessions) == 1)
+    await eventually_async(lambda: len(hub.sessions) == 1)
     await ws.incoming.put({"type": "websocket.disconnect", "code": 4000})
     await asyncio.wait_for(task, 30)
     assert not hub.sessions and not ws.closes

@@ -5,6 +5,7 @@ The in-memory side (cancellation, release order) is in tests/test_connection.py.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -12,9 +13,10 @@ import websockets
 from pvwire.ioc import IocProcess
 from pvwire_client import wire
 
+from tests.eventually import eventually_async
 from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
-from tests.test_stream_close_codes import closed_with, metric, wait_until
+from tests.test_stream_close_codes import closed_with, metric
 
 ALLOWED = "https://controls.example.org"
 ENDPOINTS = [pytest.param("/stream", id="stream"), pytest.param("/pvws/pv", id="pvws")]
@@ -60,7 +62,10 @@ async def test_one_connection_too_many_is_closed_with_1013_after_a_handshake(
             assert await closed_with(ws) == 1013
     finally:
         await first.close()
-        await wait_until("the first client gone", lambda: metric(strict_server, "clients") == 0)
+        await eventually_async(
+            lambda: asyncio.to_thread(lambda: metric(strict_server, "clients") == 0),
+            "the first client gone",
+        )
 
 
 async def test_a_stalled_pvws_client_sees_4008_once_it_reads_again(
@@ -72,7 +77,10 @@ async def test_a_stalled_pvws_client_sees_4008_once_it_reads_again(
         await slow.subscribe("sim://waveform/pvstall?length=200000&rate=10")
         # The server gave up on it (stall limit 2 s on the test server) and released its session
         # at once, while the close frame still waits behind what the client has not read.
-        await wait_until("the stalled client released", lambda: metric(server, "clients") == 0)
+        await eventually_async(
+            lambda: asyncio.to_thread(lambda: metric(server, "clients") == 0),
+            "the stalled client released",
+        )
         assert await closed_with(slow.ws, timeout=60) == 4008
 
 

@@ -9,7 +9,6 @@ also printed), not asserted: bench/failover.py measures them.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import statistics
 import time
@@ -17,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.eventually import eventually_async
 from tests.replicas import (
     CounterFollower,
     Haproxy,
@@ -54,13 +54,6 @@ async def followers_streaming(url: str) -> list[CounterFollower]:
     return followers
 
 
-async def wait_for(what: str, predicate: Callable[[], bool], timeout: float = BOUND) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 def fresh(f: CounterFollower, mark: float) -> bool:
     return len(f.values_since(mark)) >= 3
 
@@ -87,9 +80,11 @@ async def fail_over(
         stop(victim)
         assert port_is_closed(victim.port)
         # Exactly the clients the victim served lose the stream; the others never notice.
-        await wait_for(
-            "the victim's clients to notice",
+        await eventually_async(
             lambda: sum(f.lost_at is not None for f in followers) >= served,
+            "the victim's clients to notice",
+            timeout=BOUND,
+            interval=0.1,
         )
         moved = [f for f in followers if f.lost_at is not None]
         for f in moved:
@@ -101,13 +96,20 @@ async def fail_over(
             # The same IOC counter, seen from another replica: it goes on, never back.
             assert f.last_before is not None and f.first_after >= f.last_before, f.last_before
             mark = f.resumed_at
-            await wait_for("values after the failover", functools.partial(fresh, f, mark))
+            await eventually_async(
+                functools.partial(fresh, f, mark),
+                "values after the failover",
+                timeout=BOUND,
+                interval=0.1,
+            )
             after = f.values_since(mark)
             assert after == sorted(after) and after[-1] > f.first_after
         live = [r for r in replicas if r is not victim]
-        await wait_for(
-            "every client on a surviving replica",
+        await eventually_async(
             lambda: sum(clients_per_replica(live).values()) == CLIENTS,
+            "every client on a surviving replica",
+            timeout=BOUND,
+            interval=0.1,
         )
         times = [f.resumed_at - stopped for f in moved if f.resumed_at is not None]
         missed = [f.missed for f in moved if f.missed is not None]

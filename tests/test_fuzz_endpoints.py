@@ -25,8 +25,10 @@ import pytest
 import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pvwire.ioc import IocProcess
 from pvwire_client import closecodes
 
+from tests.eventually import eventually_async
 from tests.fuzz_frames import HOSTILE, mutate
 from tests.server_process import ServerProcess, server_args_for_tests
 
@@ -36,7 +38,7 @@ GOOD_QUERY = "{ server { version } }"
 
 
 @pytest.fixture(scope="module")
-def fuzz_server() -> Iterator[ServerProcess]:
+def fuzz_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
     with ServerProcess(*server_args_for_tests()) as proc:
         yield proc
 
@@ -98,16 +100,13 @@ class FuzzConnection:
         return sum(1 for m in self.received if m[0] in (1, 4, 5, 7))
 
     async def wait_for(self, predicate: Any, timeout: float = 10.0) -> Any:
-        async with asyncio.timeout(timeout):
-            while True:
-                for m in self.received:
-                    if predicate(m):
-                        return m
-                if self.reader.done():
-                    raise AssertionError(
-                        f"closed ({await self.close_code()}) before the answer came"
-                    )
-                await asyncio.sleep(0.01)
+        async def answer() -> Any:
+            found = next((m for m in self.received if predicate(m)), None)
+            if found is None and self.reader.done():
+                raise AssertionError(f"closed ({await self.close_code()}) before the answer came")
+            return found
+
+        return await eventually_async(answer, "the answer", timeout=timeout, interval=0.01)
 
     async def close(self) -> None:
         await self.ws.close()
@@ -195,9 +194,9 @@ async def test_stream_survives_random_and_mutated_frames(
 
 async def wait_settled(pid: int, fds: int, timeout: float = 10.0) -> None:
     """Closed connections' sockets are released soon, not at once: wait for the count."""
-    async with asyncio.timeout(timeout):
-        while open_fds(pid) > fds + 5:
-            await asyncio.sleep(0.05)
+    await eventually_async(
+        lambda: open_fds(pid) <= fds + 5, "closed sockets released", timeout=timeout
+    )
 
 
 # --- GraphQL -------------------------------------------------------------------------------

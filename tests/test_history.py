@@ -24,9 +24,10 @@ from pvwire.core.hub import Hub
 from pvwire.model import ConnState
 from pvwire.wire.tokens import TokenSigner
 
+from tests.eventually import eventually_async
 from tests.hub_doubles import KEYS, FakeBackend, attach
 from tests.hub_doubles import Client as HubClient
-from tests.test_hub_faults import until, values
+from tests.test_hub_faults import values
 from tests.test_metrics import samples
 
 T0 = 1_700_000_000  # POSIX seconds: bucket boundaries of every tier
@@ -203,7 +204,7 @@ async def test_a_subscribed_channel_records_and_its_release_ends_with_a_gap(
     ]
     client.send(17, 2, att)  # DETACH
     client.drain()
-    await until(lambda: "fake://a" not in hub.registry.channels)
+    await eventually_async(lambda: "fake://a" not in hub.registry.channels)
     kept = hub.history_store.get("fake://a")
     assert kept is not None and not kept.attached
     assert hub.snapshot().history.monitored == 0 and hub.snapshot().history.channels == 1

@@ -18,9 +18,9 @@ from pvwire.core.history import CHANNEL_BYTES
 from pvwire.ioc import IocProcess
 from pvwire_client import Client, wire
 
+from tests.eventually import eventually_async
 from tests.server_process import ServerProcess, server_args_for_tests
 from tests.stream_client import RawStream
-from tests.test_hub_faults import until
 from tests.test_metrics import samples
 
 DB = Path(__file__).parent / "dbs" / "test.db"
@@ -205,7 +205,9 @@ async def test_the_budget_holds_with_many_channels_and_reclaims_released_ones() 
             refused = server.graphql(HISTORY, {"id": next(c for c in first if c not in kept)})
             assert refused["errors"][0]["extensions"]["code"] == "NO_HISTORY"
             # Released (after the linger): kept while nothing needs the room...
-            await until(lambda: metric("pvwire_history_channels")['monitored="false"'] == "4")
+            await eventually_async(
+                lambda: metric("pvwire_history_channels")['monitored="false"'] == "4"
+            )
             assert "errors" not in server.graphql(HISTORY, {"id": kept[0]})
             # ...and reclaimed, oldest release first, when new channels need it.
             await collect(client, second, lambda s: sum(v is not None for _, v, _, _ in s) > 8)
@@ -225,7 +227,7 @@ async def test_the_python_client_yields_the_past_then_live_values(server: Server
         seen: list[Any] = []
         keeper = asyncio.create_task(drain(client, [COUNTER], seen))
         try:
-            await until(lambda: len(seen) > 30, timeout=60)
+            await eventually_async(lambda: len(seen) > 30, timeout=60)
             past: list[Any] = []
             live: list[Any] = []
             updates = client.monitor([COUNTER], backfill=60)
@@ -257,7 +259,7 @@ async def test_pvwire_monitor_backfill_prints_the_past_lines_first(server: Serve
         seen: list[Any] = []
         keeper = asyncio.create_task(drain(client, [COUNTER], seen))
         try:
-            await until(lambda: len(seen) > 20, timeout=60)
+            await eventually_async(lambda: len(seen) > 20, timeout=60)
             pvwire = str(Path(sys.executable).with_name("pvwire"))
             proc = await asyncio.create_subprocess_exec(
                 pvwire, "monitor", "--json", "--backfill", "60", "--count", "3", COUNTER,
@@ -291,7 +293,7 @@ async def test_history_channels_are_recorded_from_start_with_no_subscriber() -> 
             doc = server.graphql(HISTORY, {"id": COUNTER})
             return 0 if "errors" in doc else len(doc["data"]["history"]["value"])
 
-        await until(lambda: recorded() >= 20, timeout=60)
+        await eventually_async(lambda: recorded() >= 20, timeout=60)
         got = history(server, COUNTER)
         steps = got["value"]
         assert steps[-10:] == [steps[-10] + i for i in range(10)]

@@ -5,7 +5,6 @@ maxRate case runs the hub's own timer, because the timer is what once went wrong
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from pvwire.access.identity import ANONYMOUS
@@ -14,16 +13,8 @@ from pvwire.core.hub import Hub
 from pvwire.model import ConnState, Metadata
 from pvwire.wire.tokens import TokenSigner
 
+from .eventually import eventually_async
 from .hub_doubles import KEYS, Client, FakeBackend, attach
-
-
-async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Wait for a condition the hub's own timers bring about; bounded, never a fixed sleep."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def values(frames: list[Any], att: int, sid: int = 0) -> list[Any]:
@@ -48,7 +39,7 @@ async def test_a_max_rate_client_does_not_slow_another_client(
     backend.update("b", 2.0)  # held back for 20 s
     for i in range(5):
         backend.update("a", float(i))
-        await until(lambda: bool(fast.drain()))
+        await eventually_async(lambda: bool(fast.drain()), interval=0.01)
         assert values(fast.received, fast_att)[-1] == float(i)
     assert not values(slow.drain(), slow_att), "the held-back view was not due yet"
 

@@ -35,7 +35,7 @@ from pvwire_client.sync import SyncClient
 
 from tests.server_process import ServerProcess
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 SECRET = "identity-e2e-secret-not-for-production-0123456789"
 RULES = """

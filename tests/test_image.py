@@ -142,9 +142,9 @@ def test_runtime_lock_is_the_dev_lock_less_dev_tools() -> None:
 
 
 class FreshInstall:
-    """The wheel and runtime stages replayed: a new venv, the runtime lock, the PVA module
-    compiled, then pvwire's wheel built from the context with the page and GraphiQL files the
-    earlier stages make."""
+    """The wheel and runtime stages replayed: a new venv, the runtime lock, then pvwire's wheel
+    built from the context (the PVA module compiled by setup.py) with the page and GraphiQL files
+    the earlier stages make."""
 
     def __init__(self, where: Path) -> None:
         self.where = where
@@ -161,7 +161,8 @@ class FreshInstall:
         (context / "server/graphiql/node_modules").symlink_to(assets)  # COPY --from=page
         venv.create(self.where / "venv", with_pip=True)
         env = self.env()
-        self.run("-m", "pip", "install", "-q", "-r", str(context / "requirements-runtime.lock"))
+        lock = str(context / "requirements-runtime.lock")
+        self.run("-m", "pip", "install", "-q", "-r", lock, "wheel==0.45.1")
         subprocess.run(
             [str(self.python), "server/graphiql/vendor.py"],
             cwd=context,
@@ -170,10 +171,13 @@ class FreshInstall:
             capture_output=True,
             timeout=120,
         )
-        self.run(str(context / "scripts/build_ext.py"))
         wheels = self.where / "wheels"
-        self.run("-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(wheels), str(context))
+        self.run(
+            "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+            "--wheel-dir", str(wheels), str(context),
+        )  # fmt: skip
         self.run("-m", "pip", "install", "-q", "--no-deps", *map(str, wheels.glob("*.whl")))
+        self.run("-m", "pip", "uninstall", "-q", "-y", "wheel")  # the runtime stage has none
 
     def env(self) -> dict[str, str]:
         """This process's environment without what points at the source tree."""

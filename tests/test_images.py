@@ -26,7 +26,7 @@ from tests.alignment import message_of
 from tests.p4p_server import p4p_server
 from tests.server_process import ServerProcess, server_args_for_tests
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 NT = NTNDArray()
 RNG = np.random.default_rng(12)

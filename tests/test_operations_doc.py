@@ -26,7 +26,8 @@ GUIDE = (ROOT / "docs" / "OPERATIONS.md").read_text()
 UNIT = ROOT / "docs" / "pvwire.service"
 # Flags the guide gives to other programs, with the program.
 OTHER_TOOLS = {"--example-config": "pvagw", "--network": "docker", "--now": "systemctl"}
-OTHER_TOOLS |= {"--no-deps": "pip", "--strict": "kubernetes-validate"}
+OTHER_TOOLS |= {"--no-deps": "pip", "--no-build-isolation": "pip"}
+OTHER_TOOLS |= {"--strict": "kubernetes-validate"}
 OTHER_TOOLS |= {"--build-arg": "docker", "--from-literal": "kubectl"}
 
 

@@ -26,7 +26,7 @@ from pvwire.upstream.pva import PvaBackend, PvaMonitor
 from tests.conftest import RecordingSink
 from tests.p4p_server import p4p_server
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 # NTScalar type codes and two values each: the initial one and the one posted.
 PLAIN: dict[str, tuple[Any, Any]] = {

@@ -24,7 +24,7 @@ from pvwire_client.state import ChannelState
 from tests.p4p_server import p4p_server
 from tests.server_process import ServerProcess, server_args_for_tests
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 GENERIC = Type(
     [

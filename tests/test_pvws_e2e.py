@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from pvwire.ioc import IocProcess
 
+from tests.eventually import eventually_async
 from tests.pvws_client import PingRecorder, PvwsClient, array_of
 from tests.server_process import ServerProcess, server_args_for_tests
-from tests.test_hub_faults import until
 
 DB = Path(__file__).parent / "dbs" / "test.db"
 NUMBER_META = [
@@ -195,7 +195,7 @@ async def test_ping_is_served_by_the_keepalive(client: PvwsClient) -> None:
     assert await client.next("echo") == {"type": "echo", "body": "after ping"}
     ws = client.ws
     assert isinstance(ws, PingRecorder)
-    await until(lambda: ws.pings >= 2)
+    await eventually_async(lambda: ws.pings >= 2)
 
 
 async def test_large_subscribe_message(client: PvwsClient) -> None:
@@ -299,6 +299,7 @@ def test_inspection_needs_an_admin_but_info_is_for_everyone(epics_env: IocProces
         for page in ("/summary", "/socket", "/socket/1", "/pool"):
             with pytest.raises(urllib.error.HTTPError) as err:
                 http(server.url + "/pvws" + page)
+            err.value.close()  # it holds the response, and with it the socket
             assert err.value.code == 403
         # cs-web-lib 0.10 fetches /pvws/info from the browser, as whoever uses the page, and
         # moves to this server only on 200. It names no client; the environment names the

@@ -20,7 +20,7 @@ from pvwire_client.state import ChannelState
 
 from tests.server_process import ServerProcess
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 COUNTERS = ["ca://PVW:COUNTER", "sim://counter/batches"]
 CHANNELS = [*COUNTERS, "ca://PVW:AO", "ca://PVW:WF"]

@@ -15,7 +15,7 @@ import pytest
 from pvwire_client import Client, NotFound, PvwireError, Update
 from pvwire_client.sync import SyncClient
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 
 @pytest.fixture

@@ -232,7 +232,16 @@ async def test_a_dropped_socket_is_an_abnormal_closure() -> None:
     [(False, "pvwire.v1", "Sec-WebSocket-Accept"), (True, "other.v9", "subprotocol 'other.v9'")],
 )
 async def test_a_bad_101_answer_is_refused(accept_ok: bool, protocol: str, error: str) -> None:
+    answered = asyncio.Event()
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await refuse(reader, writer)
+        finally:
+            writer.close()
+            answered.set()
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request = await reader.readuntil(b"\r\n\r\n")
         key = next(
             line.split(b":", 1)[1].strip()
@@ -252,13 +261,14 @@ async def test_a_bad_101_answer_is_refused(accept_ok: bool, protocol: str, error
         )
         await writer.drain()
         await reader.read()
-        writer.close()
 
     srv = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
     async with srv:
         with pytest.raises(HandshakeError, match=error):
             await _open(f"ws://127.0.0.1:{port}/stream")
+        # The client hung up; the server's side closes before the loop does (no unclosed socket).
+        await asyncio.wait_for(answered.wait(), 10)
 
 
 async def test_wss_carries_a_large_message_into_one_buffer() -> None:

@@ -21,7 +21,7 @@ from pvwire.ioc import IocProcess
 
 from tests.server_process import ServerProcess
 
-pytestmark = pytest.mark.ioc
+pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 README_URL = "http://127.0.0.1:8080"

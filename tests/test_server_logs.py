@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -14,6 +13,7 @@ from graphql import GraphQLError
 from pvwire.errors import TypeMismatch
 from pvwire.logs import JsonFormatter, log_graphql_errors
 
+from tests.eventually import eventually
 from tests.server_process import ServerProcess
 
 DENIED_PUT = 'mutation { put(id: "sim://sine", value: 1) { ok } }'
@@ -21,13 +21,12 @@ DENIED_PUT = 'mutation { put(id: "sim://sine", value: 1) { ok } }'
 
 def wait_for_log(server: ServerProcess, found: Callable[[list[str]], bool]) -> list[str]:
     """The server's output lines once `found` holds (the log is read by a thread)."""
-    deadline = time.monotonic() + 30
-    while True:
-        lines = server.log().splitlines()
-        if found(lines):
-            return lines
-        assert time.monotonic() < deadline, server.log()
-        time.sleep(0.05)
+
+    def lines() -> list[str] | None:
+        seen = server.log().splitlines()
+        return seen if found(seen) else None
+
+    return eventually(lines, server.log)
 
 
 @pytest.fixture(scope="module")

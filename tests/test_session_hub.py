@@ -19,6 +19,7 @@ from pvwire.model import ConnState, Metadata
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import TokenSigner
 
+from .eventually import eventually_async
 from .hub_doubles import KEYS, Client, FakeBackend, attach
 
 
@@ -245,7 +246,6 @@ async def test_too_many_channels_is_refused(backend: FakeBackend) -> None:
 
 
 async def test_max_rate_limits_emissions(hub: Hub, backend: FakeBackend) -> None:
-    import asyncio
 
     c = Client(hub)
     attach(c, hub, ["fake://a"], max_rate=2.0)  # the opening delta was this view's last group
@@ -255,11 +255,7 @@ async def test_max_rate_limits_emissions(hub: Hub, backend: FakeBackend) -> None
     hub.ticker.tick()  # both held back until 0.5 s after the last group, then merged
     assert not c.drain()
     # The hub scheduled a tick for when the view is due; wait for it (bounded, not a sleep).
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30.0
-    while not (later := c.drain()):
-        assert loop.time() < deadline
-        await asyncio.sleep(0.01)
+    later = await eventually_async(c.drain, "the scheduled tick", interval=0.01)
     (entry,) = later[0][2][0][1]
     assert len(later) == 1 and entry[2] == 2.0 and entry[3] == 2  # latest wins, serial counts
 

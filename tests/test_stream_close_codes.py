@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -14,6 +13,7 @@ import pytest
 import websockets
 from pvwire_client import wire
 
+from tests.eventually import eventually_async
 from tests.server_process import ServerProcess, server_args_for_tests
 from tests.stream_client import RawStream
 from tests.test_server_stream import token
@@ -32,14 +32,6 @@ def metric(server: ServerProcess, name: str) -> float:
     m = re.search(rf"^pvwire_{name} (\S+)$", text, re.MULTILINE)
     assert m is not None, f"no pvwire_{name} in /metrics"
     return float(m.group(1))
-
-
-async def wait_until(what: str, condition: object, timeout: float = 30.0) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(condition):
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.1)
 
 
 async def closed_with(ws: websockets.ClientConnection, timeout: float = 30.0) -> int:
@@ -93,5 +85,9 @@ async def test_stalled_client_sees_4008_once_it_reads_again(own_server: ServerPr
     await slow.send(16, 1, big)
     # The server gave up on it (stall limit 2 s on the test server) and released its session,
     # while the close frame still waits behind the data the client has not read.
-    await wait_until("the stalled client released", lambda: metric(own_server, "clients") == 0)
+    await eventually_async(
+        lambda: asyncio.to_thread(lambda: metric(own_server, "clients") == 0),
+        "the stalled client released",
+        interval=0.1,
+    )
     assert await closed_with(slow.ws) == 4008

@@ -109,6 +109,7 @@ class RaisingSink(RecordingSink):
 
 
 @pytest.mark.ioc
+@pytest.mark.usefixtures("epics_env")
 @pytest.mark.parametrize("backend", [CaBackend, PvaBackend])
 async def test_a_raising_callback_fails_the_channel_and_the_subscription_recovers(
     backend: type[Backend],

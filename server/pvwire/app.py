@@ -213,7 +213,14 @@ def create_app(
     async def readyz() -> JSONResponse:
         lag = hub.loop_lag
         ready = lag < MAX_LOOP_LAG_READY
-        body = {"ready": ready, "loop_lag_s": lag, "channels": hub.channel_count}
+        # A scheme this process cannot serve (pva:// without its compiled module) leaves the
+        # others ready; it is named here, with the reason, for whoever looks at the probe.
+        body = {
+            "ready": ready,
+            "loop_lag_s": lag,
+            "channels": hub.channel_count,
+            "unavailable": hub.unavailable_schemes(),
+        }
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnavailable",
     "BadChannelId",
     "ChannelNotFound",
     "ChannelTimeout",
@@ -29,6 +30,15 @@ class BadChannelId(PvwireError):
     """The id cannot be parsed or names an unknown scheme, e.g. 'foo://X'."""
 
     code = "BAD_CHANNEL_ID"
+
+
+class BackendUnavailable(PvwireError):
+    """This server cannot reach the id's scheme at all, e.g. pva:// without its compiled module.
+
+    The message says what is missing and how to fix it; the server's log and /readyz say so too.
+    """
+
+    code = "UNAVAILABLE"
 
 
 class ChannelNotFound(PvwireError):

@@ -150,6 +150,14 @@ class Hub:
         self.control.require_read(identity, [cid])
         return cid, self.history_store.query(cid, since, until, max_points)
 
+    def unavailable_schemes(self) -> dict[str, str]:
+        """Schemes this process cannot serve (pva:// without its compiled module), with why."""
+        return {
+            scheme: backend.unavailable
+            for scheme, backend in sorted(self.registry.backends.items())
+            if backend.unavailable is not None
+        }
+
     def is_admin(self, identity: Identity) -> bool:
         admins = self.settings.admin_groups
         if admins:

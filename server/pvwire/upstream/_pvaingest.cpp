@@ -13,15 +13,23 @@
 // Threads: the wake-up callback runs on pvxs's worker thread and touches only `Woken` (under its
 // mutex) and a weak reference to the subscription. Everything that touches a Python object runs
 // with the GIL held on the thread that calls drain() or close().
+//
+// Exceptions: every function that Python or pvxs calls is an entry point (ENTRY below, or the
+// wake-up callback's own try) that catches everything; a C++ exception never unwinds into
+// Python's C API or pvxs's worker thread. It becomes a Python exception for the caller, or,
+// where there is none (deallocation), an unraisable-exception report.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -67,6 +75,46 @@ struct GilReleased {
     ~GilReleased() { PyEval_RestoreThread(state); }
 };
 
+// ---- entry points ---------------------------------------------------------------------------
+
+// Set the Python error for the C++ exception being handled (call only inside a catch block).
+void set_python_error() noexcept {
+    try {
+        throw;
+    } catch (const std::bad_alloc&) {
+        PyErr_NoMemory();
+    } catch (const std::exception& e) {
+        PyErr_Format(PyExc_RuntimeError, "pvwire PVA module: %s", e.what());
+    } catch (...) {
+        PyErr_SetString(PyExc_RuntimeError, "pvwire PVA module: unknown C++ exception");
+    }
+}
+
+// Entry<decltype(&f), &f>::call is f behind a catch-all: what escapes f is a Python exception
+// (nullptr or -1 returned), or for a void f (deallocation) an unraisable-exception report.
+template <typename Signature, Signature F>
+struct Entry;
+
+template <typename R, typename... Args, R (*F)(Args...)>
+struct Entry<R (*)(Args...), F> {
+    static R call(Args... args) noexcept {
+        try {
+            return F(args...);
+        } catch (...) {
+            set_python_error();
+            if constexpr (std::is_void_v<R>) {
+                PyErr_WriteUnraisable(nullptr);
+            } else if constexpr (std::is_pointer_v<R>) {
+                return nullptr;
+            } else {
+                return -1;
+            }
+        }
+    }
+};
+
+#define ENTRY(f) (&Entry<decltype(&f), &f>::call)
+
 struct Sub;
 
 // Subscriptions whose FIFO went from empty to not empty: filled by pvxs's worker thread,
@@ -74,6 +122,9 @@ struct Sub;
 struct Woken {
     std::mutex lock;
     std::vector<std::shared_ptr<Sub>> subs;
+    // Set on pvxs's thread when queueing a subscription failed (out of memory): that
+    // subscription is not woken again until a pop finds its FIFO empty. drain() reports it.
+    std::atomic<bool> lost{false};
 
     void push(std::shared_ptr<Sub>&& sub) {
         std::lock_guard<std::mutex> g(lock);
@@ -130,7 +181,7 @@ PyObject* numeric_array(const shared_array<const void>& arr) {
         default: return nullptr;  // Bool, Null, Value: pva.py's rules
     }
     auto* held = new shared_array<const void>(arr);
-    Ref base(PyCapsule_New(held, "pvwire.array", free_array));
+    Ref base(PyCapsule_New(held, "pvwire.array", ENTRY(free_array)));
     if (!base.obj) {
         delete held;
         return nullptr;
@@ -219,7 +270,7 @@ enum class Fast { delivered, declined, failed };
 // the structure's name map, cold for each PV's update among 1,000 others, and the four of them
 // took 13 % of the server's samples (perf, 1,000 PVs); Value::nameOf, a walk of that map, 11 %.
 Fast deliver_fast(Sub& sub, const Value& v) {
-    PyObject* args[6];
+    PyObject* args[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
     try {
         const Sub::Layout& layout = sub.layout;
         if (!layout.known && !learn(sub.layout, v)) return Fast::declined;
@@ -249,7 +300,7 @@ Fast deliver_fast(Sub& sub, const Value& v) {
         if (!args[0]) return PyErr_Occurred() ? Fast::failed : Fast::declined;
         args[1] = PyLong_FromLongLong(secs);
         args[2] = PyLong_FromLongLong(nsec);
-    } catch (std::exception&) {
+    } catch (...) {
         return Fast::declined;  // pvxs could not read a field as asked: let p4p and pva.py try
     }
     Ref value(args[0]), secs(args[1]), nsec(args[2]);
@@ -299,7 +350,7 @@ void close_sub(Sub& sub) {
         GilReleased unlocked;
         try {
             op->cancel();
-        } catch (std::exception&) {
+        } catch (...) {
             // cancel() ends the operation whatever it reports; nothing is delivered after it
         }
         op.reset();
@@ -359,19 +410,19 @@ void sub_dealloc(SubscriptionObject* self) {
 }
 
 PyMethodDef sub_methods[] = {
-    {"close", reinterpret_cast<PyCFunction>(sub_close), METH_NOARGS,
+    {"close", reinterpret_cast<PyCFunction>(ENTRY(sub_close)), METH_NOARGS,
      "Cancel the subscription; nothing is delivered after this returns."},
-    {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(sub_fast)), METH_FASTCALL,
+    {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(ENTRY(sub_fast))), METH_FASTCALL,
      "fast(severity, status, message): deliver ordinary updates straight to on_update, with "
      "this alarm, until anything else arrives."},
     {nullptr, nullptr, 0, nullptr},
 };
 
 PyGetSetDef sub_getset[] = {
-    {"is_fast", reinterpret_cast<getter>(sub_get_fast), nullptr,
+    {"is_fast", reinterpret_cast<getter>(ENTRY(sub_get_fast)), nullptr,
      "Whether ordinary updates bypass the handler.", nullptr},
-    {"closed", reinterpret_cast<getter>(sub_get_closed), nullptr, "Whether close() was called.",
-     nullptr},
+    {"closed", reinterpret_cast<getter>(ENTRY(sub_get_closed)), nullptr,
+     "Whether close() was called.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -416,7 +467,7 @@ void close_ingest(IngestObject* self) {
         GilReleased unlocked;
         try {
             ctxt->close();
-        } catch (std::exception&) {
+        } catch (...) {
             // closing aborts every operation whatever it reports; the context is freed below
         }
         delete ctxt;
@@ -449,9 +500,10 @@ PyObject* ingest_subscribe(IngestObject* self, PyObject* const* args, Py_ssize_t
     Py_ssize_t len;
     const char* name = PyUnicode_AsUTF8AndSize(args[0], &len);
     if (!name) return nullptr;
+    auto sub_ptr = std::make_shared<Sub>();
     auto* obj = PyObject_GC_New(SubscriptionObject, &SubscriptionType);
     if (!obj) return nullptr;
-    new (&obj->sub) std::shared_ptr<Sub>(std::make_shared<Sub>());
+    new (&obj->sub) std::shared_ptr<Sub>(std::move(sub_ptr));
     Ref ret(reinterpret_cast<PyObject*>(obj));
     Sub& sub = *obj->sub;
     Py_INCREF(args[1]);
@@ -471,8 +523,13 @@ PyObject* ingest_subscribe(IngestObject* self, PyObject* const* args, Py_ssize_t
                      .maskConnected(true)
                      .maskDisconnected(false)
                      .rawRequest(*self->request)
-                     .event([weak, woken](client::Subscription&) {
-                         if (auto s = weak.lock()) woken->push(std::move(s));
+                     .event([weak, woken](client::Subscription&) noexcept {
+                         // pvxs's worker thread: nothing may escape, and no GIL to report with
+                         try {
+                             if (auto s = weak.lock()) woken->push(std::move(s));
+                         } catch (...) {
+                             woken->lost = true;
+                         }
                      })
                      .exec();
     } catch (std::exception& e) {
@@ -511,6 +568,9 @@ bool drain_one(Sub& sub, long max_pops) {
         } catch (std::exception& e) {
             error_type = PyExc_RuntimeError;
             what = e.what();
+        } catch (...) {
+            error_type = PyExc_RuntimeError;
+            what = "unknown C++ exception from pvxs";
         }
         if (!error_type && !v) return false;  // empty
         if (!error_type && sub.fast) {
@@ -554,18 +614,41 @@ PyObject* ingest_drain(IngestObject* self, PyObject* arg) {
         return nullptr;
     }
     if (!self->woken) Py_RETURN_NONE;
+    Woken& woken = *self->woken;
     std::vector<std::shared_ptr<Sub>> batch;
     {
-        std::lock_guard<std::mutex> g(self->woken->lock);
-        batch.swap(self->woken->subs);
+        std::lock_guard<std::mutex> g(woken.lock);
+        batch.swap(woken.subs);
     }
-    std::vector<std::shared_ptr<Sub>> again;
-    for (auto& sub : batch) {
-        if (drain_one(*sub, max_pops)) again.push_back(std::move(sub));
+    // Those still busy, and if drain_one throws, every one not drained yet: back in the queue
+    // (on unwinding too), or pvxs, which wakes a subscription only once, would never wake them.
+    struct Requeue {
+        Woken& woken;
+        std::vector<std::shared_ptr<Sub>>& batch;
+        size_t done = 0;
+        std::vector<std::shared_ptr<Sub>> again;
+        ~Requeue() {
+            try {
+                std::lock_guard<std::mutex> g(woken.lock);
+                for (auto& sub : again) woken.subs.push_back(std::move(sub));
+                for (size_t i = done; i < batch.size(); i++) {
+                    if (batch[i]) woken.subs.push_back(std::move(batch[i]));
+                }
+            } catch (...) {
+                woken.lost = true;  // out of memory: reported by the next drain
+            }
+        }
+    } requeue{woken, batch};
+    requeue.again.reserve(batch.size());  // push_back below cannot throw
+    for (; requeue.done < batch.size(); requeue.done++) {
+        auto& sub = batch[requeue.done];
+        if (drain_one(*sub, max_pops)) requeue.again.push_back(std::move(sub));
     }
-    if (!again.empty()) {
-        std::lock_guard<std::mutex> g(self->woken->lock);
-        for (auto& sub : again) self->woken->subs.push_back(std::move(sub));
+    if (woken.lost.exchange(false)) {
+        PyErr_SetString(PyExc_MemoryError,
+                        "a PVA subscription's wake-up was lost (out of memory on pvxs's thread): "
+                        "its channel may stop updating");
+        return nullptr;
     }
     Py_RETURN_NONE;
 }
@@ -576,18 +659,18 @@ PyObject* ingest_get_request(IngestObject* self, void*) {
 }
 
 PyMethodDef ingest_methods[] = {
-    {"subscribe", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(ingest_subscribe)),
+    {"subscribe", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(ENTRY(ingest_subscribe))),
      METH_FASTCALL,
      "subscribe(name, on_update, on_item, on_failure) -> Subscription on this context."},
-    {"drain", reinterpret_cast<PyCFunction>(ingest_drain), METH_O,
+    {"drain", reinterpret_cast<PyCFunction>(ENTRY(ingest_drain)), METH_O,
      "drain(max_pops): deliver the woken subscriptions' updates on this thread."},
-    {"close", reinterpret_cast<PyCFunction>(ingest_close), METH_NOARGS,
+    {"close", reinterpret_cast<PyCFunction>(ENTRY(ingest_close)), METH_NOARGS,
      "Close the context: every subscription on it ends."},
     {nullptr, nullptr, 0, nullptr},
 };
 
 PyGetSetDef ingest_getset[] = {
-    {"request", reinterpret_cast<getter>(ingest_get_request), nullptr,
+    {"request", reinterpret_cast<getter>(ENTRY(ingest_get_request)), nullptr,
      "The pvRequest of every monitor, as p4p's Value.", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
@@ -614,9 +697,7 @@ bool import_p4p() {
     return disconnected_type && finished_type && remote_error_type;
 }
 
-}  // namespace
-
-PyMODINIT_FUNC PyInit__pvaingest(void) {
+PyObject* init_module() {
     import_array();
     if (!import_p4p()) return nullptr;
 
@@ -624,9 +705,9 @@ PyMODINIT_FUNC PyInit__pvaingest(void) {
     SubscriptionType.tp_basicsize = sizeof(SubscriptionObject);
     SubscriptionType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
     SubscriptionType.tp_doc = "One PVA monitor, from Ingest.subscribe.";
-    SubscriptionType.tp_dealloc = reinterpret_cast<destructor>(sub_dealloc);
-    SubscriptionType.tp_traverse = reinterpret_cast<traverseproc>(sub_traverse);
-    SubscriptionType.tp_clear = reinterpret_cast<inquiry>(sub_clear);
+    SubscriptionType.tp_dealloc = reinterpret_cast<destructor>(ENTRY(sub_dealloc));
+    SubscriptionType.tp_traverse = reinterpret_cast<traverseproc>(ENTRY(sub_traverse));
+    SubscriptionType.tp_clear = reinterpret_cast<inquiry>(ENTRY(sub_clear));
     SubscriptionType.tp_methods = sub_methods;
     SubscriptionType.tp_getset = sub_getset;
     if (PyType_Ready(&SubscriptionType) < 0) return nullptr;
@@ -635,9 +716,9 @@ PyMODINIT_FUNC PyInit__pvaingest(void) {
     IngestType.tp_basicsize = sizeof(IngestObject);
     IngestType.tp_flags = Py_TPFLAGS_DEFAULT;
     IngestType.tp_doc = "Ingest(request): a pvxs client context (from EPICS_PVA_*) for monitors.";
-    IngestType.tp_new = ingest_new;
-    IngestType.tp_init = reinterpret_cast<initproc>(ingest_init);
-    IngestType.tp_dealloc = reinterpret_cast<destructor>(ingest_dealloc);
+    IngestType.tp_new = ENTRY(ingest_new);
+    IngestType.tp_init = reinterpret_cast<initproc>(ENTRY(ingest_init));
+    IngestType.tp_dealloc = reinterpret_cast<destructor>(ENTRY(ingest_dealloc));
     IngestType.tp_methods = ingest_methods;
     IngestType.tp_getset = ingest_getset;
     if (PyType_Ready(&IngestType) < 0) return nullptr;
@@ -658,3 +739,7 @@ PyMODINIT_FUNC PyInit__pvaingest(void) {
     }
     return m;
 }
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__pvaingest(void) { return ENTRY(init_module)(); }

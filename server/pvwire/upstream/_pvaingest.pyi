@@ -1,4 +1,8 @@
-"""PVA monitors whose updates reach Python in batches (_pvaingest.cpp; built by `make`)."""
+"""PVA monitors whose updates reach Python in batches (_pvaingest.cpp; built by `make`).
+
+A C++ failure inside any method is raised as RuntimeError (MemoryError when out of memory); a
+handler's exception is reported as unraisable, never raised by drain().
+"""
 
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +42,8 @@ class Ingest:
 
     def drain(self, max_pops: int) -> None:
         """Deliver the woken subscriptions' updates, at most `max_pops` each (one still busy
-        waits for the next drain)."""
+        waits for the next drain). MemoryError, once everything was delivered, if pvxs's thread
+        could not queue a wake-up since the last drain."""
 
     def close(self) -> None:
         """Close the context: every subscription on it ends."""

@@ -65,6 +65,8 @@ class Backend(ABC):
     # True when `put_as` writes under the user's own name at the upstream server (CA with
     # --forward-identity): the server's own access security then decides for that user.
     forwards_identity: bool = False
+    # Why this backend cannot serve any channel in this process (shown by /readyz), or None.
+    unavailable: str | None = None
 
     @abstractmethod
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:

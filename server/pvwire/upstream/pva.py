@@ -19,7 +19,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from p4p import _p4p
@@ -27,6 +27,7 @@ from p4p.client.asyncio import Context, Disconnected, RemoteError
 from p4p.client.raw import Cancelled, Finished
 
 from ..errors import (
+    BackendUnavailable,
     ChannelNotFound,
     ChannelTimeout,
     IocDenied,
@@ -37,8 +38,11 @@ from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Va
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 from .ntndarray import color_mode, decode_ntndarray, frame_dtype
-from .pva_ingest import QUEUE_SIZE, PvaIngest, Subscription
+from .pva_ingest import QUEUE_SIZE, UNAVAILABLE, PvaIngest
 from .values import CallbackGuard, long_string, wire_value
+
+if TYPE_CHECKING:
+    from .pva_ingest import Subscription  # not there at run time when the module is missing
 
 # p4p's C method, without the Python wrapper's frame (`Value.changedSet` adds ~0.2 µs).
 _changed_set = _p4p._Value.changedSet
@@ -391,16 +395,41 @@ def _write_error(uri: str, value: object, type_name: str, e: Exception) -> Excep
     return TypeMismatch(f"cannot write {value!r:.60} to {uri} ({type_name}): {text}")
 
 
+class _UnavailableMonitor:
+    """A pva:// monitor without the compiled module: FAILED, saying why and how to build it."""
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, sink: ChannelSink, reason: str) -> None:
+        # Reported from the loop, not from inside monitor(): the caller is still setting up.
+        loop = asyncio.get_running_loop()
+        self._handle: asyncio.Handle | None = loop.call_soon(
+            sink.on_connection, ConnState.FAILED, reason
+        )
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class PvaBackend(Backend):
     """`pva://` channels through one p4p asyncio Context, created on first use.
 
     The context reads EPICS_PVA_* from the environment when it is created, so creating it late
     lets the process set its environment first.
+
+    Without the compiled module (pva_ingest.UNAVAILABLE) every pva:// channel is unavailable,
+    gets and puts included (they would work through p4p, but a PVA that answers gets and never
+    updates is harder to diagnose than one that says what is missing).
     """
 
     scheme = "pva"
 
     def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
+        self.unavailable = UNAVAILABLE
+        if UNAVAILABLE is not None:
+            log.error("pva:// channels are unavailable: %s", UNAVAILABLE)
         self._ctx: Context | None = None
         self._queue_size = queue_size
         # Per channel name, what a put needs: its type and enum labels, learned from monitors
@@ -440,9 +469,16 @@ class PvaBackend(Backend):
             self._ctx.disconnect(name)
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
+        if self.unavailable is not None:
+            return _UnavailableMonitor(sink, self.unavailable)
         return PvaMonitor(self, name, sink)
 
+    def _check_available(self, name: str) -> None:
+        if self.unavailable is not None:
+            raise BackendUnavailable(f"pva://{name}: {self.unavailable}")
+
     async def _get_value(self, name: str, timeout: float) -> Any:
+        self._check_available(name)
         try:
             return await asyncio.wait_for(self.context().get(name), timeout)
         except TimeoutError:
@@ -474,6 +510,7 @@ class PvaBackend(Backend):
         )
 
     async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
+        self._check_available(name)
         deadline = time.monotonic() + timeout
         uri = f"pva://{name}"
         put_type = self._types.get(name)

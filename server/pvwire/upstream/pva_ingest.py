@@ -31,15 +31,22 @@ from typing import Any
 
 import p4p._p4p  # noqa: F401  # loads libpvxs, and p4p's C API that _pvaingest imports
 
+# Why PVA monitors cannot run here, or None. Without the compiled module (a source checkout
+# installed without `make ext`, or a wheel built for another platform) the server still serves
+# CA and sim: pva.py reports every pva:// channel as unavailable with this text instead.
+UNAVAILABLE: str | None
 try:
     from ._pvaingest import Ingest, Subscription
-except ImportError as e:  # a source checkout installed without `make`
-    raise ImportError(
+except ImportError as e:
+    UNAVAILABLE = (
         f"pvwire's PVA module is not built ({e}): run `make ext`, or "
-        "`python scripts/build_ext.py` with g++ and this environment's Python"
-    ) from e
+        "`python scripts/build_ext.py` with g++ and this environment's Python, "
+        "or install pvwire's wheel built for this platform"
+    )
+else:
+    UNAVAILABLE = None
 
-__all__ = ["MAX_POPS", "POLL_PERIOD_S", "QUEUE_SIZE", "PvaIngest", "Subscription"]
+__all__ = ["MAX_POPS", "POLL_PERIOD_S", "QUEUE_SIZE", "UNAVAILABLE", "PvaIngest", "Subscription"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,8 @@ class PvaIngest:
     def __init__(self, loop: asyncio.AbstractEventLoop, queue_size: int = QUEUE_SIZE) -> None:
         if queue_size < 1:
             raise ValueError(f"PVA queue size must be at least 1, got {queue_size}")
+        if UNAVAILABLE is not None:
+            raise RuntimeError(UNAVAILABLE)
         self._loop = loop
         self._ingest = Ingest(f"record[queueSize={queue_size}]field()")
         self._open = 0

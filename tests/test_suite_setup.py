@@ -1,0 +1,46 @@
+"""The suite's own setup (tests/conftest.py): the shared IOC runs only for the tests that request
+it, and every process gets the loopback settings and that IOC's ports whether or not it runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pvwire.loopback import loopback_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup_plan(test_file: str) -> str:
+    """What pytest would set up to run `test_file` (`--setup-plan`: nothing is run)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "--setup-plan", "-p", "no:cacheprovider", test_file],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"{test_file}::" in p.stdout, p.stdout
+    return p.stdout
+
+
+def test_unit_tests_start_no_ioc() -> None:
+    assert "epics_env" not in setup_plan("tests/test_vectors.py")
+
+
+def test_tests_that_need_the_ioc_request_it() -> None:
+    assert "SETUP    S epics_env" in setup_plan("tests/test_backend_ca.py")
+
+
+def test_every_process_gets_loopback_and_the_shared_iocs_ports() -> None:
+    # Set when the suite starts, for this process and inherited by every child it starts.
+    clients = {"EPICS_CA_ADDR_LIST", "EPICS_PVA_ADDR_LIST"}  # the shared IOC's own ports
+    for key, value in loopback_env().items():
+        if key in clients:
+            assert os.environ[key].startswith(f"{value}:"), (key, os.environ[key])
+        else:
+            assert os.environ[key] == value, key
+    assert os.environ["EPICS_PVA_BROADCAST_PORT"] == os.environ["EPICS_PVA_ADDR_LIST"].split(":")[1]
