@@ -23,6 +23,8 @@ WORKDIR /src/server/graphiql
 COPY server/graphiql/package.json server/graphiql/package-lock.json ./
 RUN npm ci --no-audit --no-fund --ignore-scripts --legacy-peer-deps
 WORKDIR /src/clients/ts
+# The client's code table is generated from the protocol's close-code table at build time.
+COPY protocol/close_codes.json /src/protocol/close_codes.json
 COPY clients/ts ./
 RUN npm run build
 
