@@ -37,10 +37,15 @@ describe("every cs-web-lib widget that takes a PV, through pvwire", () => {
     if (!body.data) throw new Error(`channel(${id}): ${JSON.stringify(body.errors)}`);
     return body.data.channel.value;
   };
+  const needle = async () => Number(/^M ([\d.]+) /.exec((await widget("LinearMeter").locator('path[d^="M "]').getAttribute("d")) ?? "")?.[1]);
+  /** The height of the thermometer's column of mercury. */
+  const mercury = async () => Number(await widget("Thermometer").locator("rect").getAttribute("height"));
+  let thermometer = 0;
   const waitIoc = (id: string, want: unknown) => expect.poll(() => ioc(id), { timeout: 15_000, interval: 200 }).toEqual(want);
 
   beforeAll(async () => {
-    stack = await startStack([], { PVWIRE_STACK_DB: join(import.meta.dirname, "../../../tests/dbs/alltypes.db") });
+    // The IOC's records are setpoints of this screen: a site grants that with write rules.
+    stack = await startStack(["--write-rule", "ca://AT:*", "--write-rule", "pva://AT:*"], { PVWIRE_STACK_DB: join(import.meta.dirname, "../../../tests/dbs/alltypes.db") });
     shown = await openCsWebLibPage(stack.url, [], 1300, "widgets-page.ts");
     page = shown.page;
   });
@@ -77,6 +82,10 @@ describe("every cs-web-lib widget that takes a PV, through pvwire", () => {
     // The tank's fill is a quarter of its 100 px height (25 of fill, 75 empty).
     await expect.poll(() => widget("Tank").locator('rect[fill="rgba(0,0,255,1)"]').getAttribute("height"), { timeout }).toBe("25");
     await widget("Meter").getByText("2.50", { exact: true }).waitFor({ timeout });
+    // The linear meter's needle on its 198 px scale from x = 21: 2.5 is at 21 + 49.5.
+    await expect.poll(() => needle(), { timeout }).toBeCloseTo(70.5, 6);
+    thermometer = await mercury();
+    expect(thermometer).toBeGreaterThan(0);
     await expect.poll(() => widget("SlideControl").locator('input[type="range"]').inputValue(), { timeout }).toBe("2.5");
     // Symbol: the picture of index 1 (AT:BI is 1).
     await expect.poll(() => widget("Symbol").locator("img").getAttribute("src"), { timeout }).toContain("mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==");
@@ -87,5 +96,49 @@ describe("every cs-web-lib widget that takes a PV, through pvwire", () => {
       points.map((p) => Number(/translate\([^,]+,([^)]+)\)/.exec(p.getAttribute("transform") ?? "")?.[1])))).map((y) => Math.round((190 - y) / 1.9));
     await expect.poll(plotted, { timeout }).toEqual([-32768, 0, 32767]);
     expect(shown.errors).toEqual([]);
+  });
+
+  it("writes each type through cs-web-lib's own widgets, and the IOC has it", async () => {
+    const timeout = 15_000;
+    // Input sends what was typed as text (its write is a DType stringValue): the server converts
+    // it to the record's type, a double, a string and a long.
+    const type = async (name: string, text: string) => {
+      const input = widget(name).locator("input");
+      await input.fill(text);
+      await input.press("Enter");
+    };
+    await type("Input-double", "4.25");
+    await waitIoc("ca://AT:AO", 4.25);
+    await expect.poll(() => widget("ProgressBar").textContent(), { timeout }).toContain("4.25");
+    await expect.poll(() => needle(), { timeout }).toBeCloseTo(21 + 0.425 * 198, 6);
+    await expect.poll(() => mercury(), { timeout }).toBeGreaterThan(thermometer);
+    await type("Input-string", "written by cs-web-lib");
+    await waitIoc("ca://AT:STRINGOUT", "written by cs-web-lib");
+    await type("Input-long", "-42");
+    await waitIoc("ca://AT:LONGOUT", -42);
+    // Enum: a choice button, then the menu; each shows the other's write.
+    await widget("ChoiceButton").getByRole("button", { name: "three", exact: true }).click();
+    await waitIoc("ca://AT:MBBO:16", 3);
+    await expect.poll(() => widget("MenuButton").locator('[role="combobox"]').textContent(), { timeout }).toBe("three");
+    await widget("MenuButton").locator('[role="combobox"]').click();
+    await page.getByRole("option", { name: "seven", exact: true }).click();
+    await waitIoc("ca://AT:MBBO:16", 7);
+    await expect.poll(() => widget("ChoiceButton").locator('button[aria-pressed="true"]').textContent(), { timeout }).toBe("seven");
+    await expect.poll(() => widget("Readback-enum").locator("textarea").first().inputValue(), { timeout }).toBe("seven");
+    // Binary: the bool button turns AT:BO on (its LED on another widget lights), the checkbox
+    // turns AT:BI off (its LED goes dark).
+    await widget("BoolButton").locator("button").click();
+    await waitIoc("ca://AT:BO", 1);
+    await expect.poll(() => widget("BoolButton").locator("button").textContent(), { timeout }).toBe("High");
+    await expect.poll(() => background(widget("LED-off").locator("div div div")), { timeout }).toBe(ON);
+    await widget("Checkbox").locator("input").click();
+    await waitIoc("ca://AT:BI", 0);
+    await expect.poll(() => background(widget("LED-on").locator("div div div")), { timeout }).toBe(LED_OFF);
+    // An action button's WRITE_PV action.
+    await widget("ActionButton").locator("button").click();
+    await waitIoc("ca://AT:SEQ", 7);
+    expect(shown.errors).toEqual([]);
+    mkdirSync(ARTIFACTS, { recursive: true });
+    await page.screenshot({ path: join(ARTIFACTS, "cs-web-lib-widgets.png"), fullPage: true });
   });
 });
