@@ -68,6 +68,11 @@ describe("every cs-web-lib widget that takes a PV, through pvwire", () => {
     await expect.poll(() => background(widget("LED-on").locator("div div div")), { timeout }).toBe(ON);
     await expect.poll(() => background(widget("LED-off").locator("div div div")), { timeout }).toBe(LED_OFF);
     await expect.poll(() => widget("BoolButton").locator("button").textContent(), { timeout }).toBe("Low");
+    // A sim PV flipping every 0.5 s: the LED is seen lit and dark.
+    for (const colour of [ON, LED_OFF, ON]) {
+      await expect.poll(() => background(widget("LED-sim").locator("div div div")), { timeout, interval: 50 }).toBe(colour);
+    }
+    await expect.poll(() => widget("Readback-loc").locator("textarea").first().inputValue(), { timeout }).toBe("42");
     await expect.poll(() => widget("Checkbox").locator("input").isChecked(), { timeout }).toBe(true);
     // Enum: every label of the 16-state mbbo, the PV's state pressed; the menu shows its label.
     await expect.poll(() => widget("ChoiceButton").locator('button[aria-pressed="true"]').textContent(), { timeout }).toBe("fifteen");

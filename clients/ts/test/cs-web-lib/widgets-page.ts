@@ -9,7 +9,7 @@
 // PV but show nothing of it (SimpleSymbol's picture is its imageIndex prop, MenuMux sets a macro,
 // Line's PV only feeds its rules); DropDown and the containers take none.
 import {
-  AbsolutePosition, ActionButton, Color, Font, BoolButton, ByteMonitor, Checkbox, ChoiceButton, Input, LED, LinearMeter, MenuButton,
+  AbsolutePosition, ActionButton, BoolButton, ByteMonitor, Checkbox, ChoiceButton, Color, Font, Input, LED, LinearMeter, MenuButton,
   Meter, PV, ProgressBar, Readback, SlideControl, StripChart, Symbol, Tank, Thermometer, XYPlot, store,
 } from "@diamondlightsource/cs-web-lib";
 import { createElement as h, type ComponentType, type ReactElement } from "react";
@@ -38,6 +38,8 @@ export const WIDGETS: Shown[] = [
   { name: "Readback-enum", widget: Readback, pv: "pva://AT:MBBO:16" },
   { name: "LED-on", widget: LED, pv: "ca://AT:BI", width: 30, height: 30 },
   { name: "LED-off", widget: LED, pv: "pva://AT:BO", width: 30, height: 30 },
+  { name: "LED-sim", widget: LED, pv: "sim://flipflop(0.5)", width: 30, height: 30 },
+  { name: "Readback-loc", widget: Readback, pv: "loc://pvwire_widgets(42)" },
   { name: "BoolButton", widget: BoolButton, pv: "ca://AT:BO", props: { labelsFromPv: true } },
   { name: "Checkbox", widget: Checkbox, pv: "ca://AT:BI", props: { label: "AT:BI" } },
   { name: "ChoiceButton", widget: ChoiceButton, pv: "ca://AT:MBBO:16", width: 600, height: 40, props: { width: 600, height: 40 } },
