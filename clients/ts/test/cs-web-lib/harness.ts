@@ -14,9 +14,9 @@ export const CHROMIUM = process.env.PVWIRE_CHROMIUM ?? "/usr/bin/chromium";
  * `import.meta.env` when the config passed to it lacks them: give it empty ones. One of its
  * bundled modules requires node's `buffer`: the `buffer` package stands in for it in the
  * browser. */
-async function buildPage(dir: string): Promise<void> {
+async function buildPage(dir: string, entry: string): Promise<void> {
   await build({
-    entryPoints: [join(import.meta.dirname, "page.ts")],
+    entryPoints: [join(import.meta.dirname, entry)],
     bundle: true,
     format: "esm",
     target: "es2022",
@@ -50,8 +50,9 @@ export interface CsWebLibPage {
   close(): Promise<void>;
 }
 
-/** Build the page, serve it, open it in Chromium showing `pvs` from the pvws server at `pvwsUrl`. */
-export async function openCsWebLibPage(pvwsUrl: string, pvs: readonly string[], width = 1300): Promise<CsWebLibPage> {
+/** Build the page, serve it, open it in Chromium showing `pvs` from the pvws server at `pvwsUrl`.
+ * `entry` is the page's module in this folder: page.ts (a table of PVs) unless told. */
+export async function openCsWebLibPage(pvwsUrl: string, pvs: readonly string[], width = 1300, entry = "page.ts"): Promise<CsWebLibPage> {
   const dir = mkdtempSync(join(tmpdir(), "pvwire-cs-web-lib-"));
   const profile = mkdtempSync(join(tmpdir(), "pvwire-chromium-"));
   let web: Server | undefined;
@@ -63,7 +64,7 @@ export async function openCsWebLibPage(pvwsUrl: string, pvs: readonly string[], 
     rmSync(dir, { recursive: true, force: true });
   };
   try {
-    await buildPage(dir);
+    await buildPage(dir, entry);
     web = await serve(dir);
     browser = await chromium.launchPersistentContext(profile, {
       executablePath: CHROMIUM,
