@@ -1,5 +1,5 @@
-"""The workers pairs, failover, gateway, client and history measurements of `make bench` once at a tiny
-size, so they cannot rot (`make test`).
+"""The workers pairs, failover, gateway, client and history measurements of `make bench` once at
+a tiny size, so they cannot rot (`make test`).
 
 No timing assertions: only that every part ran end to end on real processes and gave the
 numbers bench/bench_load.py and bench/bench_extras.py record. One test per part keeps each
