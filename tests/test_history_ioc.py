@@ -348,3 +348,24 @@ async def test_history_channels_are_recorded_from_start_with_no_subscriber() -> 
             text = r.read().decode()
         assert samples(text, "pvwire_history_channels")['monitored="true"'] == "1"
         assert samples(text, "pvwire_clients") == {"": "0"}
+
+
+async def test_history_channels_globs_take_in_ids_the_catalogue_file_adds(tmp_path: Path) -> None:
+    names = tmp_path / "names.txt"
+    names.write_text("sim://counter/kept0?rate=10\n")
+    args = ["--catalogue-file", str(names), "--history-channels", "sim://counter/kept*"]
+    with ServerProcess(*server_args_for_tests(args)) as server:
+
+        def recorded(cid: str) -> int:
+            doc = server.graphql(HISTORY, {"id": cid})
+            return 0 if "errors" in doc else len(doc["data"]["history"]["value"])
+
+        await until(lambda: recorded("sim://counter/kept0?rate=10") >= 10, timeout=60)
+        # An id the file gains while the server runs is held and recorded from then on, with
+        # no subscriber, as the ids it had at start.
+        names.write_text("sim://counter/kept0?rate=10\nsim://counter/kept1?rate=10\n")
+        await until(lambda: recorded("sim://counter/kept1?rate=10") >= 10, timeout=60)
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        assert samples(text, "pvwire_history_channels")['monitored="true"'] == "2"
+        assert samples(text, "pvwire_clients") == {"": "0"}
