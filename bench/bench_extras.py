@@ -32,6 +32,7 @@ from . import (
     control_plane,
     failover,
     gateway,
+    history,
     identity_puts,
     ingest,
     pva_soak,
@@ -213,6 +214,13 @@ def test_identity_puts(measure: Measure, quick: bool) -> None:
     puts, rounds = (5, 1) if quick else (30, 3)
     with own_environ():
         measure(lambda: identity_puts.measure(puts, rounds), flatten)
+
+
+def test_history(measure: Measure, quick: bool) -> None:
+    """Recent history: on_update with recording off and on, bytes per channel per tier, and
+    `history` over an hour of 10 Hz data (bench/history.py)."""
+    updates, rounds, repeat = (2000, 1, 2) if quick else (200_000, 5, 20)
+    measure(lambda: history.measure(updates, rounds, repeat), flatten)
 
 
 def test_pyclient_frame(measure: Measure, quick: bool) -> None:

@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pvwire.core.channel import Channel, FailureUnit
 from pvwire.core.history import (
@@ -68,7 +69,7 @@ def loop_alone(n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def recording(updates: int, rounds: int) -> None:
+def recording(updates: int, rounds: int) -> dict[str, float]:
     channel = Channel("fake://x", FakeBackend(), "x", _Listener())
     channel.on_connection(ConnState.CONNECTED)
     history = ChannelHistory("fake://x")
@@ -87,28 +88,39 @@ def recording(updates: int, rounds: int) -> None:
         alone.append(record_alone(updates))
         empty.append(loop_alone(updates))
     ns = 1e9
+    out: dict[str, float] = {}
     print(f"recording ({rounds} interleaved rounds of {updates:,} updates; best, median):")
-    for name, xs in (("Channel.on_update, history off", off),
-                     ("Channel.on_update, history on", on),
-                     ("ChannelHistory.record, loop incl.", alone),
-                     ("the loop with an empty call", empty)):  # fmt: skip
+    for key, name, xs in (("off", "Channel.on_update, history off", off),
+                          ("on", "Channel.on_update, history on", on),
+                          ("record", "ChannelHistory.record, loop incl.", alone),
+                          ("loop", "the loop with an empty call", empty)):  # fmt: skip
+        out[f"{key}_ns_best"] = round(min(xs) * ns, 1)
+        out[f"{key}_ns_median"] = round(statistics.median(xs) * ns, 1)
         print(f"  {name:<34} {min(xs) * ns:6.0f} ns  {statistics.median(xs) * ns:6.0f} ns")
     best, median = min(on) - min(off), statistics.median(on) - statistics.median(off)
+    out["added_ns_best"] = round(best * ns, 1)
+    out["added_ns_median"] = round(median * ns, 1)
     print(f"  recording adds to on_update       {best * ns:6.0f} ns  {median * ns:6.0f} ns")
+    return out
 
 
-def memory() -> None:
+def memory() -> dict[str, int]:
     print("memory per channel:")
     raw = RAW_POINTS * RAW_ITEM_BYTES
+    out = {"raw_points": RAW_POINTS, "raw_bytes": raw, "channel_bytes": CHANNEL_BYTES}
     print(f"  raw ring: {RAW_POINTS:,} updates x {RAW_ITEM_BYTES} B = {raw / 1024:.1f} KiB")
     for width, size in TIERS:
         nbytes = size * BUCKET_DTYPE.itemsize
         span = width * size / NS
+        out[f"tier_{width // NS}s_buckets"] = size
+        out[f"tier_{width // NS}s_bytes"] = nbytes
         print(f"  {width // NS:>4} s buckets: {size:,} x {BUCKET_DTYPE.itemsize} B = "
               f"{nbytes / 1024:.1f} KiB, {span / 3600:g} h")  # fmt: skip
     print(f"  total {CHANNEL_BYTES:,} B = {CHANNEL_BYTES / 1024:.1f} KiB per channel")
     for mb in (64, 128, 512):
+        out[f"channels_in_{mb}mb"] = (mb << 20) // CHANNEL_BYTES
         print(f"  --history-mb {mb}: {(mb << 20) // CHANNEL_BYTES:,} channels")
+    return out
 
 
 def timed(call: Callable[[], object], repeat: int = 20) -> float:
@@ -120,7 +132,7 @@ def timed(call: Callable[[], object], repeat: int = 20) -> float:
     return best
 
 
-def reading() -> None:
+def reading(repeat: int = 20) -> dict[str, float | int]:
     history = ChannelHistory("fake://x")
     now = time.time_ns()
     n = 36_000  # an hour at 10 Hz
@@ -129,21 +141,39 @@ def reading() -> None:
         t = first + i * (NS // 10)
         history.record(float(i), t // NS, t % NS, 0, 0)
     print(f"reading an hour of 10 Hz data ({n:,} updates recorded):")
+    out: dict[str, float | int] = {}
     for max_points in (1000, 360, 20, 100_000):
         got = history.query(first, now, max_points)
-        best = timed(lambda m=max_points: history.query(first, now, m))  # type: ignore[misc]
+        best = timed(lambda m=max_points: history.query(first, now, m), repeat)  # type: ignore[misc]
+        out[f"hour_max{max_points}_rows"] = len(got)
+        out[f"hour_max{max_points}_resolution_s"] = got.resolution // NS
+        out[f"hour_max{max_points}_us_best"] = round(best * 1e6, 1)
         kind = "points" if not got.resolution else f"{got.resolution // NS} s buckets"
         print(f"  history(maxPoints={max_points:>6,}): {len(got):>5,} rows ({kind:>13})"
               f"  {best * 1e6:8.0f} us")  # fmt: skip
     recent = history.query(now - 60 * NS, now, 1000)
-    best = timed(lambda: history.query(now - 60 * NS, now, 1000))
+    best = timed(lambda: history.query(now - 60 * NS, now, 1000), repeat)
+    out["last60s_rows"] = len(recent)
+    out["last60s_us_best"] = round(best * 1e6, 1)
     print(
         f"  history(last 60 s):        {len(recent):>5,} rows (points)         {best * 1e6:8.0f} us"
     )
     parts = history.backfill(first)
-    best = timed(lambda: history.backfill(first))
+    best = timed(lambda: history.backfill(first), repeat)
     rows = " + ".join(f"{len(p):,}" for p in parts)
+    out["backfill_hour_rows"] = sum(len(p) for p in parts)
+    out["backfill_hour_us_best"] = round(best * 1e6, 1)
     print(f"  backfill of an hour:        {rows} rows                {best * 1e6:8.0f} us")
+    return out
+
+
+def measure(updates: int = 200_000, rounds: int = 5, repeat: int = 20) -> dict[str, Any]:
+    """Every figure of the three parts, for bench_extras.py's `test_history`."""
+    return {
+        "recording": recording(updates, rounds),
+        "memory": memory(),
+        "reading": reading(repeat),
+    }
 
 
 def main() -> None:
@@ -151,9 +181,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    recording(args.updates, args.rounds)
-    memory()
-    reading()
+    measure(args.updates, args.rounds)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The workers pairs, failover, gateway and client measurements of `make bench` once at a tiny
-size, so they cannot rot (`make test`).
+"""The workers pairs, failover, gateway, client and history measurements of `make bench` once at
+a tiny size, so they cannot rot (`make test`).
 
 No timing assertions: only that every part ran end to end on real processes and gave the
 numbers bench/bench_load.py and bench/bench_extras.py record. One test per part keeps each
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench import cli_monitor, client_cpu, failover, gateway
+from bench import cli_monitor, client_cpu, failover, gateway, history
 from bench.bench_extras import own_environ
 from bench.bench_load import sized
 from bench.conftest import flatten
@@ -58,3 +58,12 @@ def test_clients_tiny() -> None:
     for mode in cli_monitor.measure(20, 2.0, 2.0)["modes"]:
         assert mode["lines_per_s"] > 0 and mode["bytes_per_line"] > 10, mode
         assert mode["lag_samples"] > 0 and not math.isnan(mode["lag_p50_ms"]), mode
+
+
+def test_history_tiny() -> None:
+    got = history.measure(2000, 1, 2)
+    assert got["recording"]["on_ns_best"] > 0 and got["recording"]["off_ns_best"] > 0, got
+    assert got["memory"]["channel_bytes"] == history.CHANNEL_BYTES
+    # an hour of 10 Hz data cannot fit the raw ring: it comes back as buckets
+    assert got["reading"]["hour_max1000_resolution_s"] > 0, got
+    assert got["reading"]["last60s_rows"] == 600, got

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from pvwire.core.history import CHANNEL_BYTES
 from pvwire.ioc import IocProcess
@@ -216,6 +217,54 @@ async def test_the_budget_holds_with_many_channels_and_reclaims_released_ones() 
             assert all("errors" not in server.graphql(HISTORY, {"id": c}) for c in second)
 
 
+# What 2,000 sim channels cost the server without history, per channel: 3.5-4 KiB of RSS measured
+# (--history-mb 0 and 1, 2026-11-24); four times that is allowed, still a third of a history's
+# CHANNEL_BYTES (47 KiB), so histories past the budget (~100 MB for 2,000 channels) cannot fit.
+CHANNEL_ALLOWANCE = 16 * 1024
+
+
+async def test_the_budget_bounds_rss_with_thousands_of_channels() -> None:
+    n = 2000
+    capacity = 20
+    budget = capacity * CHANNEL_BYTES
+    args = server_args_for_tests(["--history-mb", repr(budget / 2**20)])
+    with ServerProcess(*args) as server:
+        assert server.pid is not None
+        proc = psutil.Process(server.pid)
+
+        def rss() -> int:
+            return int(proc.memory_info().rss)
+
+        def metric(name: str) -> dict[str, str]:
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+                return samples(r.read().decode(), name)
+
+        async def monitored(ids: list[str]) -> None:
+            """Every channel of `ids` through ~2 s of updates, then released."""
+            async with Client(server.url) as client:
+                await collect(client, ids, lambda s: len(s) > 20 * n)  # len: O(1) per update
+
+        server.graphql(HISTORY, {"id": "sim://counter/none"})  # GraphQL's first answer built
+        before = rss()
+        first = [f"sim://counter/first{i}?rate=10" for i in range(n)]
+        await monitored(first)
+        grown = rss() - before
+        assert grown < budget + n * CHANNEL_ALLOWANCE, (grown, budget)
+        assert int(metric("pvwire_history_budget_bytes")[""]) == budget
+        assert metric("pvwire_history_bytes") == {"": str(capacity * CHANNEL_BYTES)}
+        assert metric("pvwire_history_refused_total") == {"": str(n - capacity)}
+        assert metric("pvwire_history_reclaimed_total") == {"": "0"}
+        # Released: their histories stay until new channels need the room, then go, oldest first.
+        await until(lambda: metric("pvwire_history_channels")['monitored="false"'] == str(capacity))
+        second = [f"sim://counter/second{i}?rate=10" for i in range(n)]
+        await monitored(second)
+        grown = rss() - before
+        assert grown < budget + 2 * n * CHANNEL_ALLOWANCE, (grown, budget)
+        assert metric("pvwire_history_bytes") == {"": str(capacity * CHANNEL_BYTES)}
+        assert metric("pvwire_history_reclaimed_total") == {"": str(capacity)}
+        assert metric("pvwire_history_refused_total") == {"": str(2 * n - 2 * capacity)}
+
+
 async def drain(client: Client, ids: list[str], seen: list[Any]) -> None:
     """Keep the channels monitored (so they record), reading what comes."""
     async for u in client.monitor(ids):
@@ -300,4 +349,25 @@ async def test_history_channels_are_recorded_from_start_with_no_subscriber() -> 
         with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
             text = r.read().decode()
         assert samples(text, "pvwire_history_channels")['monitored="true"'] == "1"
+        assert samples(text, "pvwire_clients") == {"": "0"}
+
+
+async def test_history_channels_globs_take_in_ids_the_catalogue_file_adds(tmp_path: Path) -> None:
+    names = tmp_path / "names.txt"
+    names.write_text("sim://counter/kept0?rate=10\n")
+    args = ["--catalogue-file", str(names), "--history-channels", "sim://counter/kept*"]
+    with ServerProcess(*server_args_for_tests(args)) as server:
+
+        def recorded(cid: str) -> int:
+            doc = server.graphql(HISTORY, {"id": cid})
+            return 0 if "errors" in doc else len(doc["data"]["history"]["value"])
+
+        await until(lambda: recorded("sim://counter/kept0?rate=10") >= 10, timeout=60)
+        # An id the file gains while the server runs is held and recorded from then on, with
+        # no subscriber, as the ids it had at start.
+        names.write_text("sim://counter/kept0?rate=10\nsim://counter/kept1?rate=10\n")
+        await until(lambda: recorded("sim://counter/kept1?rate=10") >= 10, timeout=60)
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        assert samples(text, "pvwire_history_channels")['monitored="true"'] == "2"
         assert samples(text, "pvwire_clients") == {"": "0"}

@@ -38,7 +38,10 @@ interface Row {
 const rows = new Map<string, Row>();
 let stripName = "";
 let strip: [number, number][] = []; // the selected row's trace
-const stripStats = { points: 0, oldestMs: 0, past: 0 };
+// For the tests: the live trace's points, its oldest (ms) and the past points it opened with;
+// past the live minute, the span (s) and the recorded rows drawn (their bucket width in s, 0
+// for points as they came, and the gaps among them).
+const stripStats = { points: 0, oldestMs: 0, past: 0, span: STRIP_SECONDS, rows: 0, resolution: 0, gaps: 0, asked: 0 };
 (globalThis as { pvwireStrip?: typeof stripStats }).pvwireStrip = stripStats;
 let waveformName = "";
 let updates = 0;
@@ -353,6 +356,8 @@ function selectImage(name: string): void {
 
 function selectStrip(name: string): void {
   stripName = name;
+  spanRows = undefined;
+  void askSpan();
   strip = rows.get(name)?.trace ?? [];
   $("strip-name").textContent = name;
   for (const r of rows.values()) r.cells.name!.classList.toggle("selected", r.name === name);
@@ -543,6 +548,102 @@ function drawStrip(): void {
   ctx.stroke();
 }
 
+// ---- wider spans: the server's recorded buckets (GraphQL `history`) instead of the live trace
+
+/** A `history` answer as the strip chart draws it: times in ms, NaN where a row has no value. */
+interface SpanRows { resolution: number; t: number[]; min: number[]; max: number[]; mean: number[]; gap: boolean[] }
+interface HistoryAnswer {
+  resolution: number; seconds: number[]; nanoseconds: number[]; gap: boolean[];
+  value: (number | null)[]; min: (number | null)[] | null; max: (number | null)[] | null; mean: (number | null)[] | null;
+}
+const SPAN_QUERY = `query($id: String!, $since: Float!, $max: Int!) {
+  history(id: $id, since: $since, maxPoints: $max) { resolution seconds nanoseconds gap value min max mean }
+}`;
+// Recorded buckets only change when one closes (10 s at the finest tier): asked again this often.
+const SPAN_REFRESH_MS = 10_000;
+let stripSpan = STRIP_SECONDS;
+let spanRows: SpanRows | undefined;
+let spanAskedAt = 0;
+
+const num = (v: number | null | undefined): number => (typeof v === "number" ? v : NaN);
+
+/** Ask for the chart's span, about one row per two pixel columns (a min/max band a bucket wide
+ * stays readable); the server picks points or the finest buckets that fit. */
+async function askSpan(): Promise<void> {
+  const name = stripName;
+  const span = stripSpan;
+  if (!name || span <= STRIP_SECONDS) return;
+  spanAskedAt = Date.now();
+  const maxPoints = Math.max(1, Math.floor((stripPlot.canvas.width - 2 * PAD_X) / 2));
+  try {
+    const d = await client.graphql<{ history: HistoryAnswer }>(SPAN_QUERY, { id: name, since: Date.now() / 1000 - span, max: maxPoints });
+    if (name !== stripName || span !== stripSpan) return; // the user moved on meanwhile
+    const h = d.history;
+    const t = h.seconds.map((s, i) => s * 1000 + (h.nanoseconds[i] ?? 0) / 1e6);
+    const values = h.value.map(num);
+    spanRows = {
+      resolution: h.resolution, t, gap: h.gap,
+      min: h.min ? h.min.map(num) : values, max: h.max ? h.max.map(num) : values, mean: h.mean ? h.mean.map(num) : values,
+    };
+    stripStats.asked = maxPoints;
+  } catch (e) {
+    spanRows = undefined;
+    showError(`history of ${name}: ${(e as Error).message}`);
+  }
+}
+
+$<HTMLSelectElement>("strip-span").addEventListener("change", (ev) => {
+  stripSpan = Number((ev.target as HTMLSelectElement).value);
+  stripStats.span = stripSpan;
+  spanRows = undefined;
+  void askSpan();
+});
+
+/** The recorded rows over the span: a min/max band per bucket and the mean as a line, broken at
+ * every gap (a gap row, or a row with no value). */
+function drawSpan(): void {
+  const p = stripPlot;
+  const now = Date.now();
+  const from = now - stripSpan * 1000;
+  const rowsNow = spanRows;
+  const f = (t: number) => (t - from) / (stripSpan * 1000);
+  const all = rowsNow ? [...rowsNow.min, ...rowsNow.max].filter((v) => !Number.isNaN(v)) : [];
+  const [lo, hi] = range(all);
+  const step = stripSpan <= 600 ? 120 : stripSpan <= 3600 ? 900 : 4 * 3600;
+  axes(p, lo, hi, timeTicks(from, now, step).map((t) => ({ f: f(t.value), label: t.label })), rows.get(stripName)?.state?.metadata.units ?? "");
+  stripStats.rows = rowsNow?.t.length ?? 0;
+  stripStats.resolution = rowsNow?.resolution ?? 0;
+  stripStats.gaps = rowsNow ? rowsNow.gap.filter(Boolean).length : 0;
+  if (!rowsNow) return;
+  const { ctx } = p;
+  const widthMs = rowsNow.resolution * 1000;
+  if (widthMs > 0) {
+    ctx.fillStyle = "rgba(198, 40, 40, 0.25)";
+    for (let i = 0; i < rowsNow.t.length; i++) {
+      const mn = rowsNow.min[i]!;
+      const mx = rowsNow.max[i]!;
+      if (rowsNow.gap[i] || Number.isNaN(mn) || Number.isNaN(mx)) continue;
+      const x0 = xAt(p, f(rowsNow.t[i]!));
+      const x1 = xAt(p, f(rowsNow.t[i]! + widthMs));
+      const y0 = yAt(p, mx, lo, hi);
+      ctx.fillRect(x0, y0, Math.max(1, x1 - x0), Math.max(1, yAt(p, mn, lo, hi) - y0));
+    }
+  }
+  ctx.strokeStyle = "#c62828";
+  ctx.lineWidth = 1.5;
+  ctx.beginPath();
+  let penUp = true;
+  for (let i = 0; i < rowsNow.t.length; i++) {
+    const v = rowsNow.mean[i]!;
+    if (rowsNow.gap[i] || Number.isNaN(v)) { penUp = true; continue; }
+    const x = xAt(p, f(rowsNow.t[i]! + widthMs / 2)); // a bucket's mean at its middle
+    const y = yAt(p, v, lo, hi);
+    if (penUp) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    penUp = false;
+  }
+  ctx.stroke();
+}
+
 // The strip chart scrolls with time, but 60 redraws a second of it cost half a core of the
 // renderer with software rendering (headless Chromium, measured with an otherwise empty page):
 // 10 a second move it by about one pixel each and leave the main thread to the data.
@@ -553,7 +654,10 @@ function frame(now: number): void {
   drawWaveform();
   if (now - stripDrawnAt >= STRIP_REDRAW_MS) {
     stripDrawnAt = now;
-    drawStrip();
+    if (stripSpan > STRIP_SECONDS) {
+      if (Date.now() - spanAskedAt >= SPAN_REFRESH_MS) void askSpan();
+      drawSpan();
+    } else drawStrip();
     markStale(stripPlot, staleReason(rows.get(stripName)?.state));
   }
   requestAnimationFrame(frame);

@@ -14,7 +14,8 @@ const STATIC = join(import.meta.dirname, "../../../server/pvwire/static/index.ht
 const skip = stackUnavailable() ?? (existsSync(CHROMIUM) ? undefined : `no Chromium at ${CHROMIUM} (make chromium)`) ?? (existsSync(STATIC) ? undefined : "page not built (npm run build)");
 if (skip) throw new Error(`browser tests cannot run: ${skip}`);
 
-interface StripStats { points: number; oldestMs: number; past: number }
+interface StripStats { points: number; oldestMs: number; past: number; span: number; rows: number; resolution: number; gaps: number; asked: number }
+interface HistoryRows { resolution: number; seconds: number[]; gap: boolean[] }
 
 describe("strip chart with recorded history", () => {
   let stack: Stack;
@@ -62,4 +63,27 @@ describe("strip chart with recorded history", () => {
     // Points from well before the page opened: the chart did not start empty.
     expect(stats.oldestMs).toBeLessThan(opened - 2000);
   });
+
+  it("widened to an hour, draws the server's recorded buckets with their gaps", async () => {
+    const page = await browser.newPage();
+    await page.goto(`${stack.url}/`);
+    const name = await page.waitForFunction(() => { const t = document.querySelector('[data-testid="strip-name"]')?.textContent; return t && t !== "-" ? t : null; }, null, { timeout: 30_000 });
+    const id = String(await name.jsonValue());
+    await page.selectOption('[data-testid="strip-span"]', "3600");
+    // More 10 Hz updates recorded than the chart's columns hold: the server answers with buckets
+    // (the page asks again every 10 s), which takes the channel's first ~30 s of recording.
+    await page.waitForFunction(() => ((globalThis as { pvwireStrip?: StripStats }).pvwireStrip?.resolution ?? 0) > 0, null, { timeout: 150_000 });
+    const stats = await page.evaluate(() => (globalThis as { pvwireStrip?: StripStats }).pvwireStrip!);
+    const since = Date.now() / 1000 - 3600;
+    const d = await client.graphql<{ history: HistoryRows }>(`query($id: String!, $since: Float!, $max: Int!) { history(id: $id, since: $since, maxPoints: $max) { resolution seconds gap } }`, { id, since, max: stats.asked });
+    await page.close();
+    expect(stats.span).toBe(3600);
+    // maxPoints ~ the chart's width: one row per two of its 628 pixel columns
+    expect(stats.asked).toBe(314);
+    expect(stats.resolution).toBe(10); // the finest tier
+    expect(stats.resolution).toBe(d.history.resolution);
+    expect(stats.rows).toBeGreaterThanOrEqual(3);
+    expect(Math.abs(stats.rows - d.history.seconds.length)).toBeLessThanOrEqual(1); // a bucket may close between
+    expect(stats.gaps).toBe(d.history.gap.filter(Boolean).length);
+  }, 200_000);
 });

@@ -51,10 +51,11 @@ class Control:
         self._file_ids: frozenset[str] = frozenset()  # the file's ids, resolved once per load
         self.poll_catalogue()
 
-    def poll_catalogue(self) -> None:
-        """Take in the catalogue file's new contents, if it changed (called every second)."""
+    def poll_catalogue(self) -> bool:
+        """Take in the catalogue file's new contents, if it changed (called every second);
+        whether it did."""
         if self.catalogue_file is None or not self.catalogue_file.poll():
-            return
+            return False
         resolved, bad = set(), []
         for cid in self.catalogue_file.ids:
             try:
@@ -69,12 +70,14 @@ class Control:
                 ", ".join(repr(b) for b in bad[:5]) + (" ..." if len(bad) > 5 else ""),
             )
         self._file_ids = frozenset(resolved)
+        return True
 
-    def reload_catalogue(self) -> None:
-        """Read the catalogue file again now, changed or not (SIGHUP)."""
-        if self.catalogue_file is not None:
-            self.catalogue_file.request_reload()
-            self.poll_catalogue()
+    def reload_catalogue(self) -> bool:
+        """Read the catalogue file again now, changed or not (SIGHUP); whether it was read."""
+        if self.catalogue_file is None:
+            return False
+        self.catalogue_file.request_reload()
+        return self.poll_catalogue()
 
     def access(self, identity: Identity, canonical_id: str) -> Access:
         return self.rules.rules.access(identity, canonical_id)

@@ -68,6 +68,7 @@ class Hub:
         self._closes_by_code: dict[int, int] = {}
         self._housekeeping: asyncio.TimerHandle | None = None
         self._client_numbers = itertools.count(1)
+        self._pinned: set[str] = set()  # ids held for --history-channels, acquired once each
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -76,19 +77,25 @@ class Hub:
         self._schedule_housekeeping(loop, loop.time())
         self._pin_history()
 
-    def _pin_history(self) -> None:
+    def _pin_history(self, at_start: bool = True) -> None:
         """`--history-channels`: monitored from start, held for good, their history never
-        reclaimed. A glob is matched against the ids the server knows (catalogue, sim kinds)."""
+        reclaimed. A glob is matched against the ids the server knows (catalogue, sim kinds),
+        again whenever the catalogue file is read anew: ids it adds are held from then on, and
+        ids it drops stay held (a history someone asked to keep is not ended by an edit)."""
         for pattern in self.settings.history_channels:
             ids = self.control.matching(pattern) if any(c in pattern for c in "*?[") else [pattern]
-            if not ids:
+            if not ids and at_start:
                 log.warning("--history-channels %r matches no known channel id", pattern)
             for i in ids:
                 try:
-                    ch = self.registry.acquire(self.registry.resolve(i)[0])
+                    canonical = self.registry.resolve(i)[0]
+                    if canonical in self._pinned:
+                        continue  # acquired once: another acquire would hold it twice
+                    ch = self.registry.acquire(canonical)
                 except PvwireError as exc:
                     log.error("--history-channels %r: %s", i, exc)
                     continue
+                self._pinned.add(canonical)
                 if ch.recorder is not None:
                     ch.recorder.pinned = True
 
@@ -168,7 +175,8 @@ class Hub:
         """SIGHUP: read the access rules and the catalogue file again now, even when they look
         unchanged (an edit can keep a file's size and modification time)."""
         self.reload_rules(force=True)
-        self.control.reload_catalogue()
+        if self.control.reload_catalogue():
+            self._pin_history(at_start=False)
 
     def reload_rules(self, force: bool = False) -> None:
         """New rules apply to new requests at once and to open attachments here: one whose
@@ -288,7 +296,8 @@ class Hub:
                     session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
             self.registry.check_not_found(now)
             self.reload_rules()
-            self.control.poll_catalogue()
+            if self.control.poll_catalogue():
+                self._pin_history(at_start=False)
             counts = {cid: ch.updates for cid, ch in self.registry.channels.items()}
             self._rates = {cid: n - self._last_counts.get(cid, n) for cid, n in counts.items()}
             self._last_counts = counts
