@@ -255,7 +255,9 @@ async def test_the_budget_bounds_rss_with_thousands_of_channels() -> None:
         assert metric("pvwire_history_refused_total") == {"": str(n - capacity)}
         assert metric("pvwire_history_reclaimed_total") == {"": "0"}
         # Released: their histories stay until new channels need the room, then go, oldest first.
-        await until(lambda: metric("pvwire_history_channels")['monitored="false"'] == str(capacity))
+        await eventually_async(
+            lambda: metric("pvwire_history_channels")['monitored="false"'] == str(capacity)
+        )
         second = [f"sim://counter/second{i}?rate=10" for i in range(n)]
         await monitored(second)
         grown = rss() - before
@@ -362,11 +364,11 @@ async def test_history_channels_globs_take_in_ids_the_catalogue_file_adds(tmp_pa
             doc = server.graphql(HISTORY, {"id": cid})
             return 0 if "errors" in doc else len(doc["data"]["history"]["value"])
 
-        await until(lambda: recorded("sim://counter/kept0?rate=10") >= 10, timeout=60)
+        await eventually_async(lambda: recorded("sim://counter/kept0?rate=10") >= 10, timeout=60)
         # An id the file gains while the server runs is held and recorded from then on, with
         # no subscriber, as the ids it had at start.
         names.write_text("sim://counter/kept0?rate=10\nsim://counter/kept1?rate=10\n")
-        await until(lambda: recorded("sim://counter/kept1?rate=10") >= 10, timeout=60)
+        await eventually_async(lambda: recorded("sim://counter/kept1?rate=10") >= 10, timeout=60)
         with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
             text = r.read().decode()
         assert samples(text, "pvwire_history_channels")['monitored="true"'] == "2"
