@@ -114,7 +114,9 @@ def test_image_runs_as_the_deployment_says(
     assert module.startswith("/usr/") and "/site-packages/" not in module.replace("dist-", "")
     (tag,) = [line.split(": ", 1)[1] for line in wheel if line.startswith("Tag: ")]
     record_property("image_wheel_tag", tag)
-    print(f"image_wheel_tag = {tag}")
+    # The wheel carries the compiled PVA module: a pure-Python tag would let pip install it
+    # on a platform the module cannot load on.
+    assert tag.startswith("cp311-cp311-linux_"), tag
 
 
 async def test_image_serves_a_real_ioc_page_and_graphiql(container: Container) -> None:
@@ -266,8 +268,10 @@ class TsFollower:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()
+        self.thread.join(10)  # it ends at the pipe's end, once the process has gone
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        with self.proc.stdout, self.proc.stderr:  # closed here, not by the collector
+            return self.proc.stderr.read()
 
 
 async def until(what: str, predicate: Callable[[], bool], timeout: float = BOUND) -> None:
