@@ -306,6 +306,12 @@ def test_inspection_needs_an_admin_but_info_is_for_everyone(epics_env: IocProces
         # site's networks, and only administrators see it.
         for query in ("", "?env=true"):
             assert set(http(server.url + "/pvws/info" + query)) == {"start_time", "jre"}
+        # ...from a page on another host: the browser shows it the answer only with this header.
+        request = urllib.request.Request(
+            server.url + "/pvws/info", headers={"Origin": "http://screens.example"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert r.headers["Access-Control-Allow-Origin"] == "*"
 
 
 async def test_pvget_answers_with_the_first_update_of_a_subscriber(

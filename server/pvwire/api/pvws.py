@@ -295,7 +295,11 @@ class PvwsEndpoint:
             # environment may hold secrets.
             names = ("PV_THROTTLE_MS", "PV_ARRAY_THROTTLE_MS", "EPICS_CA_ADDR_LIST")
             body["env"] = [{n: os.environ[n]} for n in names if n in os.environ]
-        return JSONResponse(body)
+            return JSONResponse(body)
+        # cs-web-lib 0.10 fetches this from the page's own origin, usually another host, to pick
+        # a server: without this header the browser hides the 200 from it. It names no client
+        # and carries no credentials, so any origin may read it.
+        return JSONResponse(body, headers={"Access-Control-Allow-Origin": "*"})
 
     def _snapshots(self) -> list[PvwsSocketSnapshot]:
         return [snapshot(s) for s in list(self.sessions.values())]

@@ -1,6 +1,7 @@
 // A page made only of cs-web-lib (Diamond's web display library, from npm): its redux store with
 // its own pvws connection, and its `useConnection` hook, as a cs-web-lib screen gets PVs. Nothing
-// of pvwire is on this page: it is pointed at a server by `?pvws=HOST:PORT` and shows `?pvs=...`.
+// of pvwire is on this page: it is pointed at a server by `?pvws=HOST:PORT` and shows `?pvs=...`
+// (comma-separated), or `?pvlist=` a JSON array for names that hold commas (`sim://sine(-10, 10, 1)`).
 // Built and served by test/cs-web-lib.test.ts.
 import { DType, store, useConnection } from "@diamondlightsource/cs-web-lib";
 import { createElement as h, useEffect, useRef, useState, type ReactElement } from "react";
@@ -8,7 +9,7 @@ import { createRoot } from "react-dom/client";
 import { Provider } from "react-redux";
 
 const params = new URLSearchParams(location.search);
-const pvs = (params.get("pvs") ?? "").split(",").filter((pv) => pv !== "");
+const pvs = params.has("pvlist") ? JSON.parse(params.get("pvlist")!) as string[] : (params.get("pvs") ?? "").split(",").filter((pv) => pv !== "");
 const csStore = store({ PVWS_SOCKET: params.get("pvws") ?? location.host, PVWS_SSL: false, THROTTLE_PERIOD: 100 });
 
 function valueText(value: DType | undefined): string {
