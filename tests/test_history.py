@@ -120,6 +120,43 @@ def test_strings_and_arrays_are_not_recorded() -> None:
     assert list(h.query(*EVERYTHING).value) == [1.5, 1.0]
 
 
+async def test_a_channel_records_what_record_records(hub: Hub) -> None:
+    """Channel.on_update writes values of a checked type itself (ChannelHistory.record's lines,
+    inline): over 2.5 rings of mixed types, alarms, a string and gaps, both keep the same."""
+    client = HubClient(hub)
+    attach(client, hub, ["fake://a"])
+    channel = hub.registry.channels["fake://a"]
+    inline = channel.recorder
+    assert inline is not None
+    checked = ChannelHistory("fake://a")
+    # A day ahead, on a 5 min boundary: an IOC clock ahead of ours stamps each gap 1 ns after
+    # the last point (not with our clock), so both histories hold the very same times.
+    start = (time.time_ns() // NS + 86_400) // 300 * 300 * NS
+    n = RAW_POINTS * 5 // 2
+    for i in range(n):
+        t = start + i * NS // 10
+        value: object = float(i) if i % 300 else i  # the type changes now and then
+        if i == 700:
+            value = "text"  # not kept; the next number is
+        severity, status = (2, 7) if i % 97 == 0 else (0, 0)
+        if i in (400, 2000):
+            channel.on_connection(ConnState.DISCONNECTED)
+            channel.on_connection(ConnState.CONNECTED)
+            checked.mark_gap()
+        channel.on_update(value, t // NS, t % NS, severity, status, "")  # type: ignore[arg-type]
+        checked.record(value, t // NS, t % NS, severity, status)
+    assert channel.recorder is inline and inline.wrapped and inline.kind is float
+    got, want = inline.points(), checked.points()
+    assert got["gap"].sum() == 1 and got["stat"].max() == 7
+    for column in ("t", "v", "sev", "stat", "gap"):
+        np.testing.assert_array_equal(got[column], want[column])
+    for max_points in (1000, 20):
+        a, b = inline.query(0, 2**62, max_points), checked.query(0, 2**62, max_points)
+        assert a.resolution == b.resolution > 0 and a.gap.any()
+        for column in ("t", "value", "min", "max", "mean", "count", "severity", "gap"):
+            np.testing.assert_array_equal(getattr(a, column), getattr(b, column))
+
+
 def test_a_channel_s_buffers_cost_what_the_store_counts() -> None:
     h = ChannelHistory("ca://X")
     held = h._t.nbytes + h._v.nbytes + h._a.nbytes + sum(t.data.nbytes for t in _tiers(h))
@@ -215,6 +252,8 @@ async def test_a_recording_failure_stops_that_history_only(hub: Hub, backend: Fa
     att = attach(client, hub, ["fake://a", "fake://b"])
     ch = hub.registry.channels["fake://a"]
     assert ch.recorder is not None
+    backend.update("a", 0.5)
+    assert ch.recorder.kind is float  # the next float is written by the channel itself
     backend.update("a", 1.0, severity=300)  # a severity the ring cannot hold: recording raises
     assert ch.recorder is None and ch.value == 1.0
     assert hub.snapshot().failures["history"] == 1

@@ -8,9 +8,11 @@ Per channel, fixed-size round-robin buffers, allocated once when the channel get
   tier's open bucket is kept in plain attributes and written to its ring when it closes; a
   closed bucket is merged into the next tier's open bucket.
 
-Recording (`ChannelHistory.record`) is a ring write per update: O(1), nothing allocated. Every
-AGGREGATE_EVERY updates (and before any read) the new points are folded into the finest tier at
-once, vectorised: one merge per bucket they touch, not per update. Times are the IOC's; a gap
+Recording is a ring write per update: three item writes, O(1), nothing allocated.
+`ChannelHistory.record` checks the value's type first; `Channel.on_update` writes values of the
+type already checked itself (`ChannelHistory.kind`), without a call. Every AGGREGATE_EVERY
+updates (and before any read) the new points are folded into the finest tier at once,
+vectorised: one merge per bucket they touch, not per update. Times are the IOC's; a gap
 (the channel disconnected or stopped being monitored) is a point of its own with the server's
 clock, as the IOC cannot tell when it went away.
 
@@ -40,6 +42,8 @@ from ..errors import PvwireError
 
 __all__ = [
     "CHANNEL_BYTES",
+    "FOLD_MASK",
+    "NS",
     "RAW_POINTS",
     "TIERS",
     "ChannelHistory",
@@ -63,9 +67,11 @@ GAP_ALARM = 0xFFFF  # the alarm column's mark of a gap
 # Updates are folded into the tiers this many at a time (and before any read): a ring write
 # per update, and the bucketing vectorised.
 # 512 (half the ring, so no pending point is overwritten): the bucketing's share is ~55 ns per
-# update here against ~90 at 256 and ~200 at 64, its numpy calls amortised. The whole recording,
-# ring write included, adds 0.34-0.45 us to Channel.on_update (bench/history.py, 2026-11-24).
+# update here against ~90 at 256 and ~200 at 64, its numpy calls amortised.
 AGGREGATE_EVERY = RAW_POINTS // 2
+# The writer folds when the index it just advanced to is a multiple of AGGREGATE_EVERY.
+FOLD_MASK = AGGREGATE_EVERY - 1
+assert RAW_POINTS % AGGREGATE_EVERY == 0 and not AGGREGATE_EVERY & FOLD_MASK  # powers of two
 BUCKET_DTYPE = np.dtype(
     [("t", "<i8"), ("min", "<f8"), ("max", "<f8"), ("sum", "<f8"), ("last", "<f8"),
      ("count", "<u4"), ("sev", "u1"), ("gap", "u1")]
@@ -193,25 +199,30 @@ class HistorySlice:
 class ChannelHistory:
     """One channel's buffers. `record` and `mark_gap` are called by its Channel."""
 
-    __slots__ = ("_a", "_ma", "_mt", "_mv", "_t", "_v", "attached", "channel_id", "failed",
-                 "first", "i", "numeric", "pending", "pinned", "tier", "wrapped")  # fmt: skip
+    __slots__ = ("_a", "_t", "_v", "attached", "channel_id", "failed", "first", "folded", "i",
+                 "kind", "numeric", "pinned", "ring_a", "ring_t", "ring_v", "tier",
+                 "wrapped")  # fmt: skip
 
     def __init__(self, channel_id: str) -> None:
         self.channel_id = channel_id
         # The raw ring as three columns: IOC time (ns), value, and alarm (severity << 8 |
-        # status; GAP_ALARM for a gap). Written through memoryviews: ~45 ns an item against
-        # ~80 ns through numpy's item assignment and ~200 ns for a structured row (measured
-        # here), and nothing is allocated.
+        # status; GAP_ALARM for a gap). Written through memoryviews (`ring_*`): ~45 ns an item
+        # against ~80 ns through numpy's item assignment and ~200 ns for a structured row
+        # (measured here), nothing is allocated, and a "d" view refuses anything but a number
+        # (a string, an array, None) with a TypeError.
         self._t = np.zeros(RAW_POINTS, "<i8")
         self._v = np.zeros(RAW_POINTS, "<f8")
         self._a = np.zeros(RAW_POINTS, "<u2")
         # (typed Any: typeshed's memoryview takes ints only, a "d" view takes floats too)
-        self._mt: Any = self._t.data
-        self._mv: Any = self._v.data
-        self._ma: Any = self._a.data
+        self.ring_t: Any = self._t.data
+        self.ring_v: Any = self._v.data
+        self.ring_a: Any = self._a.data
         self.i = 0  # where the next point goes
+        self.folded = 0  # points before `i` from here on are not in the tiers yet
         self.wrapped = False  # the ring is full: the oldest point is at `i`
-        self.pending = 0  # the newest points not aggregated into the tiers yet
+        # The type of the values `record` last accepted: `Channel.on_update` writes a value of
+        # this type into the ring itself. None until a number came (and after a non-number).
+        self.kind: type | None = None
         following: Tier | None = None
         for width, size in reversed(TIERS):
             following = Tier(width, size, following)
@@ -226,31 +237,35 @@ class ChannelHistory:
     def record(
         self, value: object, seconds: int, nanoseconds: int, severity: int, status: int
     ) -> None:
-        """One update: three item writes and a few counters. The tiers are fed in chunks of
-        AGGREGATE_EVERY points, vectorised (`_aggregate`), not per update."""
-        if type(value) is float:
-            v = value
-        elif type(value) in _NUMBERS or isinstance(value, np.number | np.bool_):
-            v = float(value)  # type: ignore[arg-type]
-        else:
+        """One update, its type checked: a number is written, anything else is not kept.
+
+        `Channel.on_update` calls this for the first value and whenever the type changes, and
+        writes values of `kind` with the same lines itself: the call and its checks were about
+        half of what recording cost (bench/history.py, 2026-11-24, load 6.5, two runs each:
+        recording added 0.61-0.75 us to on_update through this call, 0.31-0.44 us inline). Keep
+        the two alike; tests/test_history.py checks they record the same."""
+        kind = type(value)
+        if not (kind in _NUMBERS or issubclass(kind, np.number | np.bool_)):
+            self.kind = None
             self.numeric = False  # strings and arrays are not kept (yet)
             return
-        t = seconds * NS + nanoseconds
+        self.kind = kind
         i = self.i
-        self._mt[i] = t
-        self._mv[i] = v
+        self.ring_v[i] = value
+        self.ring_t[i] = seconds * NS + nanoseconds
         # A severity out of range raises here: the channel's failure path stops this history.
-        self._ma[i] = severity << 8 | (status & 0xFF)
-        if i < _LAST:
-            self.i = i + 1
-        else:
-            self.i = 0
+        self.ring_a[i] = severity << 8 | status & 0xFF
+        self.i = i = i + 1
+        if not i & FOLD_MASK:
+            self.fold()
+
+    def fold(self) -> None:
+        """Called by the writer when `i` reached a multiple of AGGREGATE_EVERY: the pending
+        points go into the tiers, and at the ring's end the next point goes to its start."""
+        self._aggregate()
+        if self.i == RAW_POINTS:
+            self.i = self.folded = 0
             self.wrapped = True
-        if not self.first:
-            self.first = t
-        self.pending += 1
-        if self.pending >= AGGREGATE_EVERY:
-            self._aggregate()
 
     def mark_gap(self) -> None:
         """The channel went away (disconnected, or no longer monitored): the line breaks here.
@@ -263,9 +278,9 @@ class ChannelHistory:
         i = self.i
         self._t[i], self._v[i], self._a[i] = t, math.nan, GAP_ALARM
         if i < _LAST:
-            self.i = i + 1
+            self.i = self.folded = i + 1  # the gap goes to the tiers here, not by `_aggregate`
         else:
-            self.i = 0
+            self.i = self.folded = 0
             self.wrapped = True
         self.tier.add_gap(t)
 
@@ -276,13 +291,15 @@ class ChannelHistory:
 
     def _aggregate(self) -> None:
         """Fold the pending points into the finest tier: one merge per bucket they touch."""
-        k = self.pending
+        i = self.i
+        k = i - self.folded if i >= self.folded else i + RAW_POINTS - self.folded
         if not k:
             return
-        self.pending = 0
-        i = self.i
+        self.folded = i
         idx = np.arange(i - k, i) % RAW_POINTS  # oldest first, across the ring's end
         t, v, a = self._t[idx], self._v[idx], self._a[idx]
+        if not self.first:
+            self.first = int(t[0])
         tier = self.tier
         keys = t // tier.width
         cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
