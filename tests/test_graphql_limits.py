@@ -22,10 +22,13 @@ def test_one_response_carries_a_bounded_number_of_elements(server: ServerProcess
     # Four 40,000-element arrays: the first two fit the 100,000-element budget, then no more.
     ids = [f"sim://waveform/{i}?length=40000&rate=1" for i in range(4)]
     doc = server.graphql(
-        "query($ids: [String!]!) { channels(ids: $ids) { value errorCode } }", {"ids": ids}
+        "query($ids: [String!]!) { channels(ids: $ids) { value errorCode connection } }",
+        {"ids": ids},
     )
     got = doc["data"]["channels"]
     assert [c["errorCode"] for c in got].count("TOO_LARGE") == 2
+    # Read, connected, only too large for this answer: not CONNECTING, which waiting would fix.
+    assert {c["connection"] for c in got} == {"CONNECTED"}
     assert sum(len(c["value"]) for c in got if c["value"] is not None) == 80_000
 
 

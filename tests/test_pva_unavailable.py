@@ -66,6 +66,16 @@ def test_a_pva_get_is_an_error_saying_what_is_missing(server: ServerProcess) -> 
     assert "PVA module is not built" in error["message"] and HOW in error["message"]
 
 
+def test_channels_shows_a_pva_channel_failed_as_the_stream_does(server: ServerProcess) -> None:
+    doc = server.graphql(
+        'query { channels(ids: ["pva://PVW:AO", "sim://sine"]) { connection errorCode error } }'
+    )
+    pva, sim = doc["data"]["channels"]
+    assert (pva["connection"], pva["errorCode"]) == ("FAILED", "UNAVAILABLE"), pva
+    assert HOW in pva["error"]
+    assert (sim["connection"], sim["errorCode"]) == ("CONNECTED", None)
+
+
 async def test_a_pva_channel_fails_on_the_stream_and_ca_streams_beside_it(
     server: ServerProcess,
 ) -> None:

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnavailable",
     "BadChannelId",
+    "BadRequest",
     "Forbidden",
+    "NoHistory",
     "NotFound",
+    "OriginNotAllowed",
     "ProtocolError",
     "PutFailed",
     "PvwireError",
+    "QueryTooCostly",
+    "RateLimited",
     "ReadOnly",
     "ServerUnavailable",
     "StreamClosed",
     "StreamRefused",
     "Timeout",
+    "TooLarge",
     "TooManyChannels",
     "TypeMismatch",
     "Unauthenticated",
+    "UnsupportedValue",
     "WriteDenied",
     "error_for",
 ]
@@ -103,10 +111,60 @@ class TooManyChannels(PvwireError):
     code = "TOO_MANY_CHANNELS"
 
 
-class ServerUnavailable(PvwireError):
-    """The server could not be reached, or did not answer as a pvwire server."""
+class BackendUnavailable(PvwireError):
+    """The server cannot serve this channel's protocol (e.g. pva:// on a server built without
+    its PVA module); the message says what is missing."""
 
     code = "UNAVAILABLE"
+
+
+class NoHistory(PvwireError):
+    """The server holds no recent history of the channel; the message says why."""
+
+    code = "NO_HISTORY"
+
+
+class BadRequest(PvwireError):
+    """A request the server refused as malformed (an option out of range, an empty list...)."""
+
+    code = "BAD_REQUEST"
+
+
+class QueryTooCostly(PvwireError):
+    """A GraphQL query over the server's cost limit (too many ids, aliases or puts in one)."""
+
+    code = "QUERY_TOO_COSTLY"
+
+
+class RateLimited(PvwireError):
+    """Too many requests of this kind from this identity; try again later."""
+
+    code = "RATE_LIMITED"
+
+
+class TooLarge(PvwireError):
+    """A value larger than one GraphQL answer may carry; the stream carries it whole."""
+
+    code = "TOO_LARGE"
+
+
+class UnsupportedValue(PvwireError):
+    """A value the protocol has no form for (PROTOCOL.md section 4)."""
+
+    code = "UNSUPPORTED_VALUE"
+
+
+class OriginNotAllowed(PvwireError):
+    """The server refused the request's Origin (a browser page not in its allowed origins)."""
+
+    code = "ORIGIN_NOT_ALLOWED"
+
+
+class ServerUnavailable(PvwireError):
+    """The server could not be reached, or did not answer as a pvwire server. Its code is the
+    client's own: no server answer carries it."""
+
+    code = "SERVER_UNAVAILABLE"
 
 
 class StreamClosed(PvwireError):
@@ -157,6 +215,14 @@ _BY_CODE: dict[str, type[PvwireError]] = {
         TooManyChannels,
         Unauthenticated,
         Forbidden,
+        BackendUnavailable,
+        NoHistory,
+        BadRequest,
+        QueryTooCostly,
+        RateLimited,
+        TooLarge,
+        UnsupportedValue,
+        OriginNotAllowed,
     )
 }
 

@@ -26,7 +26,7 @@ from ..access.identity import Identity
 from ..core.hub import Hub
 from ..core.stats import HubSnapshot
 from ..core.subscribe import StreamOptions
-from ..errors import BadChannelId, ChannelNotFound, PvwireError
+from ..errors import ChannelNotFound, ChannelTimeout, PvwireError
 from ..format import format_value
 from ..limits import (
     MAX_BACKFILL_S,
@@ -45,7 +45,7 @@ from ..model import Limits as ModelLimits
 from ..model import Metadata as ModelMetadata
 from ..model import Reading, Severity, alarm_status_name
 from ..worker import WorkerIdentity
-from .limits import QueryCost, ValueBudget
+from .limits import QueryCost, ValueBudget, ValueTooLarge
 
 __all__ = ["make_schema"]
 
@@ -423,12 +423,18 @@ def _channel(cid: str, reading: Reading, budget: ValueBudget) -> Channel:
 
 
 def _failed(cid: str, exc: PvwireError) -> Channel:
-    if isinstance(exc, BadChannelId):
-        state = ConnectionState.FAILED
+    # As the stream says it (PROTOCOL.md section 3, `state`): NOT_FOUND when no server answered,
+    # CONNECTING when the channel may still connect (no value within the timeout), FAILED when
+    # waiting cannot help (a bad id, an unavailable protocol, access refused, ...); CONNECTED
+    # when the value was read but is more than this answer may carry (TOO_LARGE).
+    if isinstance(exc, ValueTooLarge):
+        state = ConnectionState.CONNECTED
     elif isinstance(exc, ChannelNotFound):
         state = ConnectionState.NOT_FOUND
-    else:
+    elif isinstance(exc, ChannelTimeout):
         state = ConnectionState.CONNECTING
+    else:
+        state = ConnectionState.FAILED
     return Channel(
         id=cid,
         value=None,
@@ -466,7 +472,12 @@ class Query:
         except PvwireError as exc:
             raise _error(exc) from None
 
-    @strawberry.field
+    @strawberry.field(
+        description="read several channels; a channel that cannot be read comes back with "
+        "its connection (NOT_FOUND, CONNECTING when no value came within the timeout, "
+        "CONNECTED for a value too large for this answer, FAILED otherwise), error and "
+        "errorCode, instead of failing the query"
+    )
     async def channels(self, info: Info, ids: list[str], timeout: float = 3.0) -> list[Channel]:
         hub = _hub(info)
         _check_count(hub, ids)
