@@ -263,6 +263,35 @@ def test_monitor_json_lines_carry_what_changed_and_metadata_only_when_it_changes
         p.wait()
 
 
+def test_monitor_count_counts_values_not_metadata_lines(server_url: str) -> None:
+    """--count N stops after N values: a line that only says the units changed is printed and
+    not counted (it was, and `--count 2` then ended before the second value)."""
+    env = {**os.environ, "PVWIRE_URL": server_url}
+    cmd = [PVWIRE, "monitor", "--json", "ca://PVW:CHG", "--count", "2", "--duration", "60"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[tuple[str, str]] = queue.Queue()
+    for name, pipe in (("out", p.stdout), ("err", p.stderr)):
+        threading.Thread(target=_pump, args=(name, pipe, lines), daemon=True).start()
+    seen: list[tuple[str, str]] = []
+    try:
+        seen += _until(lines, lambda k, line: k == "out", 30)  # the first value
+        run(server_url, "put", "ca://PVW:CHG.EGU", "um")
+        seen += _until(lines, lambda k, line: k == "out" and '"metadata"' in line, 30)
+        assert p.poll() is None, seen  # the units line did not end it
+        run(server_url, "put", "ca://PVW:CHG", "1.25")
+        seen += _until(lines, lambda k, line: k == "eof-out", 60)
+        assert p.wait(60) == 0, seen
+    finally:
+        run(server_url, "put", "ca://PVW:CHG.EGU", "mm")
+        run(server_url, "put", "ca://PVW:CHG", "0")
+        p.kill()
+        p.wait()
+    out = [json.loads(line) for kind, line in seen if kind == "out"]
+    values = [d for d in out if "value" in d["changed"]]
+    assert [d["value"] for d in values] == [0.0, 1.25], out
+    assert any(d["changed"] == ["metadata"] for d in out), out
+
+
 def test_change_json_names_only_what_changed() -> None:
     s = ChannelState("ca://X", value=1.5, serial=3, seconds=1700000000, nanoseconds=5000,
                      severity=2, status=3, message="", metadata={"units": "A", "precision": 1},

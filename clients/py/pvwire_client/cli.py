@@ -227,7 +227,9 @@ def _parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=_put)
     m = sub.add_parser("monitor", parents=[common], help="print updates as they come")
     m.add_argument("ids", nargs="+", metavar="ID")
-    m.add_argument("--count", type=int, help="stop after N values")
+    m.add_argument(
+        "--count", type=int, help="stop after N values (a line without a new value not counted)"
+    )
     m.add_argument("--duration", type=float, help="stop after S seconds")
     m.add_argument("--max-rate", type=float, default=0, help="updates per second (0: all)")
     m.add_argument("--mode", choices=["LATEST", "ALL"], default="LATEST")

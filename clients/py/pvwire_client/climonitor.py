@@ -85,7 +85,7 @@ async def _with_past(c: Client, a: argparse.Namespace, watch: Watch) -> None:
             printed.add(s.id)
             changed = EVERYTHING
         print(render(s, changed), flush=True)
-        if left is not None and not u.past:
+        if left is not None and not u.past and changed & VALUE:
             left -= 1
             if left == 0:
                 return
@@ -135,7 +135,7 @@ async def monitor(a: argparse.Namespace) -> list[str]:
                         printed.add(sid)
                         changed = EVERYTHING
                     lines.append(render(s, changed))
-                    if left is not None:
+                    if left is not None and changed & VALUE:
                         left -= 1
                         if left == 0:
                             break
