@@ -113,7 +113,7 @@ class Client:
 
 
 def attach(client: Client, hub: Hub, ids: list[str], **options: Any) -> int:
-    client.send(16, 1, hub.signer.sign(ids, **options))
+    client.send(16, 1, hub.signer.issue(ids, **options).token)
     msgs = client.drain()
     attached = [m for m in msgs if m[0] == 1]
     assert attached, msgs

@@ -81,7 +81,7 @@ def rss_kb() -> int:
 async def test_session_survives_100k_random_and_mutated_frames(
     hub: Hub, backend: FakeBackend, record_property: Any
 ) -> None:
-    token = hub.signer.sign(IDS)
+    token = hub.signer.issue(IDS).token
     corpus = [
         msgpack.packb([16, 1, token]),
         msgpack.packb([16, 2**64 - 1, token]),

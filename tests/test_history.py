@@ -300,7 +300,7 @@ def columns(msg: list[object]) -> list[np.ndarray]:
 
 def attach_with_backfill(hub: Hub, ids: list[str], seconds: float) -> list[list[object]]:
     client = HubClient(hub)
-    client.send(16, 1, hub.signer.sign(ids, backfill=seconds))
+    client.send(16, 1, hub.signer.issue(ids, backfill=seconds).token)
     return [m for m in client.drain() if m[0] != 0]  # after HELLO
 
 
@@ -313,7 +313,7 @@ async def test_backfill_is_the_past_before_the_snapshot_with_no_gap_or_duplicate
     for i in range(20):
         backend.update("a", float(i), t=now - 20 + i)
     client = HubClient(hub)
-    client.send(16, 1, hub.signer.sign(["fake://a"], backfill=60))
+    client.send(16, 1, hub.signer.issue(["fake://a"], backfill=60).token)
     msgs = [m for m in client.drain() if m[0] != 0]  # after HELLO
     assert [m[0] for m in msgs] == [1, 8, 2]  # ATTACHED, HISTORY, SNAPSHOT
     _, hatt, sid, resolution, _ = msgs[1]

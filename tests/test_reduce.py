@@ -101,9 +101,9 @@ def test_colour_images_keep_their_three_planes(mode: str, rows: int, cols: int) 
 
 def test_tokens_carry_the_reduction_and_omit_it_when_off() -> None:
     signer = TokenSigner({"k": b"0" * 32}, "k")
-    claims = signer.verify(signer.sign(["sim://x"], max_columns=1500, max_pixels=1 << 20))
+    claims = signer.verify(signer.issue(["sim://x"], max_columns=1500, max_pixels=1 << 20).token)
     assert (claims.max_columns, claims.max_pixels) == (1500, 1 << 20)
-    plain = signer.verify(signer.sign(["sim://x"]))
+    plain = signer.verify(signer.issue(["sim://x"]).token)
     assert (plain.max_columns, plain.max_pixels) == (0, 0)
 
 

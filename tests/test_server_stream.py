@@ -130,7 +130,7 @@ async def test_bad_token_fails_only_its_attachment(server: ServerProcess) -> Non
 async def test_expired_token_gets_4402(server: ServerProcess) -> None:
     signer = TokenSigner({"cli": TEST_TOKEN_KEY.encode()}, "cli", ttl=1, clock=lambda: 1000.0)
     s = await RawStream.connect(server.ws_url)
-    await s.send(16, 1, signer.sign(["ca://PVW:AO"]))
+    await s.send(16, 1, signer.issue(["ca://PVW:AO"]).token)
     err = await s.recv()
     assert isinstance(err, wire.Error) and (err.req, err.code) == (1, 4402)
     await s.close()

@@ -29,7 +29,7 @@ async def test_attach_sends_attached_then_a_full_snapshot(hub: Hub, backend: Fak
     backend.update("a", 1.5)
     c = Client(hub)  # a late joiner gets the cached state
     c.drain()  # HELLO
-    c.send(16, 5, hub.signer.sign(["fake://a", "fake://b"]))
+    c.send(16, 5, hub.signer.issue(["fake://a", "fake://b"]).token)
     msgs = c.drain()
     assert msgs[0] == [1, 5, 1, ["fake://a", "fake://b"]]
     kind, seq, att, entries = msgs[1]
@@ -170,7 +170,7 @@ async def test_bad_tokens_fail_only_their_attachment(hub: Hub, token: str, code:
 
 
 async def test_expired_token_gets_4402_for_that_attach(hub: Hub) -> None:
-    old = TokenSigner(KEYS, "k1", ttl=10, clock=lambda: 0.0).sign(["fake://a"])
+    old = TokenSigner(KEYS, "k1", ttl=10, clock=lambda: 0.0).issue(["fake://a"]).token
     c = Client(hub)
     c.drain()
     c.send(16, 3, old)
@@ -179,7 +179,7 @@ async def test_expired_token_gets_4402_for_that_attach(hub: Hub) -> None:
 
 
 async def test_token_from_another_key_is_refused(hub: Hub) -> None:
-    forged = TokenSigner({"k1": b"other"}, "k1").sign(["fake://a"])
+    forged = TokenSigner({"k1": b"other"}, "k1").issue(["fake://a"]).token
     c = Client(hub)
     c.drain()
     c.send(16, 1, forged)
@@ -239,7 +239,7 @@ async def test_too_many_channels_is_refused(backend: FakeBackend) -> None:
     hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
     c = Client(hub, SessionLimits(max_channels=2))
     c.drain()
-    c.send(16, 1, hub.signer.sign(["fake://a", "fake://b", "fake://c"]))
+    c.send(16, 1, hub.signer.issue(["fake://a", "fake://b", "fake://c"]).token)
     (err,) = c.drain()
     assert err[0] == 5 and err[2] == 4413
     assert not hub.registry.channels

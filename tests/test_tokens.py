@@ -21,7 +21,7 @@ def payload(token: str) -> dict[str, Any]:
 
 
 def test_an_anonymous_token_has_no_identity_keys_but_keeps_the_address() -> None:
-    token = SIGNER.sign(["ca://X"], address="192.0.2.7")
+    token = SIGNER.issue(["ca://X"], address="192.0.2.7").token
     assert set(payload(token)) == {"ids", "mode", "maxRate", "iat", "exp", "adr"}
     claims = SIGNER.verify(token)
     assert (claims.user, claims.groups, claims.auth, claims.address) == (
@@ -33,11 +33,13 @@ def test_an_anonymous_token_has_no_identity_keys_but_keeps_the_address() -> None
 
 
 def test_an_anonymous_token_without_an_address_has_only_the_subscription() -> None:
-    assert set(payload(SIGNER.sign(["ca://X"]))) == {"ids", "mode", "maxRate", "iat", "exp"}
+    assert set(payload(SIGNER.issue(["ca://X"]).token)) == {"ids", "mode", "maxRate", "iat", "exp"}
 
 
 def test_an_identified_token_carries_who_registered_it() -> None:
-    token = SIGNER.sign(["ca://X"], user="ada", groups=["ops", "bl01"], auth="jwt", address="::1")
+    token = SIGNER.issue(
+        ["ca://X"], user="ada", groups=["ops", "bl01"], auth="jwt", address="::1"
+    ).token
     p = payload(token)
     assert (p["sub"], p["grp"], p["src"], p["adr"]) == ("ada", ["bl01", "ops"], "jwt", "::1")
     claims = SIGNER.verify(token)

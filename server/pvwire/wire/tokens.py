@@ -103,27 +103,6 @@ class TokenSigner:
         """The signer's clock (POSIX seconds): what `issue` stamps and `verify` checks against."""
         return self._clock()
 
-    def sign(
-        self,
-        ids: Sequence[str],
-        mode: str = "LATEST",
-        max_rate: float = 0.0,
-        *,
-        user: str = "",
-        groups: Sequence[str] = (),
-        auth: str = "anonymous",
-        address: str = "",
-        not_after: float | None = None,
-        max_columns: int = 0,
-        max_pixels: int = 0,
-        backfill: float = 0.0,
-    ) -> str:
-        """`issue`'s token alone."""
-        return self.issue(
-            ids, mode, max_rate, user=user, groups=groups, auth=auth, address=address,
-            not_after=not_after, max_columns=max_columns, max_pixels=max_pixels, backfill=backfill,
-        ).token  # fmt: skip
-
     def issue(
         self,
         ids: Sequence[str],
