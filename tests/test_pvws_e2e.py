@@ -345,3 +345,39 @@ async def test_pvget_errors_are_json(pvws_server: ServerProcess) -> None:
     assert (status, unknown["code"]) == (404, "NOT_FOUND")
     status, missing = pvget(pvws_server, "")
     assert (status, missing["code"]) == (400, "BAD_REQUEST")
+
+
+async def test_a_connection_past_max_channels_gets_errors_and_others_go_on() -> None:
+    """max_channels_per_connection bounds the PVs of one /pvws/pv connection: each PV holds an
+    upstream channel, and one client must not open them until the server runs out of memory."""
+    env = {"PVWIRE_MAX_CHANNELS_PER_CONNECTION": "3"}
+    with ServerProcess(*server_args_for_tests(), env=env) as server:
+        greedy = await PvwsClient.connect(server.url)
+        other = await PvwsClient.connect(server.url)
+        try:
+            pvs = [f"sim://counter/cap{i}" for i in range(5)]
+            await greedy.subscribe(*pvs)
+            errors: list[str] = []
+            values: set[str] = set()
+            async with asyncio.timeout(60):
+                while len(errors) < 2 or len(values) < 3:
+                    m = await greedy.recv(30)
+                    if m["type"] == "error":
+                        errors.append(m["message"])
+                    elif m["type"] == "update":
+                        values.add(m["pv"])
+            assert values == set(pvs[:3])
+            assert sorted(errors) == [
+                f"Cannot subscribe to {pv}: this connection holds 3 PVs, the most one may "
+                "(max_channels_per_connection)"
+                for pv in pvs[3:]
+            ]
+            await other.subscribe("sim://counter/cap0", "sim://counter/cap9")
+            seen: set[str] = set()
+            async with asyncio.timeout(60):
+                while len(seen) < 2:
+                    seen.add((await other.next("update", timeout=30))["pv"])
+            assert seen == {"sim://counter/cap0", "sim://counter/cap9"}
+        finally:
+            await greedy.close()
+            await other.close()

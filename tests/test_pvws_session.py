@@ -71,6 +71,21 @@ def session(ch: FakeChannel, encoder: PvwsEncoder, budget: int = 1 << 20) -> Pvw
     )
 
 
+def test_a_connection_holds_at_most_max_channels_pvs() -> None:
+    ch = FakeChannel()
+    s = PvwsSession(1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(max_channels=2), lambda: None)
+    s.receive('{"type":"echo"}')  # a client that reads errors
+    s.receive('{"type":"subscribe","pvs":["a","b","c"]}')
+    texts = [json.loads(t) for t in drain(s)]
+    errors = [t["message"] for t in texts if t["type"] == "error"]
+    assert list(s.pvs) == ["a", "b"] and s.channel_count == 2
+    assert len(errors) == 1 and errors[0].startswith("Cannot subscribe to c: ")
+    assert "max_channels_per_connection" in errors[0]
+    s.receive('{"type":"clear","pvs":["a"]}')  # room again
+    s.receive('{"type":"subscribe","pvs":["c"]}')
+    assert list(s.pvs) == ["b", "c"]
+
+
 def test_clients_share_one_text_per_state_and_variant() -> None:
     ch, encoder = FakeChannel(), PvwsEncoder()
     a, b = session(ch, encoder), session(ch, encoder)

@@ -52,7 +52,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit("max_in_bytes", _MIB, "bytes", "one client message on the stream (announced in HELLO)",
           "close 1009 TOO_BIG", setting=True),
     Limit("max_channels_per_connection", 100_000, "channels",
-          "channels over all attachments of one stream connection", "ERROR 4413", setting=True),
+          "channels over all attachments of one stream connection; PVs of one `/pvws/pv` "
+          "connection", "ERROR 4413; pvws `error`", setting=True),
     Limit("max_attachments_per_connection", 1_000, "attachments",
           "attachments of one stream connection at once", "ERROR 4413", setting=True),
     Limit("max_connections_per_address", 100, "connections",

@@ -173,7 +173,9 @@ class PvwsEndpoint:
         await websocket.accept()
         wakeup = Wakeup()
         limits = SessionLimits(
-            send_budget=settings.send_budget, stall_timeout=settings.stall_timeout_s
+            send_budget=settings.send_budget,
+            stall_timeout=settings.stall_timeout_s,
+            max_channels=settings.max_channels_per_connection,
         )
         session = PvwsSession(
             hub.client_number(),

@@ -528,6 +528,14 @@ class PvwsSession(FlowView[str]):
         return []
 
     def _subscribe(self, name: str) -> None:
+        if self.channel_count >= self.limits.max_channels:
+            # Each PV holds an upstream channel: without a bound one connection could open
+            # them until the server runs out of memory, for every other client too.
+            self.write_failed(
+                f"Cannot subscribe to {name}: this connection holds {self.channel_count:,} PVs, "
+                "the most one may (max_channels_per_connection)"
+            )
+            return
         att = self._next_att
         try:
             opened = self._host.open(name, self, att, False)
