@@ -33,6 +33,7 @@ from . import (
     failover,
     gateway,
     history,
+    history_http,
     identity_puts,
     ingest,
     pva_soak,
@@ -221,6 +222,12 @@ def test_history(measure: Measure, quick: bool) -> None:
     `history` over an hour of 10 Hz data (bench/history.py)."""
     updates, rounds, repeat = (2000, 1, 2) if quick else (200_000, 5, 20)
     measure(lambda: history.measure(updates, rounds, repeat), flatten)
+
+
+def test_history_http(measure: Measure, quick: bool) -> None:
+    """`history` over real HTTP against a real server holding an hour of 10 Hz data, beside the
+    same reads in-process (bench/history_http.py)."""
+    measure(lambda: history_http.measure(2 if quick else 20), flatten)
 
 
 def test_pyclient_frame(measure: Measure, quick: bool) -> None:

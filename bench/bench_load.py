@@ -5,17 +5,20 @@ on the same IOC, the plain upstream library with a trivial callback (the floor: 
 `camonitor` or p4p's asyncio client) and, where bench/README.md compares them, Coniql 0.4.2
 (`make coniql`). Its figures (updates/s delivered, CPU per update, the ratios to the floor and to
 Coniql measured in that one run) are in `extra_info`; nothing is asserted about them.
-The workers pairs run 1 and 2 workers back to back and record the ratios 2 / 1.
+The workers pairs run 1 and 2 workers back to back and record the ratios 2 / 1; the history
+pairs run one scenario with recent history on and off, interleaved (bench/history_cost.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from .conftest import Measure
+from . import history_cost
+from .conftest import Measure, flatten
 from .harness import Scenario, run
 from .report import WORKER_PAIRS, scenario_figures, workers_figures
 from .scenario import scenarios
@@ -51,3 +54,23 @@ def test_workers(measure: Measure, quick: bool, pair: str) -> None:
         return {"w1": run(one), "w2": run(two)}
 
     measure(both, lambda got: workers_figures(got["w1"], got["w2"]))
+
+
+@pytest.mark.parametrize("name", list(history_cost.SCENARIOS))
+def test_history_cost(measure: Measure, quick: bool, name: str) -> None:
+    """The same scenario with the server's default history and with `--history-mb 0`,
+    interleaved: server CPU per delivered update of each side, what recording adds, the spreads."""
+    got = measure(
+        lambda: history_cost.measure(history_cost.scenario(name, quick), 1 if quick else 3),
+        flatten,
+    )
+    check_history_wiring(got)
+
+
+def check_history_wiring(got: Mapping[str, Any]) -> None:
+    """Not a timing assertion: every channel of an "on" run had a history, none of an "off" one."""
+    pvs = got["pvs"]
+    assert got["on"]["history_channels_min"] == pvs, got["on"]
+    assert got["on"]["history_refused_max"] == 0, got["on"]
+    assert got["off"]["history_channels_max"] == 0, got["off"]
+    assert got["off"]["history_bytes_max"] == 0, got["off"]

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,27 @@ class Server(ServerProcess):
             "mutation($ids: [String!]!) { subscribe(ids: $ids) { token } }", {"ids": ids}
         )
         return str(data["subscribe"]["token"])
+
+    def history_metrics(self) -> dict[str, float]:
+        """The server's recent-history figures from /metrics (`pvwire_history_*`, labels
+        joined to the name: `history_channels.monitored.true`), so a run shows whether its
+        channels were recorded."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}  # a figure left out, not a failed run
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line.startswith("pvwire_history_"):
+                continue
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.removeprefix("pvwire_").partition("{")
+            for label in filter(None, labels.rstrip("}").split(",")):
+                key, _, v = label.partition("=")
+                name += f".{key}.{v.strip(chr(34))}"
+            out[name] = float(value)
+        return out
 
     def loop_lag_ms(self) -> float:
         try:
@@ -361,6 +383,7 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             time.sleep(max(0.0, t1 - time.time()))
             wall = watch.end_window()
             res["loop_lag_ms"] = server.loop_lag_ms()
+            res["history"] = server.history_metrics()
             if spy is not None:
                 _finish_py_spy(spy, sc)
             results = [c.result(hard) for c in children]

@@ -1,5 +1,5 @@
-"""The workers pairs, failover, gateway, client and history measurements of `make bench` once at
-a tiny size, so they cannot rot (`make test`).
+"""The workers pairs, failover, gateway, client and history measurements (in-process and over
+HTTP) of `make bench` once at a tiny size, so they cannot rot (`make test`).
 
 No timing assertions: only that every part ran end to end on real processes and gave the
 numbers bench/bench_load.py and bench/bench_extras.py record. One test per part keeps each
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench import cli_monitor, client_cpu, failover, gateway, history
+from bench import cli_monitor, client_cpu, failover, gateway, history, history_http
 from bench.bench_extras import own_environ
 from bench.bench_load import sized
 from bench.conftest import flatten
@@ -67,3 +67,14 @@ def test_history_tiny() -> None:
     # an hour of 10 Hz data cannot fit the raw ring: it comes back as buckets
     assert got["reading"]["hour_max1000_resolution_s"] > 0, got
     assert got["reading"]["last60s_rows"] == 600, got
+
+
+def test_history_http_tiny() -> None:
+    got = history_http.measure(2, verbose=False)
+    # the same hour over HTTP as in-process (measure checks the rows match): buckets for the
+    # hour, every point of the last minute
+    assert got["hour_max1000"]["resolution_s"] == 10, got
+    assert got["hour_max20"]["resolution_s"] == 300, got
+    assert got["last60s"]["rows"] == 600 and got["last60s"]["resolution_s"] == 0, got
+    for case in ("hour_max1000", "hour_max20", "last60s"):
+        assert got[case]["response_bytes"] > 0 and got[case]["http_ms_best"] > 0, got

@@ -1,6 +1,7 @@
 """Every load scenario once at a tiny size, so the harness cannot rot (`make test`).
 
-No timing assertions: only that the harness ran end to end and produced sane numbers.
+No timing assertions: only that the harness ran end to end and produced sane numbers (and, for
+the history pairs, that the "on" runs recorded every channel and the "off" runs none).
 The real runs are `make bench` (bench/bench_load.py).
 """
 
@@ -11,6 +12,9 @@ from dataclasses import replace
 
 import pytest
 
+from bench import history_cost
+from bench.bench_load import check_history_wiring
+from bench.conftest import flatten
 from bench.harness import Scenario, run
 from bench.report import markdown_table, scenario_figures
 from bench.scenario import scenarios
@@ -53,3 +57,14 @@ def test_scenario_tiny(name: str) -> None:
         figures = scenario_figures(res)
         assert figures["coniql_delivered_share"] > 0 and figures["coniql_ratio_to_floor"] > 0
     assert name in markdown_table([res])
+
+
+@pytest.mark.parametrize("name", list(history_cost.SCENARIOS))
+def test_history_cost_tiny(name: str) -> None:
+    """bench_load.py's `test_history_cost`: one run with history and one without, at 10 PVs."""
+    got = history_cost.measure(history_cost.scenario(name, quick=True), 1, verbose=False)
+    check_history_wiring(got)
+    for side in ("on", "off"):
+        assert got[side]["missing"] == 0 and got[side]["delivered_per_s_median"] > 0, got
+        assert got[side]["us_median"] > 0, got
+    assert "added_us_median" in flatten(got)
