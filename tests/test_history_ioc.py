@@ -4,6 +4,7 @@ went away, and the memory budget's policy with many channels."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -373,3 +374,91 @@ async def test_history_channels_globs_take_in_ids_the_catalogue_file_adds(tmp_pa
             text = r.read().decode()
         assert samples(text, "pvwire_history_channels")['monitored="true"'] == "2"
         assert samples(text, "pvwire_clients") == {"": "0"}
+
+
+# --- small arrays (--history-array-max) ---------------------------------------------------------
+
+WAVE16 = "ca://PVW:WAVE16"  # the counter's last 16 values, a new array at each step
+WAVE20 = "ca://PVW:WAVE20"  # 20 elements, processed with it
+ARRAY_HISTORY = """query($id: String!, $max: Int! = 1000) {
+  history(id: $id, maxPoints: $max) {
+    resolution truncated seconds nanoseconds value min max mean gap count
+  }
+}"""
+
+
+@pytest.fixture(scope="module")
+def array_server(epics_env: IocProcess) -> Any:
+    with ServerProcess(*server_args_for_tests(["--history-array-max", "16"])) as proc:
+        yield proc
+
+
+async def frames_seen(server: ServerProcess, n: int) -> list[tuple[list[float], int]]:
+    """(elements, IOC time in ns) of `n` whole 16-element frames of WAVE16 seen by a monitor,
+    while WAVE20 is monitored too (so both record)."""
+    seen: list[tuple[list[float], int]] = []
+    async with Client(server.url) as client:
+        updates = client.monitor([WAVE16, WAVE20])
+        try:
+            async with asyncio.timeout(60):
+                async for u in updates:
+                    c = u.channel
+                    if c.id == WAVE16 and isinstance(c.value, np.ndarray) and len(c.value) == 16:
+                        seen.append(
+                            (c.value.tolist(), (c.seconds or 0) * 10**9 + (c.nanoseconds or 0))
+                        )
+                        if len(seen) == n:
+                            break
+        finally:
+            await updates.aclose()
+    return seen
+
+
+async def test_small_array_frames_come_back_from_history_with_the_ioc_times(
+    array_server: ServerProcess,
+) -> None:
+    seen = await frames_seen(array_server, 30)
+    doc = array_server.graphql(ARRAY_HISTORY, {"id": WAVE16})
+    assert "errors" not in doc, doc
+    got = doc["data"]["history"]
+    assert got["resolution"] == 0 and not got["truncated"]
+    rows = {
+        s * 10**9 + ns: v
+        for s, ns, v in zip(got["seconds"], got["nanoseconds"], got["value"], strict=True)
+    }
+    for elements, t in seen:  # every frame the monitor saw, at its IOC time
+        assert rows[t] == elements
+    steps = [v[-1] for v in rows.values() if None not in v]  # a gap's row is all null
+    assert len(steps) >= 30 and all(b - a == 1 for a, b in itertools.pairwise(steps))
+    assert got["min"] == got["value"] == got["max"] and set(got["mean"]) == {None}
+    # A frame longer than --history-array-max is not kept, and the answer says why.
+    doc = array_server.graphql(ARRAY_HISTORY, {"id": WAVE20})
+    assert doc["errors"][0]["extensions"]["code"] == "NO_HISTORY", doc
+    assert "20 elements is longer than --history-array-max (16)" in doc["errors"][0]["message"]
+    # The array channel's frames are in the figures: more than two channels' scalar buffers.
+    with urllib.request.urlopen(f"{array_server.url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    channels = sum(int(v) for v in samples(text, "pvwire_history_channels").values())
+    assert int(samples(text, "pvwire_history_bytes")[""]) > channels * CHANNEL_BYTES
+
+
+async def test_an_array_answer_follows_the_response_cap(array_server: ServerProcess) -> None:
+    """Each row of an array answer counts its 3 x 16 elements: asked for more rows than the cap
+    allows, the answer has fewer (coarser or truncated), never more elements than the cap."""
+    await frames_seen(array_server, 3)
+    doc = array_server.graphql(ARRAY_HISTORY, {"id": WAVE16, "max": 10_000})
+    assert "errors" not in doc, doc
+    got = doc["data"]["history"]
+    rows = len(got["seconds"])
+    assert rows > 0 and rows * (10 - 3 + 3 * 16) <= 100_000
+
+
+async def test_with_arrays_off_nothing_of_them_is_kept(server: ServerProcess) -> None:
+    await frames_seen(server, 3)
+    doc = server.graphql(ARRAY_HISTORY, {"id": WAVE16})
+    assert doc["errors"][0]["extensions"]["code"] == "NO_HISTORY", doc
+    assert "--history-array-max (it is 0)" in doc["errors"][0]["message"]
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    channels = sum(int(v) for v in samples(text, "pvwire_history_channels").values())
+    assert int(samples(text, "pvwire_history_bytes")[""]) == channels * CHANNEL_BYTES
