@@ -25,7 +25,11 @@ from pvwire.core.history import (
 from pvwire.core.hub import Hub
 from pvwire.limits import HISTORY_ARRAY_BYTES, HISTORY_ARRAY_LIMIT
 from pvwire.model import ConnState
+from pvwire.wire import codec as wire
 from pvwire.wire.tokens import TokenSigner
+from pvwire_client import wire as client_wire
+from pvwire_client.backfill import past_states
+from pvwire_client.state import ChannelState
 
 from tests.eventually import eventually_async
 from tests.hub_doubles import KEYS, FakeBackend, attach
@@ -557,3 +561,46 @@ async def test_an_array_channel_records_through_the_hub_only_when_asked(
                 assert hub.snapshot().history.used_bytes == 2 * CHANNEL_BYTES
         finally:
             await hub.stop()
+
+
+async def test_an_array_channel_s_backfill_is_2d_before_the_snapshot_with_no_duplicate(
+    backend: FakeBackend,
+) -> None:
+    settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=16)
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    hub.start()
+    try:
+        attach(HubClient(hub), hub, ["fake://a"])
+        now = int(time.time())
+        for i in range(20):
+            backend.update("a", frame(i), t=now - 20 + i)
+        msgs = attach_with_backfill(hub, ["fake://a"], 60)
+    finally:
+        await hub.stop()
+    assert [m[0] for m in msgs] == [1, 8, 2]  # ATTACHED, HISTORY, SNAPSHOT
+    assert msgs[1][3] == 0
+    t, value, low, high, severity, status, gap = columns(msgs[1])
+    assert value.shape == low.shape == high.shape == (19, 16) and value.dtype == np.float64
+    assert t.shape == severity.shape == status.shape == gap.shape == (19,)
+    np.testing.assert_array_equal(value, [frame(i) for i in range(19)])  # all but the current
+    assert list(t) == [(now - 20 + i) * NS for i in range(19)]
+    (entry,) = msgs[2][3]
+    np.testing.assert_array_equal(entry[2], frame(19))  # the snapshot carries the current one
+
+
+def test_the_python_client_gives_an_array_channel_s_past_rows_as_arrays() -> None:
+    store = array_store()
+    h = store.attach("ca://W")
+    assert h is not None
+    record_frames(h, 4)
+    h.mark_gap()
+    (p,) = h.backfill(0)  # the points, ending with the gap
+    msg = wire.encode_history(1, 0, 0, (p.t, p.value, p.min, p.max, p.severity, p.status, p.gap))
+    decoded = client_wire.decode_message(msg)
+    assert isinstance(decoded, client_wire.History) and decoded.value.shape == (5, 16)
+    states = past_states(decoded, ChannelState(id="ca://W"), 0)
+    assert [s.value is None for s, _, _ in states] == [False] * 4 + [True]
+    for i, (state, _, t) in enumerate(states[:4]):
+        assert isinstance(state.value, np.ndarray) and state.serial is None
+        np.testing.assert_array_equal(state.value, frame(i))
+        assert t == T0 * NS + i * (NS // 10)

@@ -462,3 +462,71 @@ async def test_with_arrays_off_nothing_of_them_is_kept(server: ServerProcess) ->
         text = r.read().decode()
     channels = sum(int(v) for v in samples(text, "pvwire_history_channels").values())
     assert int(samples(text, "pvwire_history_bytes")[""]) == channels * CHANNEL_BYTES
+
+
+async def test_array_backfill_comes_before_the_snapshot_with_no_duplicate_at_the_join(
+    array_server: ServerProcess,
+) -> None:
+    stream = await RawStream.connect(array_server.ws_url)
+    try:
+        await stream.attach(token(array_server, [WAVE16]))  # the channel records from now on
+        updates = 0
+        while updates < 30:
+            data = await stream.next_data(timeout=30)
+            updates += sum(len(g.entries) for g in data.groups)
+        stream.req += 1
+        await stream.send(16, stream.req, token(array_server, [WAVE16], backfill=60))
+        attached = await stream.recv()
+        while isinstance(attached, wire.Data):
+            attached = await stream.recv()
+        assert isinstance(attached, wire.Attached), attached
+        histories: list[wire.History] = []
+        while True:
+            msg = await stream.recv()
+            if isinstance(msg, wire.History):
+                histories.append(msg)
+            elif isinstance(msg, wire.Snapshot):
+                snapshot = msg
+                break
+    finally:
+        await stream.close()
+    points = histories[-1]
+    assert points.resolution == 0 and points.value.ndim == 2 and points.value.shape[1] == 16
+    assert points.min.shape == points.max.shape == points.value.shape
+    after_gap = int(np.flatnonzero(points.gap)[-1]) + 1 if points.gap.any() else 0
+    frames = points.value[after_gap:]
+    assert len(frames) >= 29
+    newest = frames[:, -1]  # each frame ends with the counter's value at its step
+    assert list(np.diff(newest)) == [1.0] * (len(newest) - 1)  # every step
+    np.testing.assert_array_equal(frames[1:, :-1], frames[:-1, 1:])  # a circular buffer
+    (entry,) = snapshot.entries
+    assert isinstance(entry.value, np.ndarray) and entry.seconds is not None
+    # The join: the snapshot's frame is the next step after the last HISTORY row.
+    assert entry.value[-1] == newest[-1] + 1
+    np.testing.assert_array_equal(entry.value[:-1], frames[-1][1:])
+    assert points.t[-1] < entry.seconds * 1_000_000_000 + (entry.nanoseconds or 0)
+
+
+async def test_the_python_client_yields_an_array_channel_s_past_as_arrays(
+    array_server: ServerProcess,
+) -> None:
+    async with Client(array_server.url) as client:
+        seen: list[Any] = []
+        keeper = asyncio.create_task(drain(client, [WAVE16], seen))
+        try:
+            await eventually_async(lambda: len(seen) > 20, timeout=60)
+            past: list[Any] = []
+            updates = client.monitor([WAVE16], backfill=60)
+            async with asyncio.timeout(60):
+                async for u in updates:
+                    if not u.past:
+                        live = u.channel.value
+                        break
+                    past.append(u.channel.value)
+            await updates.aclose()
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    frames = [v for v in past if v is not None]
+    assert len(frames) >= 20 and all(isinstance(v, np.ndarray) and v.shape == (16,) for v in frames)
+    assert live[-1] == frames[-1][-1] + 1

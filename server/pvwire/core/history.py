@@ -31,7 +31,9 @@ frames has to be kept for a vectorised fold. One channel's rings are held under
 too wide for RAW_POINTS frames or a tier's buckets in its share gets fewer (1,024 elements:
 255 frames and 42 buckets per tier, so the tiers cover 7 min and 3.5 h). The width is the first
 frame's; a frame of another length starts the channel's array history again (one answer has one
-width), and one longer than N, or not 1-D numeric, is not kept (NO_HISTORY says why).
+width), and one longer than N, or not 1-D numeric, is not kept (NO_HISTORY says why). GraphQL
+`history` answers with a list of elements per row; a backfill sends 2-D columns (PROTOCOL.md
+section 2.8), built by the same rules as a scalar channel's (`ArrayHistory.backfill`).
 
 The budget (`HistoryStore`) is bytes: a channel costs `CHANNEL_BYTES` (its scalar buffers,
 allocated when it gets a history), an array channel that plus its `ArrayHistory`'s arrays,
@@ -452,7 +454,7 @@ class ChannelHistory:
         carries it. Nothing between: every older update is in the points. An array channel
         sends its frames the same way."""
         if self.arrays is not None:
-            return []  # PROTOCOL.md section 2.8: an array channel sends none
+            return self.arrays.backfill(since)
         self._aggregate()
         raw = self.points()
         if len(raw) and not raw["gap"][-1]:
