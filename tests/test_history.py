@@ -20,6 +20,7 @@ from pvwire.core.history import (
     ChannelHistory,
     HistoryStore,
     NoHistory,
+    array_bytes,
     array_sizes,
 )
 from pvwire.core.hub import Hub
@@ -502,7 +503,8 @@ def test_an_array_channel_costs_its_allocated_bytes_under_a_per_channel_cap() ->
             held += sum(getattr(tier, f).nbytes for f in ("t", "last", "lo", "hi", "count", "sev",
                         "gap", "o_last", "o_lo", "o_hi"))  # fmt: skip
             tier = tier.next
-        assert arrays.nbytes == held <= HISTORY_ARRAY_BYTES + 3 * 8 * width * len(TIERS)
+        assert arrays.nbytes == held == array_bytes(width)
+        assert held <= HISTORY_ARRAY_BYTES + 3 * 8 * width * len(TIERS)
         assert h.nbytes == CHANNEL_BYTES + held
     frames, sizes = array_sizes(16)
     assert (frames, sizes) == (RAW_POINTS, tuple(size for _, size in TIERS))  # 16: all of it
@@ -525,12 +527,18 @@ def test_arrays_reclaim_the_history_released_longest_ago_then_are_refused() -> N
     assert a.arrays is not None and store.get("older") is None and store.get("old") is old
     b = store.attach("b")  # a new history: `old` goes
     assert b is not None and store.get("old") is None and store.stats().reclaimed == 2
-    b.record(frame(1), T0, 0, 0, 0)  # only monitored histories left: refused, counted
+    for i in range(3):  # only monitored histories left: refused, counted once
+        b.record(frame(i), T0 + i, 0, 0, 0)
     assert b.arrays is None and store.stats().refused == 1
     with pytest.raises(NoHistory, match="no room for its arrays"):
         store.query("b", *EVERYTHING)
     stats = store.stats()
     assert stats.used_bytes == 2 * CHANNEL_BYTES + arrays <= stats.budget_bytes
+    store.detach(a)  # `a` is released: b, opened again, finds room for its arrays
+    assert store.attach("b") is b
+    b.record(frame(5), T0 + 5, 0, 0, 0)
+    assert b.arrays is not None and store.get("a") is None and store.stats().refused == 1
+    assert store.stats().used_bytes == CHANNEL_BYTES + arrays
 
 
 def test_the_array_limit_is_checked() -> None:
