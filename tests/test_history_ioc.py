@@ -442,15 +442,20 @@ async def test_small_array_frames_come_back_from_history_with_the_ioc_times(
     assert int(samples(text, "pvwire_history_bytes")[""]) > channels * CHANNEL_BYTES
 
 
-async def test_an_array_answer_follows_the_response_cap(array_server: ServerProcess) -> None:
-    """Each row of an array answer counts its 3 x 16 elements: asked for more rows than the cap
-    allows, the answer has fewer (coarser or truncated), never more elements than the cap."""
-    await frames_seen(array_server, 3)
-    doc = array_server.graphql(ARRAY_HISTORY, {"id": WAVE16, "max": 10_000})
+async def test_an_array_answer_follows_the_response_cap(epics_env: IocProcess) -> None:
+    """Each row of an array answer counts its 3 x 16 elements (and 7 more columns) against the
+    response's element cap: asked for more rows than fit, the answer is coarser, not refused."""
+    cap = 2_000  # 36 rows of 55 elements
+    args = server_args_for_tests(["--history-array-max", "16"])
+    with ServerProcess(*args, env={"PVWIRE_MAX_GRAPHQL_ELEMENTS": str(cap)}) as server:
+        await frames_seen(server, 40)
+        doc = server.graphql(ARRAY_HISTORY, {"id": WAVE16, "max": cap // 10})
     assert "errors" not in doc, doc
     got = doc["data"]["history"]
     rows = len(got["seconds"])
-    assert rows > 0 and rows * (10 - 3 + 3 * 16) <= 100_000
+    assert 0 < rows <= cap // (10 - 3 + 3 * 16)
+    assert got["resolution"] > 0  # 40 frames did not fit: 10 s buckets did
+    assert all(len(v) == 16 for v in got["value"])
 
 
 async def test_with_arrays_off_nothing_of_them_is_kept(server: ServerProcess) -> None:
