@@ -26,8 +26,8 @@ touched) hands every frame to:
   cost a fourth frame per bucket for a figure a strip chart of arrays does not draw.
 Frames are folded into the finest tier as they come (one element-wise min and max per frame):
 an array update already costs its encoding, and no ring of pending frames has to be kept for a
-vectorised fold. Recording a frame through `record` costs 3.6 us for 16 elements and 4.1 us
-for 1,024 (2026-11-24, load 4, best of 3 x 20,000): numpy's per-call overhead, not the size.
+vectorised fold. Recording a frame through `record` costs 3.5-9 us at 16 to 1,024 elements
+(bench/history.py, 2026-11-24, load 3.5-4, three runs): numpy's per-call overhead, not the size.
 One channel's rings are held under `HISTORY_ARRAY_BYTES` (limits.py, 4 MiB): half for the raw
 ring, a quarter per tier; an array too wide for RAW_POINTS frames or a tier's buckets in its
 share gets fewer (1,024 elements: 255 frames and 42 buckets per tier, so the tiers cover 7 min
