@@ -831,7 +831,7 @@ class HistoryStats:
     used_bytes: int
     channels: int  # histories held
     monitored: int  # of which their channel is monitored now
-    refused: int  # channels that got no history: the budget was full of monitored channels
+    refused: int  # channels (or arrays) given no history: the budget was full of monitored ones
     reclaimed: int  # histories of unmonitored channels dropped to make room
 
 
