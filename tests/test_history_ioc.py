@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from pvwire.core.history import CHANNEL_BYTES
+from pvwire.core.history import CHANNEL_BYTES, array_bytes
 from pvwire.ioc import IocProcess
 from pvwire_client import Client, wire
 
@@ -535,3 +535,33 @@ async def test_the_python_client_yields_an_array_channel_s_past_as_arrays(
     frames = [v for v in past if v is not None]
     assert len(frames) >= 20 and all(isinstance(v, np.ndarray) and v.shape == (16,) for v in frames)
     assert live[-1] == frames[-1][-1] + 1
+
+
+async def test_array_histories_share_the_budget_and_the_rest_are_refused_once() -> None:
+    """Ten 16-element sim waveforms under a budget that holds every channel's scalar buffers and
+    two channels' frames: two keep their frames, eight are refused (counted once each, not per
+    frame), and what the store holds never passes the budget."""
+    n, fit = 10, 2
+    budget = n * CHANNEL_BYTES + fit * array_bytes(16) + array_bytes(16) // 2
+    ids = [f"sim://waveform/w{i}?length=16&rate=10" for i in range(n)]
+    args = ["--history-mb", repr(budget / 2**20), "--history-array-max", "16"]
+    with ServerProcess(*server_args_for_tests(args)) as server:
+
+        def metric(name: str) -> dict[str, str]:
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+                return samples(r.read().decode(), name)
+
+        async with Client(server.url) as client:
+            # Several frames of every channel: each refused channel was offered many.
+            await collect(client, ids, lambda s: sum(v is not None for _, v, _, _ in s) > 5 * n)
+            held = int(metric("pvwire_history_bytes")[""])
+            assert held == n * CHANNEL_BYTES + fit * array_bytes(16) <= budget
+            assert metric("pvwire_history_refused_total") == {"": str(n - fit)}
+            answers = [server.graphql(ARRAY_HISTORY, {"id": cid}) for cid in ids]
+    kept = [a for a in answers if "errors" not in a]
+    assert len(kept) == fit and all(
+        len(v) == 16 for a in kept for v in a["data"]["history"]["value"]
+    )
+    for a in answers:
+        if "errors" in a:
+            assert "no room for its arrays" in a["errors"][0]["message"], a
