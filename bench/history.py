@@ -4,7 +4,9 @@
   same channel, and `ChannelHistory.record` alone;
 - memory: bytes per channel in each ring, and how many channels a budget holds;
 - reading: `history` for an hour of 10 Hz data (36,000 updates recorded) at several
-  `maxPoints`, and the backfill of an hour, as the server answers them (no HTTP).
+  `maxPoints`, and the backfill of an hour, as the server answers them (no HTTP);
+- arrays (`--history-array-max`): bytes per array channel and what its rings hold at 16, 256
+  and 1,024 elements, recording a frame, and `history` over an hour of 10 Hz 16-element frames.
 
     .venv/bin/python -m bench.history [--updates 200000] [--rounds 5]
 """
@@ -26,6 +28,8 @@ from pvwire.core.history import (
     RAW_POINTS,
     TIERS,
     ChannelHistory,
+    HistoryStore,
+    array_sizes,
 )
 from pvwire.model import ConnState
 
@@ -167,12 +171,66 @@ def reading(repeat: int = 20) -> dict[str, float | int]:
     return out
 
 
+def arrays(frames: int, repeat: int = 20) -> dict[str, float | int]:
+    """Array channels: memory per channel, recording a frame, and an hour of 10 Hz frames."""
+    import numpy as np
+
+    out: dict[str, float | int] = {}
+    print("array channels (--history-array-max):")
+    for width in (16, 256, 1024):
+        store = HistoryStore(1 << 30, 1024)
+        history = store.attach("fake://w")
+        assert history is not None
+        values = [np.arange(width, dtype=np.float64) + i for i in range(64)]
+        now = time.time_ns()
+        best = float("inf")
+        for r in range(3):
+            t0 = time.perf_counter()
+            for i in range(frames):
+                t = now + (r * frames + i) * (NS // 10)
+                history.record(values[i & 63], t // NS, t % NS, 0, 0)
+            best = min(best, (time.perf_counter() - t0) / frames)
+        held = store.stats().used_bytes
+        raw, sizes = array_sizes(width)
+        out[f"w{width}_bytes"] = held
+        out[f"w{width}_frames"] = raw
+        out[f"w{width}_channels_in_128mb"] = (128 << 20) // held
+        out[f"w{width}_record_ns_best"] = round(best * 1e9, 1)
+        tiers = ", ".join(f"{n} x {w // NS} s" for (w, _), n in zip(TIERS, sizes, strict=True))
+        fit = (128 << 20) // held
+        print(f"  {width:>5} elements: {held / 1024:7.1f} KiB per channel ({raw} frames; "
+              f"{tiers}), {fit:,} in 128 MB; a frame {best * 1e9:6.0f} ns")  # fmt: skip
+    store = HistoryStore(1 << 30, 16)
+    history = store.attach("fake://w")
+    assert history is not None
+    now = time.time_ns()
+    n = 36_000
+    first = now - 3600 * NS
+    frame = np.zeros(16)
+    for i in range(n):
+        t = first + i * (NS // 10)
+        frame[:] = i
+        history.record(frame, t // NS, t % NS, 0, 0)
+    got = history.query(first, now, 1000)
+    best = timed(lambda: history.query(first, now, 1000), repeat)
+    out["w16_hour_max1000_rows"] = len(got)
+    out["w16_hour_max1000_us_best"] = round(best * 1e6, 1)
+    parts = history.backfill(first)
+    backfill = timed(lambda: history.backfill(first), repeat)
+    out["w16_backfill_hour_us_best"] = round(backfill * 1e6, 1)
+    print(f"  an hour of 10 Hz 16-element frames: history(maxPoints=1,000) {len(got)} rows "
+          f"{best * 1e6:.0f} us; backfill {' + '.join(str(len(p)) for p in parts)} rows "
+          f"{backfill * 1e6:.0f} us")  # fmt: skip
+    return out
+
+
 def measure(updates: int = 200_000, rounds: int = 5, repeat: int = 20) -> dict[str, Any]:
-    """Every figure of the three parts, for bench_extras.py's `test_history`."""
+    """Every figure of the four parts, for bench_extras.py's `test_history`."""
     return {
         "recording": recording(updates, rounds),
         "memory": memory(),
         "reading": reading(repeat),
+        "arrays": arrays(max(updates // 10, 100), repeat),
     }
 
 

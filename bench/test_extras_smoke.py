@@ -67,6 +67,8 @@ def test_history_tiny() -> None:
     # an hour of 10 Hz data cannot fit the raw ring: it comes back as buckets
     assert got["reading"]["hour_max1000_resolution_s"] > 0, got
     assert got["reading"]["last60s_rows"] == 600, got
+    assert got["arrays"]["w16_frames"] == history.RAW_POINTS, got
+    assert got["arrays"]["w1024_bytes"] > got["arrays"]["w16_bytes"] > history.CHANNEL_BYTES
 
 
 def test_history_http_tiny() -> None:

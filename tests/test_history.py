@@ -16,13 +16,21 @@ from pvwire.core.history import (
     NS,
     RAW_POINTS,
     TIERS,
+    ArrayHistory,
     ChannelHistory,
     HistoryStore,
     NoHistory,
+    array_bytes,
+    array_sizes,
 )
 from pvwire.core.hub import Hub
+from pvwire.limits import HISTORY_ARRAY_BYTES, HISTORY_ARRAY_LIMIT
 from pvwire.model import ConnState
+from pvwire.wire import codec as wire
 from pvwire.wire.tokens import TokenSigner
+from pvwire_client import wire as client_wire
+from pvwire_client.backfill import past_states
+from pvwire_client.state import ChannelState
 
 from tests.eventually import eventually_async
 from tests.hub_doubles import KEYS, FakeBackend, attach
@@ -373,3 +381,234 @@ async def test_a_token_without_backfill_gets_no_history(hub: Hub, backend: FakeB
     backend.update("a", 1.0, t=int(time.time()))
     backend.update("a", 2.0, t=int(time.time()))
     assert [m[0] for m in attach_with_backfill(hub, ["fake://a"], 0)] == [1, 2]
+
+
+# --- small arrays (opt-in: --history-array-max) -------------------------------------------------
+
+
+def frame(i: int, n: int = 16) -> np.ndarray:
+    """Frame i of a test waveform: element k is i for even k and -i for odd k, plus k."""
+    k = np.arange(n)
+    return (np.where(k % 2 == 0, i, -i) + k).astype(np.int32)
+
+
+def record_frames(h: ChannelHistory, n: int, start: int = 0, width: int = 16) -> None:
+    for i in range(start, start + n):
+        t = T0 * NS + i * (NS // 10)
+        h.record(frame(i, width), t // NS, t % NS, 1 if i % 7 == 0 else 0, 5 if i % 7 == 0 else 0)
+
+
+def array_store(budget: int = 1 << 26, array_max: int = 16) -> HistoryStore:
+    return HistoryStore(budget, array_max)
+
+
+def test_array_frames_come_back_whole_with_their_times_and_alarms() -> None:
+    store = array_store()
+    h = store.attach("ca://W")
+    assert h is not None
+    record_frames(h, 50)
+    got = store.query("ca://W", *EVERYTHING)
+    assert got.resolution == 0 and got.value.shape == (50, 16) and got.value.dtype == np.float64
+    np.testing.assert_array_equal(got.value, [frame(i) for i in range(50)])
+    assert list(got.t) == [T0 * NS + i * (NS // 10) for i in range(50)]
+    assert (got.severity[7], got.status[7], got.severity[8], got.status[8]) == (1, 5, 0, 0)
+    assert got.min is got.value and np.isnan(got.mean).all() and not got.gap.any()
+    assert h.kind is None and h.n == 0  # nothing went to the scalar ring
+
+
+def test_array_buckets_hold_the_last_frame_and_element_wise_min_and_max() -> None:
+    store = array_store()
+    h = store.attach("ca://W")
+    assert h is not None
+    n = RAW_POINTS * 3  # the oldest frames left the raw ring
+    record_frames(h, n)
+    got = store.query("ca://W", T0 * NS, 2**62, 1000)
+    width = TIERS[0][0]
+    per = width // (NS // 10)
+    assert got.resolution == width and got.value.shape == (len(got), 16)
+    assert list(got.count[:-1]) == [per] * (len(got) - 1) and int(got.count.sum()) == n
+    k = np.arange(16)
+    # Bucket 1 holds frames per..2*per-1: even elements rise, odd ones fall.
+    lo, hi = per, 2 * per - 1
+    np.testing.assert_array_equal(got.min[1], np.where(k % 2 == 0, lo, -hi) + k)
+    np.testing.assert_array_equal(got.max[1], np.where(k % 2 == 0, hi, -lo) + k)
+    np.testing.assert_array_equal(got.value[1], frame(hi))
+    assert got.severity[1] == 1 and np.isnan(got.mean).all()
+    coarse = store.query("ca://W", T0 * NS, 2**62, 2)  # the 5 min tier
+    assert coarse.resolution == TIERS[1][0] and int(coarse.count.sum()) == n
+    np.testing.assert_array_equal(np.fmax.reduce(coarse.max), np.where(k % 2 == 0, n - 1, 0) + k)
+    np.testing.assert_array_equal(np.fmin.reduce(coarse.min), np.where(k % 2 == 0, 0, 1 - n) + k)
+    np.testing.assert_array_equal(coarse.value[-1], frame(n - 1))
+
+
+def test_an_array_gap_is_a_row_of_its_own_once() -> None:
+    store = array_store()
+    h = store.attach("ca://W")
+    assert h is not None
+    record_frames(h, 5)
+    h.mark_gap()
+    h.mark_gap()
+    record_frames(h, 5, start=10**10)
+    got = store.query("ca://W", *EVERYTHING)
+    assert list(got.gap) == [False] * 5 + [True] + [False] * 5
+    assert np.isnan(got.value[5]).all() and got.count[5] == 0 and got.severity[5] == 3
+    assert store.query("ca://W", 0, 2**62, 3).gap.any()
+
+
+@pytest.mark.parametrize(
+    ("array_max", "value", "why"),
+    [
+        (0, np.arange(4.0), r"only with --history-array-max \(it is 0\)"),
+        (16, np.arange(17.0), r"array of 17 elements is longer than --history-array-max \(16\)"),
+        (16, np.zeros((2, 2)), "1-D numeric"),
+        (16, np.array(["a", "b"]), "1-D numeric"),
+        (16, "text", "only numbers"),
+    ],
+)
+def test_arrays_not_kept_say_why(array_max: int, value: object, why: str) -> None:
+    store = array_store(array_max=array_max)
+    h = store.attach("ca://W")
+    assert h is not None
+    h.record(value, T0, 0, 0, 0)
+    with pytest.raises(NoHistory, match=why):
+        store.query("ca://W", *EVERYTHING)
+    assert h.arrays is None and store.stats().used_bytes == CHANNEL_BYTES
+
+
+def test_a_longer_frame_breaks_the_line_and_another_length_starts_again() -> None:
+    store = array_store()
+    h = store.attach("ca://W")
+    assert h is not None
+    record_frames(h, 3)
+    h.record(np.arange(40.0), T0 + 1, 0, 0, 0)  # longer than 16: not kept, a gap instead
+    got = store.query("ca://W", *EVERYTHING)
+    assert list(got.gap) == [False] * 3 + [True]
+    record_frames(h, 2, start=20, width=8)  # another width: the array history starts again
+    got = store.query("ca://W", *EVERYTHING)
+    assert got.value.shape == (2, 8) and h.arrays is not None
+    assert store.stats().used_bytes == CHANNEL_BYTES + h.arrays.nbytes
+
+
+def test_an_array_channel_costs_its_allocated_bytes_under_a_per_channel_cap() -> None:
+    store = array_store(array_max=HISTORY_ARRAY_LIMIT)
+    for width in (1, 16, HISTORY_ARRAY_LIMIT):
+        h = store.attach(f"ca://W{width}")
+        assert h is not None
+        h.record(np.zeros(width), T0, 0, 0, 0)
+        arrays = h.arrays
+        assert arrays is not None
+        held = arrays._t.nbytes + arrays._v.nbytes + arrays._a.nbytes
+        tier = arrays.tier
+        while tier is not None:
+            held += sum(getattr(tier, f).nbytes for f in ("t", "last", "lo", "hi", "count", "sev",
+                        "gap", "o_last", "o_lo", "o_hi"))  # fmt: skip
+            tier = tier.next
+        assert arrays.nbytes == held == array_bytes(width)
+        assert held <= HISTORY_ARRAY_BYTES + 3 * 8 * width * len(TIERS)
+        assert h.nbytes == CHANNEL_BYTES + held
+    frames, sizes = array_sizes(16)
+    assert (frames, sizes) == (RAW_POINTS, tuple(size for _, size in TIERS))  # 16: all of it
+    frames, sizes = array_sizes(HISTORY_ARRAY_LIMIT)
+    assert frames < RAW_POINTS and all(s < size for s, (_, size) in zip(sizes, TIERS, strict=True))
+    assert store.stats().used_bytes == sum(
+        x.nbytes for x in (store.get(f"ca://W{w}") for w in (1, 16, HISTORY_ARRAY_LIMIT)) if x
+    )
+
+
+def test_arrays_reclaim_the_history_released_longest_ago_then_are_refused() -> None:
+    arrays = ArrayHistory(16).nbytes
+    assert arrays > CHANNEL_BYTES  # ~400 KB against ~47 KB: a frame is 16 numbers
+    store = array_store(budget=2 * CHANNEL_BYTES + arrays + CHANNEL_BYTES // 2)
+    old, older, a = store.attach("old"), store.attach("older"), store.attach("a")
+    assert old and older and a
+    store.detach(older)
+    store.detach(old)  # released after `older`
+    a.record(frame(1), T0, 0, 0, 0)  # its arrays need the room of one history
+    assert a.arrays is not None and store.get("older") is None and store.get("old") is old
+    b = store.attach("b")  # a new history: `old` goes
+    assert b is not None and store.get("old") is None and store.stats().reclaimed == 2
+    for i in range(3):  # only monitored histories left: refused, counted once
+        b.record(frame(i), T0 + i, 0, 0, 0)
+    assert b.arrays is None and store.stats().refused == 1
+    with pytest.raises(NoHistory, match="no room for its arrays"):
+        store.query("b", *EVERYTHING)
+    stats = store.stats()
+    assert stats.used_bytes == 2 * CHANNEL_BYTES + arrays <= stats.budget_bytes
+    store.detach(a)  # `a` is released: b, opened again, finds room for its arrays
+    assert store.attach("b") is b
+    b.record(frame(5), T0 + 5, 0, 0, 0)
+    assert b.arrays is not None and store.get("a") is None and store.stats().refused == 1
+    assert store.stats().used_bytes == CHANNEL_BYTES + arrays
+
+
+def test_the_array_limit_is_checked() -> None:
+    with pytest.raises(ValueError, match="between 0 and 1,024"):
+        HistoryStore(1 << 20, HISTORY_ARRAY_LIMIT + 1)
+
+
+async def test_an_array_channel_records_through_the_hub_only_when_asked(
+    backend: FakeBackend,
+) -> None:
+    for array_max, kept in ((16, True), (0, False)):
+        settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=array_max)
+        hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+        hub.start()
+        try:
+            attach(HubClient(hub), hub, ["fake://a", "fake://b"])
+            for i in range(5):
+                backend.update("a", frame(i), t=T0 + i)
+                backend.update("b", float(i), t=T0 + i)
+            assert list(hub.history("fake://b", *EVERYTHING, ANONYMOUS)[1].value) == [0, 1, 2, 3, 4]
+            if kept:
+                got = hub.history("fake://a", *EVERYTHING, ANONYMOUS)[1]
+                np.testing.assert_array_equal(got.value, [frame(i) for i in range(5)])
+                assert hub.snapshot().history.used_bytes > 2 * CHANNEL_BYTES
+            else:
+                with pytest.raises(NoHistory, match="--history-array-max"):
+                    hub.history("fake://a", *EVERYTHING, ANONYMOUS)
+                assert hub.snapshot().history.used_bytes == 2 * CHANNEL_BYTES
+        finally:
+            await hub.stop()
+
+
+async def test_an_array_channel_s_backfill_is_2d_before_the_snapshot_with_no_duplicate(
+    backend: FakeBackend,
+) -> None:
+    settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=16)
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    hub.start()
+    try:
+        attach(HubClient(hub), hub, ["fake://a"])
+        now = int(time.time())
+        for i in range(20):
+            backend.update("a", frame(i), t=now - 20 + i)
+        msgs = attach_with_backfill(hub, ["fake://a"], 60)
+    finally:
+        await hub.stop()
+    assert [m[0] for m in msgs] == [1, 8, 2]  # ATTACHED, HISTORY, SNAPSHOT
+    assert msgs[1][3] == 0
+    t, value, low, high, severity, status, gap = columns(msgs[1])
+    assert value.shape == low.shape == high.shape == (19, 16) and value.dtype == np.float64
+    assert t.shape == severity.shape == status.shape == gap.shape == (19,)
+    np.testing.assert_array_equal(value, [frame(i) for i in range(19)])  # all but the current
+    assert list(t) == [(now - 20 + i) * NS for i in range(19)]
+    (entry,) = msgs[2][3]
+    np.testing.assert_array_equal(entry[2], frame(19))  # the snapshot carries the current one
+
+
+def test_the_python_client_gives_an_array_channel_s_past_rows_as_arrays() -> None:
+    store = array_store()
+    h = store.attach("ca://W")
+    assert h is not None
+    record_frames(h, 4)
+    h.mark_gap()
+    (p,) = h.backfill(0)  # the points, ending with the gap
+    msg = wire.encode_history(1, 0, 0, (p.t, p.value, p.min, p.max, p.severity, p.status, p.gap))
+    decoded = client_wire.decode_message(msg)
+    assert isinstance(decoded, client_wire.History) and decoded.value.shape == (5, 16)
+    states = past_states(decoded, ChannelState(id="ca://W"), 0)
+    assert [s.value is None for s, _, _ in states] == [False] * 4 + [True]
+    for i, (state, _, t) in enumerate(states[:4]):
+        assert isinstance(state.value, np.ndarray) and state.serial is None
+        np.testing.assert_array_equal(state.value, frame(i))
+        assert t == T0 * NS + i * (NS // 10)

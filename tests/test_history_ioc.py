@@ -4,6 +4,7 @@ went away, and the memory budget's policy with many channels."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from pvwire.core.history import CHANNEL_BYTES
+from pvwire.core.history import CHANNEL_BYTES, array_bytes
 from pvwire.ioc import IocProcess
 from pvwire_client import Client, wire
 
@@ -375,3 +376,194 @@ async def test_history_channels_globs_take_in_ids_the_catalogue_file_adds(tmp_pa
             text = r.read().decode()
         assert samples(text, "pvwire_history_channels")['monitored="true"'] == "2"
         assert samples(text, "pvwire_clients") == {"": "0"}
+
+
+# --- small arrays (--history-array-max) ---------------------------------------------------------
+
+WAVE16 = "ca://PVW:WAVE16"  # the counter's last 16 values, a new array at each step
+WAVE20 = "ca://PVW:WAVE20"  # 20 elements, processed with it
+ARRAY_HISTORY = """query($id: String!, $max: Int! = 1000) {
+  history(id: $id, maxPoints: $max) {
+    resolution truncated seconds nanoseconds value min max mean gap count
+  }
+}"""
+
+
+@pytest.fixture(scope="module")
+def array_server(epics_env: IocProcess) -> Any:
+    with ServerProcess(*server_args_for_tests(["--history-array-max", "16"])) as proc:
+        yield proc
+
+
+async def frames_seen(server: ServerProcess, n: int) -> list[tuple[list[float], int]]:
+    """(elements, IOC time in ns) of `n` whole 16-element frames of WAVE16 seen by a monitor,
+    while WAVE20 is monitored too (so both record)."""
+    seen: list[tuple[list[float], int]] = []
+    async with Client(server.url) as client:
+        updates = client.monitor([WAVE16, WAVE20])
+        try:
+            async with asyncio.timeout(60):
+                async for u in updates:
+                    c = u.channel
+                    if c.id == WAVE16 and isinstance(c.value, np.ndarray) and len(c.value) == 16:
+                        seen.append(
+                            (c.value.tolist(), (c.seconds or 0) * 10**9 + (c.nanoseconds or 0))
+                        )
+                        if len(seen) == n:
+                            break
+        finally:
+            await updates.aclose()
+    return seen
+
+
+async def test_small_array_frames_come_back_from_history_with_the_ioc_times(
+    array_server: ServerProcess,
+) -> None:
+    seen = await frames_seen(array_server, 30)
+    doc = array_server.graphql(ARRAY_HISTORY, {"id": WAVE16})
+    assert "errors" not in doc, doc
+    got = doc["data"]["history"]
+    assert got["resolution"] == 0 and not got["truncated"]
+    rows = {
+        s * 10**9 + ns: v
+        for s, ns, v in zip(got["seconds"], got["nanoseconds"], got["value"], strict=True)
+    }
+    for elements, t in seen:  # every frame the monitor saw, at its IOC time
+        assert rows[t] == elements
+    steps = [v[-1] for v in rows.values() if None not in v]  # a gap's row is all null
+    assert len(steps) >= 30 and all(b - a == 1 for a, b in itertools.pairwise(steps))
+    assert got["min"] == got["value"] == got["max"] and set(got["mean"]) == {None}
+    # A frame longer than --history-array-max is not kept, and the answer says why.
+    doc = array_server.graphql(ARRAY_HISTORY, {"id": WAVE20})
+    assert doc["errors"][0]["extensions"]["code"] == "NO_HISTORY", doc
+    assert "20 elements is longer than --history-array-max (16)" in doc["errors"][0]["message"]
+    # The array channel's frames are in the figures: more than two channels' scalar buffers.
+    with urllib.request.urlopen(f"{array_server.url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    channels = sum(int(v) for v in samples(text, "pvwire_history_channels").values())
+    assert int(samples(text, "pvwire_history_bytes")[""]) > channels * CHANNEL_BYTES
+
+
+async def test_an_array_answer_follows_the_response_cap(epics_env: IocProcess) -> None:
+    """Each row of an array answer counts its 3 x 16 elements (and 7 more columns) against the
+    response's element cap: asked for more rows than fit, the answer is coarser, not refused."""
+    cap = 2_000  # 36 rows of 55 elements
+    args = server_args_for_tests(["--history-array-max", "16"])
+    with ServerProcess(*args, env={"PVWIRE_MAX_GRAPHQL_ELEMENTS": str(cap)}) as server:
+        await frames_seen(server, 40)
+        doc = server.graphql(ARRAY_HISTORY, {"id": WAVE16, "max": cap // 10})
+    assert "errors" not in doc, doc
+    got = doc["data"]["history"]
+    rows = len(got["seconds"])
+    assert 0 < rows <= cap // (10 - 3 + 3 * 16)
+    assert got["resolution"] > 0  # 40 frames did not fit: 10 s buckets did
+    assert all(len(v) == 16 for v in got["value"])
+
+
+async def test_with_arrays_off_nothing_of_them_is_kept(server: ServerProcess) -> None:
+    await frames_seen(server, 3)
+    doc = server.graphql(ARRAY_HISTORY, {"id": WAVE16})
+    assert doc["errors"][0]["extensions"]["code"] == "NO_HISTORY", doc
+    assert "--history-array-max (it is 0)" in doc["errors"][0]["message"]
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    channels = sum(int(v) for v in samples(text, "pvwire_history_channels").values())
+    assert int(samples(text, "pvwire_history_bytes")[""]) == channels * CHANNEL_BYTES
+
+
+async def test_array_backfill_comes_before_the_snapshot_with_no_duplicate_at_the_join(
+    array_server: ServerProcess,
+) -> None:
+    stream = await RawStream.connect(array_server.ws_url)
+    try:
+        await stream.attach(token(array_server, [WAVE16]))  # the channel records from now on
+        updates = 0
+        while updates < 30:
+            data = await stream.next_data(timeout=30)
+            updates += sum(len(g.entries) for g in data.groups)
+        stream.req += 1
+        await stream.send(16, stream.req, token(array_server, [WAVE16], backfill=60))
+        attached = await stream.recv()
+        while isinstance(attached, wire.Data):
+            attached = await stream.recv()
+        assert isinstance(attached, wire.Attached), attached
+        histories: list[wire.History] = []
+        while True:
+            msg = await stream.recv()
+            if isinstance(msg, wire.History):
+                histories.append(msg)
+            elif isinstance(msg, wire.Snapshot):
+                snapshot = msg
+                break
+    finally:
+        await stream.close()
+    points = histories[-1]
+    assert points.resolution == 0 and points.value.ndim == 2 and points.value.shape[1] == 16
+    assert points.min.shape == points.max.shape == points.value.shape
+    after_gap = int(np.flatnonzero(points.gap)[-1]) + 1 if points.gap.any() else 0
+    frames = points.value[after_gap:]
+    assert len(frames) >= 29
+    newest = frames[:, -1]  # each frame ends with the counter's value at its step
+    assert list(np.diff(newest)) == [1.0] * (len(newest) - 1)  # every step
+    np.testing.assert_array_equal(frames[1:, :-1], frames[:-1, 1:])  # a circular buffer
+    (entry,) = snapshot.entries
+    assert isinstance(entry.value, np.ndarray) and entry.seconds is not None
+    # The join: the snapshot's frame is the next step after the last HISTORY row.
+    assert entry.value[-1] == newest[-1] + 1
+    np.testing.assert_array_equal(entry.value[:-1], frames[-1][1:])
+    assert points.t[-1] < entry.seconds * 1_000_000_000 + (entry.nanoseconds or 0)
+
+
+async def test_the_python_client_yields_an_array_channel_s_past_as_arrays(
+    array_server: ServerProcess,
+) -> None:
+    async with Client(array_server.url) as client:
+        seen: list[Any] = []
+        keeper = asyncio.create_task(drain(client, [WAVE16], seen))
+        try:
+            await eventually_async(lambda: len(seen) > 20, timeout=60)
+            past: list[Any] = []
+            updates = client.monitor([WAVE16], backfill=60)
+            async with asyncio.timeout(60):
+                async for u in updates:
+                    if not u.past:
+                        live = u.channel.value
+                        break
+                    past.append(u.channel.value)
+            await updates.aclose()
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    frames = [v for v in past if v is not None]
+    assert len(frames) >= 20 and all(isinstance(v, np.ndarray) and v.shape == (16,) for v in frames)
+    assert live[-1] == frames[-1][-1] + 1
+
+
+async def test_array_histories_share_the_budget_and_the_rest_are_refused_once() -> None:
+    """Ten 16-element sim waveforms under a budget that holds every channel's scalar buffers and
+    two channels' frames: two keep their frames, eight are refused (counted once each, not per
+    frame), and what the store holds never passes the budget."""
+    n, fit = 10, 2
+    budget = n * CHANNEL_BYTES + fit * array_bytes(16) + array_bytes(16) // 2
+    ids = [f"sim://waveform/w{i}?length=16&rate=10" for i in range(n)]
+    args = ["--history-mb", repr(budget / 2**20), "--history-array-max", "16"]
+    with ServerProcess(*server_args_for_tests(args)) as server:
+
+        def metric(name: str) -> dict[str, str]:
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+                return samples(r.read().decode(), name)
+
+        async with Client(server.url) as client:
+            # Several frames of every channel: each refused channel was offered many.
+            await collect(client, ids, lambda s: sum(v is not None for _, v, _, _ in s) > 5 * n)
+            held = int(metric("pvwire_history_bytes")[""])
+            assert held == n * CHANNEL_BYTES + fit * array_bytes(16) <= budget
+            assert metric("pvwire_history_refused_total") == {"": str(n - fit)}
+            answers = [server.graphql(ARRAY_HISTORY, {"id": cid}) for cid in ids]
+    kept = [a for a in answers if "errors" not in a]
+    assert len(kept) == fit and all(
+        len(v) == 16 for a in kept for v in a["data"]["history"]["value"]
+    )
+    for a in answers:
+        if "errors" in a:
+            assert "no room for its arrays" in a["errors"][0]["message"], a

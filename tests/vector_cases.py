@@ -53,10 +53,14 @@ def history(
     gap: list[int],
     low: list[Any] | None = None,
     high: list[Any] | None = None,
+    elements: int = 0,
 ) -> dict[str, Any]:
+    """A HISTORY message; `elements` > 0: an array channel's, `value`, `min` and `max` flattened
+    rows of that many elements (dims [rows, elements])."""
+    dims = [len(t), elements] if elements else None
     return {"kind": "HISTORY", "att": att, "sid": sid, "resolution": resolution,
-            "t": nd("int64", t), "value": nd("float64", value),
-            "min": nd("float64", low or value), "max": nd("float64", high or value),
+            "t": nd("int64", t), "value": nd("float64", value, dims),
+            "min": nd("float64", low or value, dims), "max": nd("float64", high or value, dims),
             "severity": nd("uint8", severity), "status": nd("uint16", status),
             "gap": nd("uint8", gap)}  # fmt: skip
 
@@ -204,6 +208,12 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      "HISTORY: 10 s buckets (min, max, last, highest severity) of sid 2, older than the points",
      history(3, 2, 10_000_000_000, [1699999980_000000000, 1699999990_000000000],
              [4.5, 7.0], [0, 2], [0, 0], [0, 0], low=[-1.0, 5.0], high=[5.25, 9.0])),
+    ("history_array", "server",
+     "HISTORY of an array channel: value, min and max of ndim 2, a row of 3 elements per update, "
+     "with a gap row of NaN (section 2.8)",
+     history(1, 1, 0, [1700000000_000000000, 1700000000_100000000, 1700000001_000000000],
+             [1.0, 2.0, 3.0, 1.5, 2.5, -3.5, *[{"$float": "NaN"}] * 3], [0, 2, 3], [0, 3, 0],
+             [0, 0, 1], elements=3)),
     ("detached", "server", "DETACHED answering DETACH req 3",
      {"kind": "DETACHED", "req": 3, "att": 1}),
     ("detached_by_server", "server", "DETACHED the server chose (req nil)",
@@ -366,6 +376,15 @@ HAND_BUILT: list[HandBuilt] = [
     _reject("reject_nanoseconds_range", "entry nanoseconds 10^9",
             _data1([0, 2, T["seconds"], 1_000_000_000])),
     _reject("reject_severity_range", "entry severity 4 (0-3)", _data1([0, 4, 4, 0, ""])),
+    _reject("reject_history_array_dims",
+            "HISTORY whose value has dims [2, 3] but min [2, 2] (value, min and max share dims)",
+            _p([8, 1, 0, 0, [
+                _nd_ext(6, 1, [2], np.array([1, 2], "<i8").tobytes()),
+                _nd_ext(9, 2, [2, 3], np.arange(6.0).astype("<f8").tobytes()),
+                _nd_ext(9, 2, [2, 2], np.arange(4.0).astype("<f8").tobytes()),
+                _nd_ext(9, 2, [2, 3], np.arange(6.0).astype("<f8").tobytes()),
+                _nd_ext(1, 1, [2], bytes(2)), _nd_ext(3, 1, [2], bytes(4)),
+                _nd_ext(1, 1, [2], bytes(2))]])),
     _reject("reject_metadata_not_map", "entry metadata an array, not a map",
             _data1([0, 8, ["units", "mA"]])),
     _reject("reject_group_extra_element", "DATA group [att, entries, 0] (groups are pairs)",

@@ -73,6 +73,7 @@ def _settings(args: argparse.Namespace) -> Any:
         "linger_s": args.linger,
         "not_found_s": args.not_found_s,
         "history_mb": args.history_mb,
+        "history_array_max": args.history_array_max,
         "access_rules": args.access_rules,
         "audit_log": args.audit_log,
         "jwt_secret_file": args.jwt_secret_file,
@@ -239,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
             type=float,
             help="memory for recent history, all channels together (default 128, ~2,700 "
             "channels; 0 = off)",
+        )
+        p.add_argument(
+            "--history-array-max",
+            type=int,
+            metavar="N",
+            help="keep the recent history of numeric arrays of at most N elements too (up to "
+            "1,024; from the same --history-mb; default 0 = arrays keep none)",
         )
         p.add_argument(
             "--history-channels",

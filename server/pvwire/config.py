@@ -82,6 +82,9 @@ class Settings:
     # Recent history (core/history.py): one memory budget for every channel's buffers, 47 KiB
     # each, so the default holds ~2,700 channels; 0 switches history off.
     history_mb: float = 128.0
+    # Numeric arrays of at most this many elements get a history too, from the same budget
+    # (larger per channel: core/history.py); 0: arrays get none.
+    history_array_max: int = integer("history_array_max")
     # Ids (globs over the catalogue) whose history is recorded from start, with no subscriber.
     history_channels: list[str] = field(default_factory=list)
     not_found_s: float = 5.0  # CONNECTING this long with no server answering: NOT_FOUND

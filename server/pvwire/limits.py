@@ -13,6 +13,8 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_MODE_PER_CHANNEL",
     "ALL_MODE_PER_VIEW",
+    "HISTORY_ARRAY_BYTES",
+    "HISTORY_ARRAY_LIMIT",
     "LIMITS",
     "MAX_BACKFILL_S",
     "MAX_COLUMNS",
@@ -80,6 +82,13 @@ LIMITS: tuple[Limit, ...] = (
     Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
     Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
           "BAD_REQUEST"),
+    Limit("history_array_max", 0, "elements",
+          "a numeric array channel's length for the server to keep its recent history (0: "
+          "arrays keep none; at most 1,024)", "that channel's arrays are not kept (`history`: "
+          "NO_HISTORY, saying why)", setting=True),
+    Limit("history_array_bytes", 4 * _MIB, "bytes",
+          "one array channel's recent history (its rings hold fewer frames and buckets to fit)",
+          "fewer frames and buckets"),
     Limit("max_backfill_s", 86_400.0, "s", "`subscribe` option `backfill`", "BAD_REQUEST"),
     Limit("max_columns", 100_000, "columns",
           "`subscribe` option `maxColumns` (0 = whole arrays; `LATEST` mode only)",
@@ -153,6 +162,9 @@ MAX_PUT_TIMEOUT_S = number("max_put_timeout_s")
 MAX_SEARCH_RESULTS = integer("max_search_results")
 SIM_MAX_STORES = integer("sim_max_stores")
 MAX_BACKFILL_S = number("max_backfill_s")
+HISTORY_ARRAY_BYTES = integer("history_array_bytes")
+# The most `history_array_max` may be: "small arrays" (a bucket holds three frames).
+HISTORY_ARRAY_LIMIT = 1_024
 SIM_MAX_COMPUTED_PER_S = number("sim_max_computed_per_s")
 
 

@@ -8,6 +8,8 @@ makes them (section 2.5).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from typing import Any
 
 from .state import CONNECTED, DISCONNECTED, ChannelState
 from .wire import History
@@ -27,15 +29,17 @@ def past_states(
 
     Each state is a copy of ``like`` (id, metadata, access) with the row's value, time and
     alarm; ``serial`` None (a past row is no stream update). A bucket row gives its last value
-    stamped at the bucket's start. A gap row is a DISCONNECTED state with no value."""
+    stamped at the bucket's start. A gap row is a DISCONNECTED state with no value. An array
+    channel's row is a float64 ndarray of its elements (a view of the message's column)."""
     out = []
-    t, value, severity, status, gap = (
+    frames = history.value.ndim == 2
+    t, severity, status, gap = (
         history.t.tolist(),
-        history.value.tolist(),
         history.severity.tolist(),
         history.status.tolist(),
         history.gap.tolist(),
     )
+    value: Sequence[Any] = list(history.value) if frames else history.value.tolist()
     for i, ti in enumerate(t):
         if ti <= after:
             continue
@@ -47,7 +51,10 @@ def past_states(
             out.append((state, _GAP_CHANGED, ti))
             continue
         v = value[i]
-        state.value = int(v) if v.is_integer() and _integral(like) else v
+        if frames:
+            state.value = v
+        else:
+            state.value = int(v) if v.is_integer() and _integral(like) else v
         state.severity, state.status, state.message = severity[i], status[i], ""
         state.state, state.reason = CONNECTED, ""
         out.append((state, PAST_CHANGED, ti))

@@ -302,7 +302,8 @@ class Client:
         ``backfill`` = S seconds: first the channels' last S seconds as the server recorded them
         (PROTOCOL.md section 2.8), as Updates with ``past`` True, oldest first, then the live
         ones; the first live value is the one after the last past one. After a reconnect the
-        past rows the reader already had are not yielded again.
+        past rows the reader already had are not yielded again. An array channel's past values
+        (a server started with ``--history-array-max``) are float64 ndarrays, one per row.
         """
         stream, sub = await self._open(
             ids, max_rate, mode, max_columns, max_pixels, backfill=backfill

@@ -150,7 +150,8 @@ class History:
 
     ``resolution`` 0: every update as it came (``min`` = ``max`` = ``value``); else buckets of
     that many ns starting at ``t``, ``value`` the last in the bucket. ``gap`` 1 marks where the
-    channel was away (value NaN): a plot breaks its line there."""
+    channel was away (value NaN): a plot breaks its line there. An array channel's ``value``,
+    ``min`` and ``max`` are 2-D, a row of elements per row (``min``/``max`` element-wise)."""
 
     att: int
     sid: int
@@ -397,10 +398,18 @@ def _history(m: list[Any]) -> History:
     if len(columns) != len(_HISTORY_COLUMNS):
         raise ProtocolError(f"HISTORY needs {len(_HISTORY_COLUMNS)} columns, got {len(columns)}")
     for c, (name, dt) in zip(columns, _HISTORY_COLUMNS, strict=True):
-        if not isinstance(c, np.ndarray) or c.dtype != dt or c.ndim != 1:
-            raise ProtocolError(f"HISTORY column {name} must be a 1-D {dt.name} ndarray")
+        # An array channel's value, min and max are 2-D: [rows, elements].
+        ndims = (1, 2) if name in ("value", "min", "max") else (1,)
+        if not isinstance(c, np.ndarray) or c.dtype != dt or c.ndim not in ndims:
+            shape = " or ".join(f"{n}-D" for n in ndims)
+            raise ProtocolError(f"HISTORY column {name} must be a {shape} {dt.name} ndarray")
         if len(c) != len(columns[0]):
             raise ProtocolError(f"HISTORY column {name} has {len(c)} rows, not {len(columns[0])}")
+    if not columns[1].shape == columns[2].shape == columns[3].shape:
+        raise ProtocolError(
+            "HISTORY value, min and max must have the same dims, not "
+            f"{list(columns[1].shape)}, {list(columns[2].shape)}, {list(columns[3].shape)}"
+        )
     if len(columns[4]) and int(columns[4].max()) > 3:
         raise ProtocolError("HISTORY severity above 3")
     return History(

@@ -156,8 +156,10 @@ function subscribeRow(row: Row): void {
 
 /** The recorded past of a row's channel, before its first live value: into its trace. */
 function addPast(row: Row, h: History): void {
+  const value = h.value;
+  if (value instanceof NdArray) return; // an array channel's frames: the strip chart draws scalars
   for (let i = 0; i < h.t.length; i++) {
-    row.trace.push([Number(h.t[i]! / 1_000_000n), h.gap[i] ? NaN : h.value[i]!]);
+    row.trace.push([Number(h.t[i]! / 1_000_000n), h.gap[i] ? NaN : value[i]!]);
   }
   if (row.name === stripName) stripStats.past += h.t.length;
 }

@@ -4,6 +4,7 @@
  * states, their serials and conflation counts are never touched by it.
  */
 import type { Timestamp } from "./channel.js";
+import { NdArray } from "./ndarray.js";
 import type { History } from "./protocol.js";
 
 const NS = 1_000_000_000n;
@@ -27,11 +28,19 @@ export function rowsAfter(history: History, afterNs: bigint): History | null {
   return {
     ...history,
     t: t.subarray(first),
-    value: history.value.subarray(first),
-    min: history.min.subarray(first),
-    max: history.max.subarray(first),
+    value: rowsFrom(history.value, first),
+    min: rowsFrom(history.min, first),
+    max: rowsFrom(history.max, first),
     severity: history.severity.subarray(first),
     status: history.status.subarray(first),
     gap: history.gap.subarray(first),
   };
+}
+
+/** The rows of a value column from `first` on: a subarray, or an array channel's NdArray of the
+ * rows [first, rows) (a view, no copy). */
+function rowsFrom(column: Float64Array | NdArray, first: number): Float64Array | NdArray {
+  if (!(column instanceof NdArray)) return column.subarray(first);
+  const [rows, elements] = column.dims as [number, number];
+  return new NdArray(column.dtype, [rows - first, elements], column.data.subarray(first * elements));
 }

@@ -4,7 +4,7 @@
  */
 import { ProtocolError } from "./errors.js";
 import { decode, encode } from "./msgpack.js";
-import { decodeNdArray, NDARRAY_EXT, type ArrayValue } from "./ndarray.js";
+import { decodeNdArray, NDARRAY_EXT, NdArray, type ArrayValue } from "./ndarray.js";
 
 export const PROTOCOL_VERSION = 1;
 export const SUBPROTOCOL = "pvwire.v1";
@@ -85,6 +85,9 @@ export interface Group { att: number; entries: Entry[] }
  * for `backfill` (section 2.8): columns of one length, oldest first. `resolution` 0: every
  * update as it came (min = max = value); else buckets of that many ns starting at `t`, `value`
  * the last in each. `gap` 1 marks where the channel was away (value NaN).
+ *
+ * An array channel's `value`, `min` and `max` are float64 NdArrays of dims [rows, elements]
+ * (min and max element-wise); a scalar channel's are Float64Arrays, one number per row.
  */
 export interface History {
   kind: "HISTORY";
@@ -93,9 +96,9 @@ export interface History {
   resolution: number;
   /** ns since the POSIX epoch, IOC time. */
   t: BigInt64Array;
-  value: Float64Array;
-  min: Float64Array;
-  max: Float64Array;
+  value: Float64Array | NdArray;
+  min: Float64Array | NdArray;
+  max: Float64Array | NdArray;
   severity: Uint8Array;
   status: Uint16Array;
   gap: Uint8Array;
@@ -300,10 +303,20 @@ function history(a: unknown[]): History {
   const out: Record<string, unknown> = { kind: "HISTORY", att: uint(a[1], "HISTORY att"), sid: uint(a[2], "HISTORY sid"), resolution: uint(a[3], "HISTORY resolution") };
   HISTORY_COLUMNS.forEach(([name, Ctor], i) => {
     const c = columns[i];
-    if (!(c instanceof Ctor)) fail(`HISTORY column ${name} must be a 1-D ${Ctor.name}`, c);
+    // An array channel's value, min and max are 2-D: dims [rows, elements] (section 2.8).
+    if (i >= 1 && i <= 3 && c instanceof NdArray && c.dims.length === 2 && c.data instanceof Float64Array) {
+      if (c.dims[0] !== rows) fail(`HISTORY column ${name} must have ${rows} rows`, c.dims[0]);
+      out[name] = c;
+      return;
+    }
+    if (!(c instanceof Ctor)) fail(`HISTORY column ${name} must be a 1-D ${Ctor.name}${i >= 1 && i <= 3 ? " or a 2-D float64 ndarray" : ""}`, c);
     if (c.length !== rows) fail(`HISTORY column ${name} must have ${rows} rows`, c.length);
     out[name] = c;
   });
+  const dims = (c: unknown) => (c instanceof NdArray ? c.dims.join("x") : "1-D");
+  if (dims(out.value) !== dims(out.min) || dims(out.value) !== dims(out.max)) {
+    fail("HISTORY value, min and max must have the same dims", [dims(out.value), dims(out.min), dims(out.max)]);
+  }
   if ((out.severity as Uint8Array).some((s) => s > 3)) fail("HISTORY severity must be 0..3", out.severity);
   return out as unknown as History;
 }

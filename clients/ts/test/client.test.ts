@@ -295,7 +295,7 @@ describe("PvwireClient with a fake server", () => {
     const seen: string[] = [];
     const sub = c.subscribe(["A"], (st) => seen.push(`${st.connection} ${String(st.value)}`), {
       backfill: 60,
-      onHistory: (sid: number, h: History) => seen.push(`history ${sid} ${Array.from(h.value).join(",")} gap ${Array.from(h.gap).join(",")}`),
+      onHistory: (sid: number, h: History) => seen.push(`history ${sid} ${Array.from(h.value as Float64Array).join(",")} gap ${Array.from(h.gap).join(",")}`),
     });
     await sub.ready;
     for (const ws of s.sockets) ws.close(1012, "restart");

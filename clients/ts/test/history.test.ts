@@ -1,10 +1,18 @@
 // Backfill against the real server and demo IOC: a subscription with `backfill` gets the
 // channel's recorded past (onHistory) before its first state, and the first state is the step
 // after the last past row (PROTOCOL.md section 2.8).
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
-import { PvwireClient, rowsAfter, type History, type WebSocketConstructor } from "../src/index.js";
+import { decodeServerMessage, NdArray, PvwireClient, rowsAfter, type History, type WebSocketConstructor } from "../src/index.js";
 import { stackUnavailable, startStack, until, type Stack } from "./stack.js";
+
+/** A scalar channel's column (an array channel's would be an NdArray). */
+function scalars(column: Float64Array | NdArray): Float64Array {
+  if (column instanceof NdArray) throw new Error("an array channel's rows, not numbers");
+  return column;
+}
 
 const skip = stackUnavailable();
 if (skip) throw new Error(`integration tests cannot run: ${skip}`);
@@ -43,7 +51,7 @@ describe("backfill", () => {
     keeper.unsubscribe();
     const points = past[past.length - 1]!;
     expect(points.resolution).toBe(0);
-    const values = Array.from(points.value);
+    const values = Array.from(scalars(points.value));
     expect(values.length).toBeGreaterThanOrEqual(30);
     values.forEach((v, i) => expect(v).toBe(values[0]! + i)); // every step
     const ts = Array.from(points.t);
@@ -59,7 +67,29 @@ describe("backfill", () => {
       severity: new Uint8Array(3), status: new Uint16Array(3), gap: new Uint8Array(3),
     };
     expect(rowsAfter(h, 0n)).toBe(h);
-    expect(Array.from(rowsAfter(h, 20n)!.value)).toEqual([3]);
+    expect(Array.from(scalars(rowsAfter(h, 20n)!.value))).toEqual([3]);
     expect(rowsAfter(h, 30n)).toBeNull();
+  });
+
+  it("decodes an array channel's rows as [rows, elements] and keeps the newer ones", () => {
+    const bin = readFileSync(join(import.meta.dirname, "../../../protocol/vectors/history_array.bin"));
+    const h = decodeServerMessage(new Uint8Array(bin)) as History;
+    expect(h.kind).toBe("HISTORY");
+    for (const column of [h.value, h.min, h.max]) {
+      expect(column).toBeInstanceOf(NdArray);
+      expect((column as NdArray).dims).toEqual([3, 3]);
+    }
+    const t = h.t;
+    const newer = rowsAfter(h, t[0]!)!;
+    const value = newer.value as NdArray;
+    expect(value.dims).toEqual([2, 3]);
+    expect(Array.from(value.data as Float64Array).slice(0, 3)).toEqual([1.5, 2.5, -3.5]);
+    expect(value.data.buffer).toBe((h.value as NdArray).data.buffer); // a view, not a copy
+    expect(Array.from(newer.gap)).toEqual([0, 1]);
+  });
+
+  it("refuses an array HISTORY whose value, min and max differ in dims", () => {
+    const bin = readFileSync(join(import.meta.dirname, "../../../protocol/vectors/reject_history_array_dims.bin"));
+    expect(() => decodeServerMessage(new Uint8Array(bin))).toThrow(/same dims/);
   });
 });

@@ -271,8 +271,9 @@ def _admin_snapshot(info: Info) -> HubSnapshot:
 @strawberry.type(
     description="A channel's recent history as columns, one element per row, oldest first "
     "(DESIGN.md section 7c): every update as it came (resolution 0) or buckets of `resolution` "
-    "seconds. A gap row (gap true, value null) is where the channel was away: a plot breaks "
-    "its line there."
+    "seconds. A gap row (gap true, value null; for an array channel a row of nulls) is where "
+    "the channel was away: a plot breaks its line there. An array channel's value, min and max "
+    "hold a list of elements per row (its history is kept with --history-array-max)."
 )
 class History:
     id: str
@@ -290,10 +291,17 @@ class History:
         description="POSIX seconds of each point's IOC timestamp, or of each bucket's start"
     )
     nanoseconds: JSON
-    value: JSON = strawberry.field(description="the point's value, or a bucket's last one")
-    min: JSON
-    max: JSON
-    mean: JSON
+    value: JSON = strawberry.field(
+        description="the point's value, or a bucket's last one; for an array channel "
+        "(--history-array-max) a list of elements per row"
+    )
+    min: JSON = strawberry.field(
+        description="a bucket's lowest value (arrays: element by element; points: the value)"
+    )
+    max: JSON = strawberry.field(
+        description="a bucket's highest value (arrays: element by element; points: the value)"
+    )
+    mean: JSON = strawberry.field(description="a bucket's mean value (arrays: null)")
     count: JSON = strawberry.field(description="updates in the row (0 for a gap)")
     severity: JSON = strawberry.field(
         description="alarm severity as a number, 0 NO_ALARM to 3 INVALID (buckets: the highest)"
@@ -501,7 +509,9 @@ class Query:
     @strawberry.field(
         description="recent history of a monitored channel between since and until (POSIX "
         "seconds, IOC time; default: all that is held), as points or, when more than maxPoints, "
-        "the finest buckets that fit; errors: NO_HISTORY, BAD_CHANNEL_ID, FORBIDDEN, TOO_LARGE"
+        "the finest buckets that fit; an array channel's rows count their elements against "
+        "the response's element cap and are fewer when they would not fit it (down to one); "
+        "errors: NO_HISTORY, BAD_CHANNEL_ID, FORBIDDEN, TOO_LARGE"
     )
     def history(
         self,
@@ -522,8 +532,17 @@ class Query:
         hi = 2**62 if until is None else _ns(until)
         try:
             cid, rows = hub.history(id, lo, hi, max_points, _identity(info))
+            per_row = HISTORY_COLUMNS
+            if rows.value.ndim == 2:
+                # An array channel: value, min and max hold a frame per row. Fewer rows are
+                # asked for when these do not fit what the response may still carry, so the
+                # answer is coarser (or truncated) rather than refused.
+                per_row += 3 * (rows.value.shape[1] - 1)
+                fit = budget.left // per_row
+                if 0 < fit < len(rows):
+                    cid, rows = hub.history(id, lo, hi, fit, _identity(info))
             # Every column counts against the response's cap, as array elements do.
-            budget.take(cid, np.broadcast_to(np.int8(0), (len(rows) * HISTORY_COLUMNS,)))
+            budget.take(cid, np.broadcast_to(np.int8(0), (len(rows) * per_row,)))
         except PvwireError as exc:
             raise _error(exc) from None
         seconds, nanoseconds = np.divmod(rows.t, 1_000_000_000)

@@ -144,7 +144,8 @@ METRICS: tuple[Metric, ...] = (
                        s.snapshot.history.channels - s.snapshot.history.monitored)],
            {"monitored": frozenset({"true", "false"})}),
     Metric("history_refused_total", "counter",
-           "Channels that got no history: the budget was full of monitored channels.",
+           "Channels (or their arrays) that got no history: the budget was full of monitored "
+           "channels.",
            _one(lambda s: s.history.refused)),
     Metric("history_reclaimed_total", "counter",
            "Histories of channels no longer monitored, dropped to make room for new ones.",

@@ -16,13 +16,37 @@ vectorised: one merge per bucket they touch, not per update. Times are the IOC's
 (the channel disconnected or stopped being monitored) is a point of its own with the server's
 clock, as the IOC cannot tell when it went away.
 
-The budget (`HistoryStore`): every channel's buffers cost the same, `CHANNEL_BYTES`, and the
-store holds at most `budget // CHANNEL_BYTES` of them. When it is full:
+Small arrays, opt-in (`--history-array-max N`, 0 = off): a 1-D numeric array channel of at
+most N elements gets an `ArrayHistory` on its first array, which `ChannelHistory.record` (the
+slow path: an ndarray is never `kind`, so the scalar writes in `Channel.on_update` are not
+touched) hands every frame to:
+- a raw ring of whole frames (IOC time, the elements as float64, alarm), at most RAW_POINTS;
+- the same tiers, each bucket holding its last frame and the element-wise min and max (NaN
+  elements ignored), count, highest severity and gap flag. No mean: a sum per element would
+  cost a fourth frame per bucket for a figure a strip chart of arrays does not draw.
+Frames are folded into the finest tier as they come (one element-wise min and max per frame):
+an array update already costs its encoding, and no ring of pending frames has to be kept for a
+vectorised fold. Recording a frame through `record` costs 3.5-9 us at 16 to 1,024 elements
+(bench/history.py, 2026-11-24, load 3.5-4, three runs): numpy's per-call overhead, not the size.
+One channel's rings are held under `HISTORY_ARRAY_BYTES` (limits.py, 4 MiB): half for the raw
+ring, a quarter per tier; an array too wide for RAW_POINTS frames or a tier's buckets in its
+share gets fewer (1,024 elements: 255 frames and 42 buckets per tier, so the tiers cover 7 min
+and 3.5 h). The width is the first frame's; a frame of another length starts the channel's
+array history again (one answer has one width), and one longer than N, or not 1-D numeric, is
+not kept (NO_HISTORY says why). A channel whose arrays the budget refused is asked again when
+it is opened again, not at every frame. GraphQL `history` answers with a list of elements per
+row; a backfill sends 2-D columns (PROTOCOL.md section 2.8), built by the same rules as a
+scalar channel's (`ArrayHistory.backfill`).
+
+The budget (`HistoryStore`) is bytes: a channel costs `CHANNEL_BYTES` (its scalar buffers,
+allocated when it gets a history), an array channel that plus its `ArrayHistory`'s arrays,
+counted when they are allocated. When a new history or a channel's arrays do not fit:
 1. the history of the channel that stopped being monitored longest ago is reclaimed (nobody
-   watches it and its data only gets older);
-2. if every history in the store belongs to a monitored channel, the new channel gets none, and
-   `refused` counts it: taking history away from a channel someone is watching would break a
-   plot on screen, while a new channel without history still streams as before.
+   watches it and its data only gets older), again until it fits;
+2. if every history in the store belongs to a monitored channel, the new channel (or its
+   arrays) gets none, and `refused` counts it: taking history away from a channel someone is
+   watching would break a plot on screen, while a new channel without history still streams as
+   before.
 A channel released after the linger keeps its history (ended by a gap) while the budget allows,
 and continues it if it is monitored again.
 """
@@ -39,6 +63,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import PvwireError
+from ..limits import HISTORY_ARRAY_BYTES, HISTORY_ARRAY_LIMIT
 
 __all__ = [
     "CHANNEL_BYTES",
@@ -46,6 +71,7 @@ __all__ = [
     "NS",
     "RAW_POINTS",
     "TIERS",
+    "ArrayHistory",
     "ChannelHistory",
     "HistorySlice",
     "HistoryStats",
@@ -177,7 +203,9 @@ class HistorySlice:
     """What `ChannelHistory.query` returns: points or buckets, oldest first, as columns.
 
     For points (`resolution` 0) min = max = mean = value and count = 1. A gap is a row of its own
-    with `gap` set and value NaN (buckets: `gap` set if the channel was away in that span)."""
+    with `gap` set and value NaN (buckets: `gap` set if the channel was away in that span).
+    An array channel's `value`, `min` and `max` have a row of elements per row (ndim 2) and its
+    `mean` is NaN (not kept for arrays: the module docstring)."""
 
     resolution: int  # ns per bucket; 0: every update as it came
     t: npt.NDArray[np.int64]  # IOC time of the point, or the bucket's start, in ns
@@ -199,12 +227,17 @@ class HistorySlice:
 class ChannelHistory:
     """One channel's buffers. `record` and `mark_gap` are called by its Channel."""
 
-    __slots__ = ("_a", "_t", "_v", "attached", "channel_id", "failed", "first", "folded", "i",
-                 "kind", "numeric", "pinned", "ring_a", "ring_t", "ring_v", "tier",
-                 "wrapped")  # fmt: skip
+    __slots__ = ("_a", "_t", "_v", "arrays", "attached", "channel_id", "failed", "first",
+                 "folded", "i", "kind", "no_room", "numeric", "pinned", "ring_a", "ring_t",
+                 "ring_v", "store", "tier", "unkept", "wrapped")  # fmt: skip
 
-    def __init__(self, channel_id: str) -> None:
+    def __init__(self, channel_id: str, store: HistoryStore | None = None) -> None:
         self.channel_id = channel_id
+        # Where its arrays' bytes are asked for; None: arrays are not kept (a bare history).
+        self.store = store
+        self.arrays: ArrayHistory | None = None  # an array channel's frames (the docstring)
+        self.unkept = ""  # why the last value that was not a number was not kept
+        self.no_room = False  # the store refused its arrays since it was last attached (opened)
         # The raw ring as three columns: IOC time (ns), value, and alarm (severity << 8 |
         # status; GAP_ALARM for a gap). Written through memoryviews (`ring_*`): ~45 ns an item
         # against ~80 ns through numpy's item assignment and ~200 ns for a structured row
@@ -247,7 +280,15 @@ class ChannelHistory:
         kind = type(value)
         if not (kind in _NUMBERS or issubclass(kind, np.number | np.bool_)):
             self.kind = None
-            self.numeric = False  # strings and arrays are not kept (yet)
+            if isinstance(value, np.ndarray):
+                # An ndarray is never `kind`: every frame comes here, off the scalar path.
+                t = seconds * NS + nanoseconds
+                if not 0 <= severity <= 0xFE:
+                    raise ValueError(f"alarm severity {severity} out of range")
+                self._record_array(value, t, severity << 8 | status & 0xFF)
+                return
+            self.numeric = False
+            self.unkept = "only numbers and numeric arrays are recorded"
             return
         self.kind = kind
         i = self.i
@@ -258,6 +299,49 @@ class ChannelHistory:
         self.i = i = i + 1
         if not i & FOLD_MASK:
             self.fold()
+
+    def _record_array(self, value: npt.NDArray[Any], t: int, alarm: int) -> None:
+        store = self.store
+        limit = store.array_max if store is not None else 0
+        arrays = self.arrays
+        if arrays is not None and value.shape == (arrays.elements,):
+            arrays.record(value, t, alarm)
+            return
+        self.numeric = False
+        if value.ndim != 1 or value.dtype.kind not in "biuf":
+            self.unkept = "only numbers and 1-D numeric arrays are recorded"
+        elif store is None or not limit:
+            self.unkept = "arrays are recorded only with --history-array-max (it is 0)"
+        elif not 0 < len(value) <= limit:
+            self.unkept = (
+                f"its array of {len(value):,} elements is longer than --history-array-max "
+                f"({limit:,})"
+                if len(value)
+                else "its array is empty"
+            )
+        elif self.no_room:
+            return  # refused once: asked again when the channel is opened again
+        else:
+            # The first frame, or one of another length: the array history starts (again).
+            if arrays is not None:
+                self.arrays = None
+                store.release_bytes(arrays.nbytes)
+            if not store.take_bytes(self, array_bytes(len(value))):
+                # Not tried again at every frame: that would count one refusal per update and
+                # look for histories to reclaim at the channel's rate.
+                self.no_room = True
+                self.unkept = "the history budget (--history-mb) had no room for its arrays"
+                return
+            self.arrays = ArrayHistory(len(value))
+            self.arrays.record(value, t, alarm)
+            return
+        if arrays is not None:  # a frame that is not kept: the line breaks here
+            arrays.mark_gap()
+
+    @property
+    def nbytes(self) -> int:
+        """What this history holds allocated: its scalar buffers and its frames' arrays."""
+        return CHANNEL_BYTES + (self.arrays.nbytes if self.arrays is not None else 0)
 
     def fold(self) -> None:
         """Called by the writer when `i` reached a multiple of AGGREGATE_EVERY: the pending
@@ -271,6 +355,8 @@ class ChannelHistory:
         """The channel went away (disconnected, or no longer monitored): the line breaks here.
 
         Stamped with the server's clock, never before the last point (IOC clocks can be ahead)."""
+        if self.arrays is not None:
+            self.arrays.mark_gap()
         if not self.n or self._a[self.i - 1] == GAP_ALARM:  # none yet, or one per absence
             return
         self._aggregate()
@@ -332,7 +418,9 @@ class ChannelHistory:
     def query(self, since: int, until: int, max_points: int) -> HistorySlice:
         """Rows with since <= t <= until (ns): the raw points if they reach back to `since` and
         are at most `max_points`, else the finest tier that does; if none fits, the coarsest,
-        its newest `max_points` buckets."""
+        its newest `max_points` buckets. An array channel answers with its frames."""
+        if self.arrays is not None:
+            return self.arrays.query(since, until, max_points)
         self._aggregate()
         raw = self.points()
         raw_whole = not self.wrapped  # nothing dropped yet: it reaches back to the start
@@ -371,7 +459,10 @@ class ChannelHistory:
         The join with the snapshot: the newest raw point, unless it is a gap, is the channel's
         current value (the channel records every update where it stores it, and the snapshot
         is taken in the same call, with no update in between), so it is left out: the snapshot
-        carries it. Nothing between: every older update is in the points."""
+        carries it. Nothing between: every older update is in the points. An array channel
+        sends its frames the same way."""
+        if self.arrays is not None:
+            return self.arrays.backfill(since)
         self._aggregate()
         raw = self.points()
         if len(raw) and not raw["gap"][-1]:
@@ -404,6 +495,292 @@ class ChannelHistory:
         if whole or not len(raw):
             return self.first
         return int(raw["t"][0])
+
+
+def array_sizes(elements: int) -> tuple[int, tuple[int, ...]]:
+    """(raw frames, buckets per tier) of an array history of `elements` under
+    HISTORY_ARRAY_BYTES: half of it for the raw ring, the rest shared by the tiers."""
+    frame = elements * 8 + 8 + 2
+    bucket = 3 * elements * 8 + 8 + 4 + 1 + 1
+    frames = max(2, min(RAW_POINTS, HISTORY_ARRAY_BYTES // 2 // frame))
+    share = HISTORY_ARRAY_BYTES // 2 // len(TIERS)
+    return frames, tuple(max(2, min(size, share // bucket)) for _, size in TIERS)
+
+
+def array_bytes(elements: int) -> int:
+    """What an ArrayHistory of `elements` allocates (its `nbytes`), before it is made."""
+    frames, sizes = array_sizes(elements)
+    frame = elements * 8
+    return (frames * (frame + 8 + 2)
+            + sum(size * (3 * frame + 8 + 4 + 1 + 1) + 3 * frame for size in sizes))  # fmt: skip
+
+
+class ArrayTier:
+    """A tier of array buckets: the last frame and the element-wise min and max of each."""
+
+    __slots__ = ("count", "gap", "hi", "key", "last", "lo", "n", "next", "o_count", "o_gap",
+                 "o_hi", "o_last", "o_lo", "o_sev", "sev", "t", "width")  # fmt: skip
+
+    def __init__(self, width: int, size: int, elements: int, following: ArrayTier | None) -> None:
+        self.width = width
+        self.t = np.zeros(size, "<i8")
+        self.last = np.full((size, elements), math.nan)
+        self.lo = np.full((size, elements), math.nan)
+        self.hi = np.full((size, elements), math.nan)
+        self.count = np.zeros(size, "<u4")
+        self.sev = np.zeros(size, "u1")
+        self.gap = np.zeros(size, "u1")
+        self.n = 0
+        self.next = following
+        self.key = -1
+        # The open bucket.
+        self.o_last = np.full(elements, math.nan)
+        self.o_lo = np.full(elements, math.nan)
+        self.o_hi = np.full(elements, math.nan)
+        self.o_count = self.o_sev = self.o_gap = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.t, self.last, self.lo, self.hi, self.count, self.sev,
+                                      self.gap, self.o_last, self.o_lo, self.o_hi))  # fmt: skip
+
+    def add(self, t: int, last: npt.NDArray[np.float64], lo: npt.NDArray[np.float64],
+            hi: npt.NDArray[np.float64], count: int, sev: int, gap: int) -> None:  # fmt: skip
+        """Merge one frame (count 1, lo = hi = last) or a closed bucket of the tier before."""
+        key = t // self.width
+        if key > self.key:
+            if self.key >= 0:
+                self._close()
+            self.key = key
+            self.o_last[:] = last
+            self.o_lo[:] = lo
+            self.o_hi[:] = hi
+            self.o_count, self.o_sev, self.o_gap = count, sev, gap
+            return
+        if count:
+            if self.o_count:
+                np.fmin(self.o_lo, lo, out=self.o_lo)
+                np.fmax(self.o_hi, hi, out=self.o_hi)
+            else:
+                self.o_lo[:] = lo
+                self.o_hi[:] = hi
+            self.o_last[:] = last
+            self.o_count += count
+        self.o_sev = max(self.o_sev, sev)
+        self.o_gap |= gap
+
+    def add_gap(self, t: int) -> None:
+        key = t // self.width
+        if key > self.key:
+            if self.key >= 0:
+                self._close()
+            self.key = key
+            self.o_last[:] = self.o_lo[:] = self.o_hi[:] = math.nan
+            self.o_count, self.o_sev = 0, INVALID
+        self.o_gap = 1
+
+    def _close(self) -> None:
+        j = self.n % len(self.t)
+        self.t[j] = self.key * self.width
+        self.last[j], self.lo[j], self.hi[j] = self.o_last, self.o_lo, self.o_hi
+        self.count[j], self.sev[j], self.gap[j] = self.o_count, self.o_sev, self.o_gap
+        self.n += 1
+        if self.next is not None:
+            self.next.add(int(self.t[j]), self.last[j], self.lo[j], self.hi[j], self.o_count,
+                          self.o_sev, self.o_gap)  # fmt: skip
+
+    def rows(self, finer: list[ArrayTier]) -> _ArrayRows:
+        """Every bucket held, oldest first, the open one last (copies). `finer`: the tiers
+        before this one, coarsest first, whose open buckets are not merged into this one yet."""
+        size = len(self.t)
+        order = np.arange(self.n) if self.n <= size else np.arange(self.n, self.n + size) % size
+        scratch = ArrayTier(self.width, len(finer) + 1, self.o_last.shape[0], None)
+        for tier in (self, *finer):
+            if tier.key >= 0:
+                scratch.add(tier.key * tier.width, tier.o_last, tier.o_lo, tier.o_hi,
+                            tier.o_count, tier.o_sev, tier.o_gap)  # fmt: skip
+        if scratch.key >= 0:
+            scratch._close()
+        tail = np.arange(scratch.n)
+        return _ArrayRows(
+            t=np.concatenate((self.t[order], scratch.t[tail])),
+            last=np.concatenate((self.last[order], scratch.last[tail])),
+            lo=np.concatenate((self.lo[order], scratch.lo[tail])),
+            hi=np.concatenate((self.hi[order], scratch.hi[tail])),
+            count=np.concatenate((self.count[order], scratch.count[tail])).astype(np.int64),
+            sev=np.concatenate((self.sev[order], scratch.sev[tail])).astype(np.int64),
+            gap=np.concatenate((self.gap[order], scratch.gap[tail])) != 0,
+        )
+
+    @property
+    def wrapped(self) -> bool:
+        return self.n >= len(self.t)
+
+
+@dataclass(frozen=True, slots=True)
+class _ArrayRows:
+    t: npt.NDArray[np.int64]
+    last: npt.NDArray[np.float64]
+    lo: npt.NDArray[np.float64]
+    hi: npt.NDArray[np.float64]
+    count: npt.NDArray[np.int64]
+    sev: npt.NDArray[np.int64]
+    gap: npt.NDArray[np.bool_]
+
+    def __getitem__(self, sel: Any) -> _ArrayRows:
+        return _ArrayRows(self.t[sel], self.last[sel], self.lo[sel], self.hi[sel],
+                          self.count[sel], self.sev[sel], self.gap[sel])  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def slice(self, width: int, truncated: bool, oldest: int) -> HistorySlice:
+        n = len(self.t)
+        return HistorySlice(
+            resolution=width, t=self.t, value=self.last, min=self.lo, max=self.hi,
+            mean=np.full(n, math.nan), count=self.count, severity=self.sev,
+            status=np.zeros(n, np.int64), gap=self.gap, truncated=truncated, since=oldest,
+        )  # fmt: skip
+
+
+class ArrayHistory:
+    """One array channel's frames: a raw ring of whole frames and tiers of array buckets (the
+    module docstring). `ChannelHistory` owns it and hands it every frame of its width."""
+
+    __slots__ = ("_a", "_t", "_v", "elements", "first", "i", "tier", "wrapped")
+
+    def __init__(self, elements: int) -> None:
+        self.elements = elements
+        frames, sizes = array_sizes(elements)
+        self._t = np.zeros(frames, "<i8")
+        self._v = np.full((frames, elements), math.nan)
+        self._a = np.zeros(frames, "<u2")
+        self.i = 0
+        self.wrapped = False
+        self.first = 0
+        following: ArrayTier | None = None
+        for (width, _), size in reversed(tuple(zip(TIERS, sizes, strict=True))):
+            following = ArrayTier(width, size, elements, following)
+        assert following is not None
+        self.tier = following
+
+    @property
+    def nbytes(self) -> int:
+        total = self._t.nbytes + self._v.nbytes + self._a.nbytes
+        tier: ArrayTier | None = self.tier
+        while tier is not None:
+            total += tier.nbytes
+            tier = tier.next
+        return total
+
+    @property
+    def n(self) -> int:
+        return len(self._t) if self.wrapped else self.i
+
+    def record(self, value: npt.NDArray[Any], t: int, alarm: int) -> None:
+        i = self.i
+        row = self._v[i]
+        row[:] = value  # any numeric dtype, as float64
+        self._t[i], self._a[i] = t, alarm
+        if not self.first:
+            self.first = t
+        self.tier.add(t, row, row, row, 1, alarm >> 8, 0)
+        self._advance()
+
+    def mark_gap(self) -> None:
+        """As ChannelHistory.mark_gap: one gap row per absence, on the server's clock."""
+        if not self.n or self._a[self.i - 1] == GAP_ALARM:
+            return
+        t = max(time.time_ns(), int(self._t[self.i - 1]) + 1)
+        i = self.i
+        self._t[i], self._a[i] = t, GAP_ALARM
+        self._v[i] = math.nan
+        self.tier.add_gap(t)
+        self._advance()
+
+    def _advance(self) -> None:
+        self.i += 1
+        if self.i == len(self._t):
+            self.i = 0
+            self.wrapped = True
+
+    def _order(self) -> npt.NDArray[np.intp]:
+        """Indices of the frames held, oldest first."""
+        return np.arange(self.i - self.n, self.i) % len(self._t)
+
+    def _frames(self, idx: npt.NDArray[np.intp], oldest: int) -> HistorySlice:
+        a = self._a[idx]
+        gap = a == GAP_ALARM
+        v = self._v[idx]
+        return HistorySlice(
+            resolution=0, t=self._t[idx].astype(np.int64), value=v, min=v, max=v,
+            mean=np.full(len(idx), math.nan), count=np.where(gap, 0, 1).astype(np.int64),
+            severity=np.where(gap, INVALID, a >> 8).astype(np.int64),
+            status=np.where(gap, 0, a & 0xFF).astype(np.int64), gap=gap, truncated=False,
+            since=oldest,
+        )  # fmt: skip
+
+    def _tier_for(self, since: int) -> tuple[ArrayTier, _ArrayRows]:
+        """The finest tier that reaches back to `since`, else the coarsest, with its rows."""
+        tier: ArrayTier | None = self.tier
+        finer: list[ArrayTier] = []
+        chosen: tuple[ArrayTier, _ArrayRows] | None = None
+        while tier is not None:
+            rows = tier.rows(finer)
+            finer.insert(0, tier)
+            chosen = (tier, rows)
+            if not tier.wrapped or (len(rows) and rows.t[0] <= since):
+                break
+            tier = tier.next
+        assert chosen is not None
+        return chosen
+
+    def query(self, since: int, until: int, max_points: int) -> HistorySlice:
+        """As ChannelHistory.query, with rows of frames."""
+        idx = self._order()
+        t = self._t[idx]
+        sel = idx[(t >= since) & (t <= until)]
+        whole = not self.wrapped
+        if len(sel) <= max_points and (whole or (len(t) and t[0] <= since)):
+            return self._frames(sel, self.first if whole or not len(t) else int(t[0]))
+        tier: ArrayTier | None = self.tier
+        finer: list[ArrayTier] = []
+        chosen: tuple[ArrayTier, _ArrayRows] | None = None
+        while tier is not None:
+            rows = tier.rows(finer)
+            finer.insert(0, tier)
+            picked = rows[(rows.t + tier.width > since) & (rows.t <= until)]
+            chosen = (tier, picked)
+            reaches = not tier.wrapped or (len(rows) and rows.t[0] <= since)
+            if len(picked) <= max_points and reaches:
+                break
+            tier = tier.next
+        assert chosen is not None
+        used, picked = chosen
+        truncated = len(picked) > max_points
+        if truncated:
+            picked = picked[len(picked) - max_points :]
+        oldest = int(used.rows([]).t[0]) if used.wrapped else self.first
+        return picked.slice(used.width, truncated, oldest)
+
+    def backfill(self, since: int) -> list[HistorySlice]:
+        """As ChannelHistory.backfill (the join included: the newest frame, unless a gap, is
+        the channel's current value, which the snapshot carries)."""
+        idx = self._order()
+        if len(idx) and self._a[idx[-1]] != GAP_ALARM:
+            idx = idx[:-1]
+        t = self._t[idx]
+        out = []
+        if self.wrapped and len(idx) and t[0] > since:
+            used, rows = self._tier_for(since)
+            end = rows.t + used.width
+            rows = rows[(end > since) & (end <= int(t[0]))]
+            if len(rows):
+                out.append(rows.slice(used.width, False, self.first))
+        keep = idx[t >= since]
+        if len(keep):
+            out.append(self._frames(keep, self.first))
+        return out
 
 
 def _points(sel: npt.NDArray[Any], oldest: int, truncated: bool) -> HistorySlice:
@@ -454,16 +831,21 @@ class HistoryStats:
     used_bytes: int
     channels: int  # histories held
     monitored: int  # of which their channel is monitored now
-    refused: int  # channels that got no history: the budget was full of monitored channels
+    refused: int  # channels (or arrays) given no history: the budget was full of monitored ones
     reclaimed: int  # histories of unmonitored channels dropped to make room
 
 
 class HistoryStore:
     """Every channel's history under one memory budget (the policy: the module docstring)."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, array_max: int = 0) -> None:
+        if not 0 <= array_max <= HISTORY_ARRAY_LIMIT:
+            raise ValueError(
+                f"history_array_max must be between 0 and {HISTORY_ARRAY_LIMIT:,}, not {array_max}"
+            )
         self.budget_bytes = budget_bytes
-        self.capacity = budget_bytes // CHANNEL_BYTES
+        self.array_max = array_max  # longest numeric array that gets a history; 0: none do
+        self.used = 0  # bytes held by the histories in `_histories`
         # Insertion order is the order of the last attach or detach: the first detached one
         # found is the one released longest ago.
         self._histories: dict[str, ChannelHistory] = {}
@@ -486,8 +868,8 @@ class HistoryStore:
                 )
             )
             raise NoHistory(f"no history of {channel_id}: {why}")
-        if not h.numeric and not h.n:
-            raise NoHistory(f"no history of {channel_id}: only numeric values are recorded")
+        if h.arrays is None and not h.numeric and not h.n:
+            raise NoHistory(f"no history of {channel_id}: {h.unkept}")
         return h.query(since, until, max_points)
 
     def attach(self, channel_id: str, pinned: bool = False) -> ChannelHistory | None:
@@ -498,14 +880,30 @@ class HistoryStore:
             self._histories[channel_id] = h
             return None
         if h is None:
-            if len(self._histories) >= self.capacity and not self._reclaim():
+            if not self._room(CHANNEL_BYTES):
                 self.refused += 1
                 return None
-            h = ChannelHistory(channel_id)
+            h = ChannelHistory(channel_id, self)
+            self.used += CHANNEL_BYTES
         h.attached = True
+        h.no_room = False  # its arrays may find room now, as a refused channel's history may
         h.pinned = h.pinned or pinned
         self._histories[channel_id] = h
         return h
+
+    def take_bytes(self, h: ChannelHistory, n: int) -> bool:
+        """Room for `n` more bytes of `h` (its arrays), reclaiming released histories as a new
+        channel would; False (counted in `refused`) when the budget is full of monitored ones.
+        A history the store no longer holds gets none."""
+        if self._histories.get(h.channel_id) is not h or not self._room(n, keep=h):
+            self.refused += 1
+            return False
+        self.used += n
+        return True
+
+    def release_bytes(self, n: int) -> None:
+        """A held history freed `n` bytes (its arrays, replaced)."""
+        self.used -= n
 
     def detach(self, h: ChannelHistory) -> None:
         """Its channel is no longer monitored: the history ends with a gap and may be reclaimed."""
@@ -516,19 +914,32 @@ class HistoryStore:
         del self._histories[h.channel_id]
         self._histories[h.channel_id] = h  # most recently released: last to be reclaimed
 
-    def _reclaim(self) -> bool:
-        for cid, h in self._histories.items():
-            if h.failed or (not h.attached and not h.pinned):
-                del self._histories[cid]
-                self.reclaimed += 1
-                return True
-        return False
+    def _room(self, n: int, keep: ChannelHistory | None = None) -> bool:
+        """Reclaims released (or failed) histories, longest released first, until `n` more
+        bytes fit; False if they cannot, and then reclaims nothing."""
+        if self.used + n <= self.budget_bytes:
+            return True
+        victims = []
+        freed = 0
+        for h in self._histories.values():
+            if h is not keep and (h.failed or (not h.attached and not h.pinned)):
+                victims.append(h)
+                freed += h.nbytes
+                if self.used - freed + n <= self.budget_bytes:
+                    break
+        else:
+            return False
+        for h in victims:
+            del self._histories[h.channel_id]
+            self.used -= h.nbytes
+            self.reclaimed += 1
+        return True
 
     def stats(self) -> HistoryStats:
         n = len(self._histories)
         return HistoryStats(
             budget_bytes=self.budget_bytes,
-            used_bytes=n * CHANNEL_BYTES,
+            used_bytes=self.used,
             channels=n,
             monitored=sum(1 for h in self._histories.values() if h.attached),
             refused=self.refused,

@@ -49,7 +49,9 @@ class Hub:
         self.settings = settings
         self.signer = signer
         self.ticker = Ticker(settings.tick_ms)
-        self.history_store = HistoryStore(int(settings.history_mb * (1 << 20)))
+        self.history_store = HistoryStore(
+            int(settings.history_mb * (1 << 20)), settings.history_array_max
+        )
         self.registry = Registry(backends, settings, self.ticker, history=self.history_store)
         self.rules = RulesFile(settings.access_rules, settings.write_rules)
         self.audit = AuditLog(settings.audit_log)

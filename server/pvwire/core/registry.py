@@ -47,7 +47,9 @@ class Registry:
         self._lingering: dict[str, asyncio.TimerHandle] = {}
         self._searching: dict[Channel, float] = {}  # opened, not connected yet -> opened at
         self.updates_closed = 0  # updates of channels already closed, so totals never go down
-        self.history = history or HistoryStore(int(settings.history_mb * (1 << 20)))
+        self.history = history or HistoryStore(
+            int(settings.history_mb * (1 << 20)), settings.history_array_max
+        )
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -409,7 +409,8 @@ HISTORY_COLUMNS = (
 def encode_history(att: int, sid: int, resolution: int, columns: Sequence[Any]) -> bytes:
     """HISTORY `[8, att, sid, resolution, columns]`: `columns` holds the 7 arrays of
     HISTORY_COLUMNS in order, each preceded by the nil items (0-7) that put its data on a
-    multiple of 8 bytes from the message's start, as entries are padded (section 3)."""
+    multiple of 8 bytes from the message's start, as entries are padded (section 3). An array
+    channel's value, min and max are 2-D, [rows, elements], and go as they are (section 2.8)."""
     head = b"\x95" + _pack(Kind.HISTORY) + _pack(att) + _pack(sid) + _pack(resolution)
     # Array 16 header: wide enough for the most items the padding can make (7 + 7 x 7).
     pos = len(head) + 3
