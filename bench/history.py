@@ -76,17 +76,19 @@ def loop_alone(n: int) -> float:
 def recording(updates: int, rounds: int) -> dict[str, float]:
     channel = Channel("fake://x", FakeBackend(), "x", _Listener())
     channel.on_connection(ConnState.CONNECTED)
-    history = ChannelHistory("fake://x")
+    # Held by a store, as the server's are: written through the store's journal.
+    history = HistoryStore(CHANNEL_BYTES).attach("fake://x")
+    assert history is not None
     off: list[float] = []
     on: list[float] = []
     alone: list[float] = []
     empty: list[float] = []
     start = 0
     for _ in range(rounds):  # interleaved, so all see the same machine
-        channel.recorder = None
+        channel.record_into(None)
         off.append(per_update(channel, updates, start))
         start += updates
-        channel.recorder = history
+        channel.record_into(history)
         on.append(per_update(channel, updates, start))
         start += updates
         alone.append(record_alone(updates))

@@ -129,8 +129,10 @@ def test_strings_and_arrays_are_not_recorded() -> None:
 
 
 async def test_a_channel_records_what_record_records(hub: Hub) -> None:
-    """Channel.on_update writes values of a checked type itself (ChannelHistory.record's lines,
-    inline): over 2.5 rings of mixed types, alarms, a string and gaps, both keep the same."""
+    """Channel.on_update writes values of a checked type into the store's journal itself
+    (Journal.write's lines, inline): over 2.5 rings of mixed types, alarms, a string and gaps,
+    it keeps what a bare history's `record` keeps. One channel alone puts more than
+    AGGREGATE_EVERY points in the journal between two gaps: the flush's one-at-a-time path."""
     client = HubClient(hub)
     attach(client, hub, ["fake://a"])
     channel = hub.registry.channels["fake://a"]
@@ -163,6 +165,52 @@ async def test_a_channel_records_what_record_records(hub: Hub) -> None:
         assert a.resolution == b.resolution > 0 and a.gap.any()
         for column in ("t", "value", "min", "max", "mean", "count", "severity", "gap"):
             np.testing.assert_array_equal(getattr(a, column), getattr(b, column))
+
+
+def test_the_journal_keeps_what_bare_histories_keep_over_many_channels() -> None:
+    """Interleaved updates of 40 channels through the store's journal (full flushes of ~400
+    points per channel, the vectorised scatter, and flushes by reads and gaps) against 40 bare
+    histories fed the same: the same points and buckets, across the rings' ends."""
+    store = HistoryStore(64 * CHANNEL_BYTES)
+    ids = [f"fake://c{k}" for k in range(40)]
+    held = [store.attach(cid) for cid in ids]
+    bare = [ChannelHistory(cid) for cid in ids]
+    start = (time.time_ns() // NS + 86_400) // 300 * 300 * NS
+    for i in range(1100):  # 44,000 points: two full journals and a part
+        t = start + i * NS // 10
+        for k, (h, b) in enumerate(zip(held, bare, strict=True)):
+            assert h is not None
+            value = float(i * 40 + k)
+            severity = 1 if (i + k) % 50 == 0 else 0
+            h.record(value, t // NS, t % NS, severity, k)
+            b.record(value, t // NS, t % NS, severity, k)
+        if i == 600:
+            held[3].mark_gap()  # flushes the journal first, as any read does
+            bare[3].mark_gap()
+    assert store.journal.j > 0  # some points still wait: the reads below flush them
+    for h, b in zip(held, bare, strict=True):
+        assert h is not None
+        got, want = h.points(), b.points()
+        assert h.wrapped and len(got) == RAW_POINTS
+        for column in ("t", "v", "sev", "stat", "gap"):
+            np.testing.assert_array_equal(got[column], want[column])
+        a, c = h.query(0, 2**62, 20), b.query(0, 2**62, 20)
+        for column in ("t", "value", "min", "max", "mean", "count", "severity", "gap"):
+            np.testing.assert_array_equal(getattr(a, column), getattr(c, column))
+
+
+def test_a_reclaimed_slot_s_new_channel_gets_none_of_the_old_points() -> None:
+    store = HistoryStore(CHANNEL_BYTES)  # one slot
+    old = store.attach("fake://old")
+    assert old is not None
+    old.record(1.0, T0, 0, 0, 0)
+    old.record(2.0, T0 + 1, 0, 0, 0)
+    store.detach(old)
+    old.record(3.0, T0 + 2, 0, 0, 0)  # (a write after release: still the old channel's)
+    new = store.attach("fake://new")
+    assert new is not None and new.slot == old.slot and store.reclaimed == 1
+    new.record(9.0, T0 + 5, 0, 0, 0)
+    assert list(new.query(*EVERYTHING).value) == [9.0]
 
 
 def test_a_channel_s_buffers_cost_what_the_store_counts() -> None:

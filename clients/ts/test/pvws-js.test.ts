@@ -155,6 +155,13 @@ describe("pvws.js served by pvwire, used as dbwr uses it", () => {
     expect(listed).not.toContain(SIM_PV);
     expect(listed).toContain(IOC_PV);
     expect(await p.evaluate((pv) => (window as unknown as { pvws: { values: Record<string, unknown> } }).pvws.values[pv], SIM_PV)).toBeUndefined();
+    // An update sent before the server read the clear, arriving after it: dropped.
+    const late = await p.evaluate((pv) => {
+      const pvws = (window as unknown as { pvws: { handleMessage(text: string): void; values: Record<string, unknown> } }).pvws;
+      pvws.handleMessage(JSON.stringify({ type: "update", pv, value: 1, seconds: 1, nanos: 0 }));
+      return pvws.values[pv];
+    }, SIM_PV);
+    expect(late).toBeUndefined();
   });
 
   it("reconnects after close() and after the server restarts, and the page subscribes again", async () => {

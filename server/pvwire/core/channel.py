@@ -20,7 +20,7 @@ from ..limits import ALL_MODE_PER_CHANNEL
 from ..model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
 from ..upstream.base import Backend, Monitor
 from ..wire import codec as wire
-from .history import FOLD_MASK, NS, ChannelHistory
+from .history import JOURNAL_POINTS, NS, ChannelHistory
 from .reduce import Reduction, reduce_value
 
 __all__ = [
@@ -76,7 +76,10 @@ class Channel:
         "dirty",
         "fault",
         "history",
+        "history_kind",
+        "history_slot",
         "id",
+        "journal",
         "known",
         "listener",
         "message",
@@ -138,8 +141,21 @@ class Channel:
         self._cache: dict[int | tuple[int, Reduction | None, bool], wire.EntryBody] = {}
         self.fault = ""  # why encoding failed; the channel stays FAILED until it reconnects
         # Where updates are recorded for `history` and `backfill` (core/history.py); None when
-        # the channel has none (budget full, or recording failed).
+        # the channel has none (budget full, or recording failed). Set by `record_into`.
         self.recorder: ChannelHistory | None = None
+        # The recorder's store's journal and slot, and the type of value written into it here
+        # without a call: set when `recorder.record` accepted that type and has a journal.
+        # (journal typed Any: it is read only while history_kind is set, never None then.)
+        self.journal: Any = None
+        self.history_slot = -1
+        self.history_kind: type | None = None
+
+    def record_into(self, recorder: ChannelHistory | None) -> None:
+        """Record this channel's updates into `recorder` from now on (None: nowhere)."""
+        self.recorder = recorder
+        self.journal = recorder.journal if recorder is not None else None
+        self.history_slot = recorder.slot if recorder is not None else -1
+        self.history_kind = None  # the next value goes through `record`, which checks it
 
     # --- ChannelSink: called by the backend on the event loop, O(1) --------------------------
 
@@ -186,18 +202,23 @@ class Channel:
         recorder = self.recorder
         if recorder is not None:
             try:
-                if type(value) is recorder.kind:
-                    # ChannelHistory.record's write, inline for a value of the type it checked
-                    # last: the call and its checks were half of recording's cost (its docstring).
-                    i = recorder.i
-                    recorder.ring_v[i] = value
-                    recorder.ring_t[i] = seconds * NS + nanoseconds
-                    recorder.ring_a[i] = severity << 8 | status & 0xFF
-                    recorder.i = i = i + 1
-                    if not i & FOLD_MASK:
-                        recorder.fold()
+                if type(value) is self.history_kind:
+                    # Journal.write's lines, inline for a value of the type `record` checked
+                    # last: the call and its checks were half of recording's cost (record's
+                    # docstring). Nothing of the recorder is touched: see core/history.py.
+                    journal = self.journal
+                    j = journal.j
+                    journal.v[j] = value
+                    journal.t[j] = seconds * NS + nanoseconds
+                    journal.a[j] = severity << 8 | status & 0xFF
+                    journal.c[j] = self.history_slot
+                    journal.j = j = j + 1
+                    if j == JOURNAL_POINTS:
+                        journal.flush()
                 else:
                     recorder.record(value, seconds, nanoseconds, severity, status)
+                    if recorder.journal is not None:
+                        self.history_kind = recorder.kind
             except Exception as exc:
                 self._history_failed(exc)
 
@@ -230,7 +251,8 @@ class Channel:
 
     def _history_failed(self, exc: Exception) -> None:
         """Recording failed: this channel's history stops, the channel goes on."""
-        recorder, self.recorder = self.recorder, None
+        recorder = self.recorder
+        self.record_into(None)
         log.error("channel %s: history recording failed, stopped: %r", self.id, exc)
         self.listener.count_failure("history")
         if recorder is not None:

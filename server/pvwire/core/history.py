@@ -8,11 +8,20 @@ Per channel, fixed-size round-robin buffers, allocated once when the channel get
   tier's open bucket is kept in plain attributes and written to its ring when it closes; a
   closed bucket is merged into the next tier's open bucket.
 
-Recording is a ring write per update: three item writes, O(1), nothing allocated.
-`ChannelHistory.record` checks the value's type first; `Channel.on_update` writes values of the
-type already checked itself (`ChannelHistory.kind`), without a call. Every AGGREGATE_EVERY
-updates (and before any read) the new points are folded into the finest tier at once,
-vectorised: one merge per bucket they touch, not per update. Times are the IOC's; a gap
+Recording is four item writes per update into the store's `Journal`: every recorded channel's
+new points in arrival order (time, value, alarm and the channel's slot), O(1), nothing
+allocated. `ChannelHistory.record` checks the value's type first; `Channel.on_update` writes
+values of the type already checked itself (`ChannelHistory.kind`), without a call. When the
+journal is full (and before any read, gap or reclaim) it is flushed: sorted by slot and written
+into the channels' rings at once, vectorised. The rings are rows of the store's arrays, one
+row per slot, so the scatter is one numpy assignment per column. Writing each update into its
+own channel's ring touched the channel's history, three memoryviews and three ring lines,
+scattered over the store's memory: at 2,000 sim channels recording cost the server 1.7-1.9 us
+per update (+51-63 %, bench/history_cost.py, 2026-11-24), though 0.4 us in a loop of one
+channel; through the journal it costs 0.8 us (+27 %, same run, load ~5).
+A channel's points wait in the journal at most until it is full. Whenever AGGREGATE_EVERY of a
+channel's points are in its ring and not in its tiers, they are folded into the finest tier at
+once, vectorised: one merge per bucket they touch, not per update. Times are the IOC's; a gap
 (the channel disconnected or stopped being monitored) is a point of its own with the server's
 clock, as the IOC cannot tell when it went away.
 
@@ -67,7 +76,7 @@ from ..limits import HISTORY_ARRAY_BYTES, HISTORY_ARRAY_LIMIT
 
 __all__ = [
     "CHANNEL_BYTES",
-    "FOLD_MASK",
+    "JOURNAL_POINTS",
     "NS",
     "RAW_POINTS",
     "TIERS",
@@ -76,6 +85,7 @@ __all__ = [
     "HistorySlice",
     "HistoryStats",
     "HistoryStore",
+    "Journal",
     "NoHistory",
 ]
 
@@ -95,9 +105,11 @@ GAP_ALARM = 0xFFFF  # the alarm column's mark of a gap
 # 512 (half the ring, so no pending point is overwritten): the bucketing's share is ~55 ns per
 # update here against ~90 at 256 and ~200 at 64, its numpy calls amortised.
 AGGREGATE_EVERY = RAW_POINTS // 2
-# The writer folds when the index it just advanced to is a multiple of AGGREGATE_EVERY.
-FOLD_MASK = AGGREGATE_EVERY - 1
-assert RAW_POINTS % AGGREGATE_EVERY == 0 and not AGGREGATE_EVERY & FOLD_MASK  # powers of two
+# Points the journal holds before it is flushed into the rings. The flush costs a sort and a
+# scatter of them, and a few attribute updates per channel among them: at 2,000 channels of
+# 10 Hz (~8 points each per flush) that is ~0.1 us per update; a fuller journal would spend the
+# cache lines it saves.
+JOURNAL_POINTS = 16_384
 BUCKET_DTYPE = np.dtype(
     [("t", "<i8"), ("min", "<f8"), ("max", "<f8"), ("sum", "<f8"), ("last", "<f8"),
      ("count", "<u4"), ("sev", "u1"), ("gap", "u1")]
@@ -228,13 +240,17 @@ class ChannelHistory:
     """One channel's buffers. `record` and `mark_gap` are called by its Channel."""
 
     __slots__ = ("_a", "_t", "_v", "arrays", "attached", "channel_id", "failed", "first",
-                 "folded", "i", "kind", "no_room", "numeric", "pinned", "ring_a", "ring_t",
-                 "ring_v", "store", "tier", "unkept", "wrapped")  # fmt: skip
+                 "folded", "i", "journal", "kind", "no_room", "numeric", "pinned", "ring_a",
+                 "ring_t", "ring_v", "slot", "store", "tier", "unkept", "wrapped")  # fmt: skip
 
-    def __init__(self, channel_id: str, store: HistoryStore | None = None) -> None:
+    def __init__(self, channel_id: str, store: HistoryStore | None = None, slot: int = -1) -> None:
         self.channel_id = channel_id
         # Where its arrays' bytes are asked for; None: arrays are not kept (a bare history).
         self.store = store
+        # A store's history is written through the store's journal into its row `slot` of the
+        # store's rings; a bare one (no store: tests, benchmarks) into rings of its own, at once.
+        self.slot = slot
+        self.journal = store.journal if store is not None and slot >= 0 else None
         self.arrays: ArrayHistory | None = None  # an array channel's frames (the docstring)
         self.unkept = ""  # why the last value that was not a number was not kept
         self.no_room = False  # the store refused its arrays since it was last attached (opened)
@@ -243,9 +259,12 @@ class ChannelHistory:
         # against ~80 ns through numpy's item assignment and ~200 ns for a structured row
         # (measured here), nothing is allocated, and a "d" view refuses anything but a number
         # (a string, an array, None) with a TypeError.
-        self._t = np.zeros(RAW_POINTS, "<i8")
-        self._v = np.zeros(RAW_POINTS, "<f8")
-        self._a = np.zeros(RAW_POINTS, "<u2")
+        if self.journal is not None and store is not None:
+            self._t, self._v, self._a = store.raw_t[slot], store.raw_v[slot], store.raw_a[slot]
+        else:
+            self._t = np.zeros(RAW_POINTS, "<i8")
+            self._v = np.zeros(RAW_POINTS, "<f8")
+            self._a = np.zeros(RAW_POINTS, "<u2")
         # (typed Any: typeshed's memoryview takes ints only, a "d" view takes floats too)
         self.ring_t: Any = self._t.data
         self.ring_v: Any = self._v.data
@@ -254,7 +273,7 @@ class ChannelHistory:
         self.folded = 0  # points before `i` from here on are not in the tiers yet
         self.wrapped = False  # the ring is full: the oldest point is at `i`
         # The type of the values `record` last accepted: `Channel.on_update` writes a value of
-        # this type into the ring itself. None until a number came (and after a non-number).
+        # this type into the journal itself. None until a number came (and after a non-number).
         self.kind: type | None = None
         following: Tier | None = None
         for width, size in reversed(TIERS):
@@ -273,10 +292,10 @@ class ChannelHistory:
         """One update, its type checked: a number is written, anything else is not kept.
 
         `Channel.on_update` calls this for the first value and whenever the type changes, and
-        writes values of `kind` with the same lines itself: the call and its checks were about
-        half of what recording cost (bench/history.py, 2026-11-24, load 6.5, two runs each:
-        recording added 0.61-0.75 us to on_update through this call, 0.31-0.44 us inline). Keep
-        the two alike; tests/test_history.py checks they record the same."""
+        writes values of `kind` into the journal itself (`Journal.write`'s lines): the call and
+        its checks were about half of what recording cost in a loop of one channel
+        (bench/history.py, 2026-11-24, load 6.5: 0.61-0.75 us with the call, 0.31-0.44 inline).
+        tests/test_history.py checks that both record the same."""
         kind = type(value)
         if not (kind in _NUMBERS or issubclass(kind, np.number | np.bool_)):
             self.kind = None
@@ -291,14 +310,16 @@ class ChannelHistory:
             self.unkept = "only numbers and numeric arrays are recorded"
             return
         self.kind = kind
+        journal = self.journal
+        if journal is not None:
+            journal.write(self.slot, value, seconds * NS + nanoseconds, severity, status)
+            return
         i = self.i
         self.ring_v[i] = value
         self.ring_t[i] = seconds * NS + nanoseconds
         # A severity out of range raises here: the channel's failure path stops this history.
         self.ring_a[i] = severity << 8 | status & 0xFF
-        self.i = i = i + 1
-        if not i & FOLD_MASK:
-            self.fold()
+        self.advance(1)
 
     def _record_array(self, value: npt.NDArray[Any], t: int, alarm: int) -> None:
         store = self.store
@@ -343,18 +364,46 @@ class ChannelHistory:
         """What this history holds allocated: its scalar buffers and its frames' arrays."""
         return CHANNEL_BYTES + (self.arrays.nbytes if self.arrays is not None else 0)
 
-    def fold(self) -> None:
-        """Called by the writer when `i` reached a multiple of AGGREGATE_EVERY: the pending
-        points go into the tiers, and at the ring's end the next point goes to its start."""
-        self._aggregate()
-        if self.i == RAW_POINTS:
-            self.i = self.folded = 0
+    def advance(self, k: int) -> None:
+        """`k` more points were written into the ring from `i` on (k <= AGGREGATE_EVERY, so
+        none was still waiting for the tiers): the index moves on, and once AGGREGATE_EVERY
+        points wait they are folded into the tiers."""
+        i = self.i + k
+        if i >= RAW_POINTS:
+            i -= RAW_POINTS
             self.wrapped = True
+        self.i = i
+        folded = self.folded
+        if (i - folded if i >= folded else i + RAW_POINTS - folded) >= AGGREGATE_EVERY:
+            self._aggregate()
+
+    def write_points(
+        self, t: npt.NDArray[np.int64], v: npt.NDArray[np.float64], a: npt.NDArray[np.uint16]
+    ) -> None:
+        """Points straight into the ring, any number, in chunks that `advance` folds: none
+        longer than AGGREGATE_EVERY, none across the ring's end."""
+        n, o = len(t), 0
+        while o < n:
+            i = self.i
+            k = min(n - o, AGGREGATE_EVERY, RAW_POINTS - i)
+            self._t[i : i + k] = t[o : o + k]
+            self._v[i : i + k] = v[o : o + k]
+            self._a[i : i + k] = a[o : o + k]
+            self.advance(k)
+            o += k
+
+    def _sync(self) -> None:
+        """Points of this history still in the journal go to the ring first (before a read, a
+        gap, or a reclaim), so that the ring holds every update in order."""
+        journal = self.journal
+        if journal is not None and journal.j:
+            journal.flush()
 
     def mark_gap(self) -> None:
         """The channel went away (disconnected, or no longer monitored): the line breaks here.
 
         Stamped with the server's clock, never before the last point (IOC clocks can be ahead)."""
+        self._sync()
         if self.arrays is not None:
             self.arrays.mark_gap()
         if not self.n or self._a[self.i - 1] == GAP_ALARM:  # none yet, or one per absence
@@ -372,7 +421,8 @@ class ChannelHistory:
 
     @property
     def n(self) -> int:
-        """Points held in the raw ring."""
+        """Points held in the raw ring (the journal flushed first)."""
+        self._sync()
         return RAW_POINTS if self.wrapped else self.i
 
     def _aggregate(self) -> None:
@@ -403,7 +453,7 @@ class ChannelHistory:
 
     def points(self) -> npt.NDArray[Any]:
         """The raw ring, oldest first, as RAW_DTYPE rows (a copy)."""
-        n = self.n
+        n = self.n  # (flushes the journal)
         idx = np.arange(self.i - n, self.i) % RAW_POINTS
         a = self._a[idx]
         gap = a == GAP_ALARM
@@ -419,6 +469,7 @@ class ChannelHistory:
         """Rows with since <= t <= until (ns): the raw points if they reach back to `since` and
         are at most `max_points`, else the finest tier that does; if none fits, the coarsest,
         its newest `max_points` buckets. An array channel answers with its frames."""
+        self._sync()
         if self.arrays is not None:
             return self.arrays.query(since, until, max_points)
         self._aggregate()
@@ -461,6 +512,7 @@ class ChannelHistory:
         is taken in the same call, with no update in between), so it is left out: the snapshot
         carries it. Nothing between: every older update is in the points. An array channel
         sends its frames the same way."""
+        self._sync()
         if self.arrays is not None:
             return self.arrays.backfill(since)
         self._aggregate()
@@ -821,6 +873,81 @@ def _buckets(rows: npt.NDArray[Any], width: int, truncated: bool, oldest: int) -
     )
 
 
+class Journal:
+    """Every store-held channel's new points in arrival order, until `flush` writes them into
+    the channels' rings (the module docstring says why). `Channel.on_update` writes into it
+    with the lines of `write`, inline."""
+
+    __slots__ = ("_a", "_c", "_t", "_v", "a", "c", "j", "store", "t", "v")
+
+    def __init__(self, store: HistoryStore) -> None:
+        self.store = store
+        self._t = np.zeros(JOURNAL_POINTS, "<i8")
+        self._v = np.zeros(JOURNAL_POINTS, "<f8")
+        self._a = np.zeros(JOURNAL_POINTS, "<u2")
+        self._c = np.zeros(JOURNAL_POINTS, "<i4")  # the channel's slot
+        # Written through memoryviews, as the rings were (typed Any: a "d" view takes floats).
+        self.t: Any = self._t.data
+        self.v: Any = self._v.data
+        self.a: Any = self._a.data
+        self.c: Any = self._c.data
+        self.j = 0  # where the next point goes
+
+    def write(self, slot: int, value: object, t: int, severity: int, status: int) -> None:
+        j = self.j
+        self.v[j] = value  # a TypeError for anything but a number
+        self.t[j] = t
+        # A severity out of range raises here: the channel's failure path stops its history.
+        self.a[j] = severity << 8 | status & 0xFF
+        self.c[j] = slot
+        self.j = j = j + 1
+        if j == JOURNAL_POINTS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Every point into its channel's ring, in order: one stable sort by slot, one scatter
+        per column, then each channel among them moves its index on (and folds its tiers when
+        AGGREGATE_EVERY points wait)."""
+        n = self.j
+        if not n:
+            return
+        self.j = 0  # whatever happens below, these points are not written twice
+        store = self.store
+        slots = self._c[:n]
+        order = np.argsort(slots, kind="stable")
+        c = slots[order]
+        t, v, a = self._t[:n][order], self._v[:n][order], self._a[:n][order]
+        starts = np.flatnonzero(np.concatenate(([True], c[1:] != c[:-1])))
+        counts = np.diff(np.append(starts, n))
+        held = store.by_slot
+        histories = [held[k] for k in c[starts].tolist()]
+        burst = counts > AGGREGATE_EVERY
+        if burst.any():
+            # A channel with more points than may wait for the tiers (one much faster than the
+            # others, or alone): its points in chunks, folded between them.
+            ends = starts + counts
+            for k in np.flatnonzero(burst).tolist():
+                h = histories[k]
+                if h is not None:
+                    run = slice(int(starts[k]), int(ends[k]))
+                    h.write_points(t[run], v[run], a[run])
+            keep = np.repeat(~burst, counts)
+            c, t, v, a = c[keep], t[keep], v[keep], a[keep]
+            counts = counts[~burst]
+            histories = [h for h, b in zip(histories, burst.tolist(), strict=True) if not b]
+            starts = np.cumsum(counts) - counts
+        base = np.fromiter((h.i if h is not None else 0 for h in histories), np.int64,
+                           len(histories))  # fmt: skip
+        rank = np.arange(len(c)) - np.repeat(starts, counts)
+        pos = (np.repeat(base, counts) + rank) % RAW_POINTS
+        store.raw_t[c, pos] = t
+        store.raw_v[c, pos] = v
+        store.raw_a[c, pos] = a
+        for h, k in zip(histories, counts.tolist(), strict=True):
+            if h is not None:
+                h.advance(k)
+
+
 class NoHistory(PvwireError):
     code = "NO_HISTORY"
 
@@ -846,6 +973,16 @@ class HistoryStore:
         self.budget_bytes = budget_bytes
         self.array_max = array_max  # longest numeric array that gets a history; 0: none do
         self.used = 0  # bytes held by the histories in `_histories`
+        # Every history's raw ring is a row of these (a slot), so that the journal's flush is
+        # one scatter per column. As many rows as scalar histories fit the budget; untouched
+        # rows cost no memory (calloc'd pages are mapped when first written).
+        capacity = budget_bytes // CHANNEL_BYTES
+        self.raw_t = np.zeros((capacity, RAW_POINTS), "<i8")
+        self.raw_v = np.zeros((capacity, RAW_POINTS), "<f8")
+        self.raw_a = np.zeros((capacity, RAW_POINTS), "<u2")
+        self.by_slot: list[ChannelHistory | None] = [None] * capacity
+        self._free = list(range(capacity - 1, -1, -1))  # the lowest slot is taken first
+        self.journal = Journal(self)
         # Insertion order is the order of the last attach or detach: the first detached one
         # found is the one released longest ago.
         self._histories: dict[str, ChannelHistory] = {}
@@ -880,10 +1017,12 @@ class HistoryStore:
             self._histories[channel_id] = h
             return None
         if h is None:
-            if not self._room(CHANNEL_BYTES):
+            if not self._room(CHANNEL_BYTES) or not self._free:
                 self.refused += 1
                 return None
-            h = ChannelHistory(channel_id, self)
+            slot = self._free.pop()
+            h = ChannelHistory(channel_id, self, slot)
+            self.by_slot[slot] = h
             self.used += CHANNEL_BYTES
         h.attached = True
         h.no_room = False  # its arrays may find room now, as a refused channel's history may
@@ -929,10 +1068,14 @@ class HistoryStore:
                     break
         else:
             return False
+        self.journal.flush()  # their points still held go to their rows before the rows go
         for h in victims:
             del self._histories[h.channel_id]
             self.used -= h.nbytes
             self.reclaimed += 1
+            if h.slot >= 0:
+                self.by_slot[h.slot] = None
+                self._free.append(h.slot)
         return True
 
     def stats(self) -> HistoryStats:

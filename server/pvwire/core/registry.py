@@ -76,13 +76,13 @@ class Registry:
             ch = Channel(canonical_id, backend, name, self._listener)
             self.channels[canonical_id] = ch
             self._searching[ch] = self.loop.time()
-            ch.recorder = self.history.attach(canonical_id)
+            ch.record_into(self.history.attach(canonical_id))
             ch.monitor = backend.monitor(name, ch)
         else:
             if handle := self._lingering.pop(canonical_id, None):
                 handle.cancel()
             if ch.recorder is None:  # refused before: the budget may have room now
-                ch.recorder = self.history.attach(canonical_id)
+                ch.record_into(self.history.attach(canonical_id))
         ch.refs += 1
         return ch
 
@@ -101,7 +101,8 @@ class Registry:
         self._searching.pop(ch, None)
         self.updates_closed += ch.updates
         if ch.recorder is not None:
-            recorder, ch.recorder = ch.recorder, None
+            recorder = ch.recorder
+            ch.record_into(None)
             self.history.detach(recorder)
         if ch.monitor is not None:
             monitor, ch.monitor = ch.monitor, None

@@ -29,6 +29,9 @@ class PVWS {
     this.message_handler = message_handler;
     this.socket = null;
     this.values = {}; // PV name -> merged state of its updates
+    // PVs cleared and not subscribed again: an update already on its way when clear() was
+    // called is dropped, or the PV would come back into `values` and to the page after it.
+    this.cleared = new Set();
     this.idle = true;
     this.idle_timer = null;
     this.reconnect_timer = null;
@@ -88,6 +91,7 @@ class PVWS {
         break;
       }
     }
+    if (this.cleared.has(message.pv)) return;
     let merged = this.values[message.pv];
     if (merged === undefined) merged = this.values[message.pv] = { pv: message.pv, readonly: true };
     Object.assign(merged, message);
@@ -125,14 +129,19 @@ class PVWS {
 
   /** @param pvs PV name or array of names */
   subscribe(pvs) {
-    this.send({ type: "subscribe", pvs: Array.isArray(pvs) ? pvs : [pvs] });
+    const names = Array.isArray(pvs) ? pvs : [pvs];
+    for (const name of names) this.cleared.delete(name);
+    this.send({ type: "subscribe", pvs: names });
   }
 
   /** @param pvs PV name or array of names; their merged states are forgotten */
   clear(pvs) {
     const names = Array.isArray(pvs) ? pvs : [pvs];
     this.send({ type: "clear", pvs: names });
-    for (const name of names) delete this.values[name];
+    for (const name of names) {
+      this.cleared.add(name);
+      delete this.values[name];
+    }
   }
 
   /** The server answers with {type: "list", pvs: [...]}. */
