@@ -306,6 +306,42 @@ async def test_the_python_client_yields_the_past_then_live_values(server: Server
     assert (past[-1].seconds, past[-1].nanoseconds) < (live[0].seconds, live[0].nanoseconds)
 
 
+async def test_past_rows_read_as_the_channel_s_type_with_its_metadata() -> None:
+    """A released channel keeps its history; subscribed again, its past comes before the
+    snapshot, which brings the metadata (the registration has none: the channel was closed).
+    The client holds the past until then, so an integer channel's past values are integers, as
+    its live ones (they were floats: `pvwire monitor --backfill` printed 52.0 above 55)."""
+    counter = "sim://counter/pastint?rate=10"
+    with ServerProcess(*server_args_for_tests()) as server:
+
+        def released() -> bool:
+            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
+                held = samples(r.read().decode(), "pvwire_history_channels")
+            return held.get('monitored="false"') == "1"
+
+        async with Client(server.url) as client:
+            seen: list[Any] = []
+            keeper = asyncio.create_task(drain(client, [counter], seen))
+            await eventually_async(lambda: len(seen) > 10, timeout=60)
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+        await eventually_async(released, timeout=60)
+        async with Client(server.url) as client:
+            past: list[Any] = []
+            live: list[Any] = []
+            updates = client.monitor([counter], backfill=60)
+            async with asyncio.timeout(60):
+                async for u in updates:
+                    (past if u.past else live).append(u.channel)
+                    if live and live[-1].value is not None:
+                        break
+            await updates.aclose()
+    values = [p.value for p in past if p.value is not None]
+    assert len(values) >= 10 and live[-1].metadata["type"] == "int64", live[-1].metadata
+    assert all(type(v) is int for v in values), values[:5]
+    assert all(p.metadata == live[-1].metadata for p in past if p.value is not None)
+
+
 async def test_pvwire_monitor_backfill_prints_the_past_lines_first(server: ServerProcess) -> None:
     async with Client(server.url) as client:
         seen: list[Any] = []

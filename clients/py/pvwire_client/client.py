@@ -51,6 +51,7 @@ from .session import (
 )
 from .state import ChannelState, link_lost
 from .transport import Connection, ConnectionClosed, HandshakeError, connect
+from .wire import History
 
 __all__ = ["DEFAULT_URL", "Batch", "Client", "TokenSource", "Update"]
 
@@ -311,12 +312,19 @@ class Client:
         # Per channel: what changed before its first update (None once that was yielded).
         held: list[set[str] | None] = [set() for _ in sub.states]
         newest = [0] * len(sub.states)  # per channel: the latest time yielded, ns (backfill)
+        # Per channel: its past, held until its first update is yielded. The past comes before
+        # the snapshot, and so before the metadata: held, its rows read as the channel's type
+        # says (an integer channel's as integers, as the live ones), and still come first.
+        early: list[list[History]] = [[] for _ in sub.states]
         try:
             while True:
                 kind, payload = await sub.next()
                 if kind == "history":
                     # The session checked the sid against the attachment's channels.
                     sid = payload.sid
+                    if held[sid] is not None:
+                        early[sid].append(payload)
+                        continue
                     for past, what, t in past_states(payload, sub.states[sid], newest[sid]):
                         newest[sid] = t
                         yield Update(past, what, past=True)
@@ -330,6 +338,11 @@ class Client:
                             if not state.has_news:
                                 continue
                             changed, held[e[0]] = frozenset(pending), None
+                            for history in early[e[0]]:
+                                for past, what, t in past_states(history, state, newest[e[0]]):
+                                    newest[e[0]] = t
+                                    yield Update(past, what, past=True)
+                            early[e[0]] = []
                         if state.seconds is not None and state.nanoseconds is not None:
                             t = state.seconds * 1_000_000_000 + state.nanoseconds
                             newest[e[0]] = max(newest[e[0]], t)
