@@ -66,5 +66,6 @@ def test_history_cost_tiny(name: str) -> None:
     check_history_wiring(got)
     for side in ("on", "off"):
         assert got[side]["missing"] == 0 and got[side]["delivered_per_s_median"] > 0, got
-        assert got[side]["us_median"] > 0, got
+        # CPU time comes in 10 ms ticks: 2 s at 10 PVs can read 0, never less or NaN.
+        assert math.isfinite(got[side]["us_median"]) and got[side]["us_median"] >= 0, got
     assert "added_us_median" in flatten(got)

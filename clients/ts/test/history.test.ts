@@ -31,10 +31,13 @@ describe("backfill", () => {
   });
 
   it("delivers the past, then live values that continue it with no gap or duplicate", async () => {
-    const id = `ca://${stack.prefix}COUNTER`;
+    // The 1 Hz counter: the 10 Hz one lost a step upstream of the server on a busy machine
+    // (two updates of a channel before the event loop ran libca's callback are one update,
+    // counted in the serial but not recorded), and then the past had a hole of its own.
+    const id = `ca://${stack.prefix}COUNTER_1HZ`;
     const kept: number[] = [];
     const keeper = client.subscribe([id], (st) => { if (typeof st.value === "number") kept.push(st.value); });
-    await until(() => kept.length > 30, 30_000, "30 counter updates recorded");
+    await until(() => kept.length > 8, 60_000, "8 counter updates recorded");
     const past: History[] = [];
     const live: { value: unknown; serial: number | undefined }[] = [];
     const sub = client.subscribe([id], (st) => live.push({ value: st.value, serial: st.serial }), {
@@ -46,13 +49,13 @@ describe("backfill", () => {
       },
     });
     await sub.ready;
-    await until(() => live.length >= 2, 30_000, "live updates");
+    await until(() => live.length >= 2, 60_000, "live updates");
     sub.unsubscribe();
     keeper.unsubscribe();
     const points = past[past.length - 1]!;
     expect(points.resolution).toBe(0);
     const values = Array.from(scalars(points.value));
-    expect(values.length).toBeGreaterThanOrEqual(30);
+    expect(values.length).toBeGreaterThanOrEqual(8);
     values.forEach((v, i) => expect(v).toBe(values[0]! + i)); // every step
     const ts = Array.from(points.t);
     ts.slice(1).forEach((t, i) => expect(t > ts[i]!).toBe(true));
