@@ -226,7 +226,9 @@ async def test_put_then_get(client: Client, scheme: str, name: str, put: Any, wa
     cid = f"{scheme}://{name}"
     if isinstance(put, float) and not math.isfinite(put):
         put = "Infinity"  # JSON has no infinity: a numeric string is converted by the server
-    await client.put(cid, put, wait=True)
+    # 15 s, not the client's 5: beside another make test a PVA put once took longer than 5 s
+    # (the fixture's HTTP requests wait 20 s).
+    await client.put(cid, put, wait=True, timeout=15)
     got = await client.get(cid)  # GraphQL: JSON, where infinities read as null
     assert same_value(got.value, _json_expected(want) if got.value is None else want), got
     streamed = await first_connected(client, cid)
