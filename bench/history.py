@@ -4,7 +4,8 @@
   same channel, and `ChannelHistory.record` alone;
 - memory: bytes per channel in each ring, and how many channels a budget holds;
 - reading: `history` for an hour of 10 Hz data (36,000 updates recorded) at several
-  `maxPoints`, and the backfill of an hour, as the server answers them (no HTTP);
+  `maxPoints`, and the backfill of an hour, by `ChannelHistory.query` and `.backfill` (no server,
+  no HTTP: bench/history_http.py times the same queries over HTTP);
 - arrays (`--history-array-max`): bytes per array channel and what its rings hold at 16, 256
   and 1,024 elements, recording a frame, and `history` over an hour of 10 Hz 16-element frames.
 

@@ -5,7 +5,8 @@ each read once between two requests, as the server reads, and back to back, as b
 times them.
 
 The server is the real one (`pvwire.cli serve --loopback`, its uvicorn settings and its app) in
-a process of its own, whose app gets its history store filled before it serves: the app is made
+a process of its own (tests/server_process.py's, started as `python -m bench.history_http serve
+... --now NS`), whose app gets its history store filled before it serves: the app is made
 by `pvwire.app.create_app` as always, then the hour is written into `hub.history_store` through
 the store's own path (`attach`, then `record` per update), as a monitor would have written it.
 Nothing in the server exists for this bench. The channel (`ca://BENCH:HOUR`) is not monitored:
@@ -26,13 +27,8 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from collections import deque
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -42,8 +38,8 @@ import numpy as np
 import numpy.typing as npt
 from fastapi import FastAPI
 from pvwire.core.history import NS, ChannelHistory
-from pvwire.ioc import free_port
-from pvwire.loopback import apply_loopback_env
+
+from tests.server_process import ServerProcess
 
 from .history import timed
 
@@ -73,8 +69,9 @@ def fill(h: ChannelHistory, times: npt.NDArray[np.int64]) -> None:
         record(float(i), t // NS, t % NS, 0, 0)
 
 
-def serve(port: int, now_ns: int) -> None:
-    """The child: the real server, its history store holding the hour before it serves."""
+def serve(now_ns: int, args: list[str]) -> None:
+    """The child: the real server (`pvwire serve` with `args`), its history store holding the
+    hour before `now_ns` before it serves."""
     import pvwire.app
     from pvwire import cli
     from pvwire.config import Settings
@@ -92,51 +89,7 @@ def serve(port: int, now_ns: int) -> None:
         return app
 
     pvwire.app.create_app = prefilled  # cli.serve imports it when it builds the app
-    cli.main(["serve", "--loopback", "--port", str(port), "--log-level", "warning"])
-
-
-class Served:
-    """`serve` in a child process, on a free port; up once /healthz answers."""
-
-    def __init__(self, now_ns: int, timeout: float = 60.0) -> None:
-        self.port = free_port()
-        env = apply_loopback_env({**os.environ, "PYTHONUNBUFFERED": "1"})
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "bench.history_http", "--serve", str(self.port),
-               "--now", str(now_ns)]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.log: deque[str] = deque(maxlen=100)
-        out = self.proc.stdout
-        assert out is not None
-        threading.Thread(
-            target=lambda: self.log.extend(raw.decode(errors="replace") for raw in out),
-            daemon=True,
-        ).start()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited ({self.proc.returncode}): {''.join(self.log)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
-                    return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"server not up after {timeout} s: {''.join(self.log)}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc.stdout:
-            self.proc.stdout.close()
+    cli.main([*args, "--log-level", "warning"])
 
 
 def post(
@@ -172,7 +125,12 @@ def measure(repeat: int = 20, verbose: bool = True) -> dict[str, Any]:
     trivial: list[float] = []  # `{ __typename }`: what any request costs, the floor of the above
     answers: dict[str, dict[str, Any]] = {}
     sizes: dict[str, int] = {}
-    server = Served(now_ns)
+    root = str(Path(__file__).resolve().parent.parent)  # where `python -m bench...` is found
+    server = ServerProcess(
+        "--now", str(now_ns), token_key=None, module="bench.history_http",
+        env={"PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )  # fmt: skip
+    server.start(timeout=60)
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         try:
@@ -249,14 +207,14 @@ def measure(repeat: int = 20, verbose: bool = True) -> dict[str, Any]:
 
 
 def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["serve"]:  # the server's process: `serve`'s arguments and `--now NS`
+        at = argv.index("--now")
+        serve(int(argv[at + 1]), argv[:at] + argv[at + 2 :])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--now", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.now)
-        return
     print(f"history over HTTP, an hour of 10 Hz data ({UPDATES:,} updates), of {args.repeat}:")
     measure(args.repeat)
 

@@ -33,8 +33,12 @@ class ServerProcess:
         port: int | None = None,
         env: dict[str, str] | None = None,
         token_key: str | None = TEST_TOKEN_KEY,
+        module: str = "pvwire.cli",
     ) -> None:
         self.port = port or free_port()
+        # What `python -m` runs with `serve --loopback --port N` and `args`: the command line,
+        # or a bench's module that prepares the app before it calls the command line's `serve`.
+        self.module = module
         # None: the server's default, a random key per process (tokens die with the process).
         self.token_key = token_key
         self.env = env or {}  # on top of os.environ, e.g. another IOC's client settings
@@ -46,7 +50,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0) -> None:
         cmd = [
-            sys.executable, "-m", "pvwire.cli", "serve", "--loopback",
+            sys.executable, "-m", self.module, "serve", "--loopback",
             "--port", str(self.port), *self.args,
         ]  # fmt: skip
         if self.token_key is not None:

@@ -4,6 +4,7 @@ went away, and the memory budget's policy with many channels."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -91,30 +92,37 @@ def token(server: ServerProcess, ids: list[str], backfill: float = 0) -> str:
     return str(doc["data"]["subscribe"]["token"])
 
 
+async def backfill_after_30(
+    stream: RawStream, server: ServerProcess, cid: str
+) -> tuple[wire.Attached, list[wire.History], wire.Snapshot]:
+    """Attach `cid` (it records from then on), and once 30 updates came, attach it again with
+    a minute of backfill: that attachment's ATTACHED, its HISTORY messages and its SNAPSHOT."""
+    await stream.attach(token(server, [cid]))
+    updates = 0
+    while updates < 30:
+        data = await stream.next_data(timeout=30)
+        updates += sum(len(g.entries) for g in data.groups)
+    stream.req += 1
+    await stream.send(16, stream.req, token(server, [cid], backfill=60))
+    attached = await stream.recv()
+    while isinstance(attached, wire.Data):  # the first attachment's updates go on
+        attached = await stream.recv()
+    assert isinstance(attached, wire.Attached), attached
+    histories: list[wire.History] = []
+    while True:
+        msg = await stream.recv()
+        if isinstance(msg, wire.History):
+            histories.append(msg)
+        elif isinstance(msg, wire.Snapshot):
+            return attached, histories, msg
+
+
 async def test_backfill_then_live_with_no_gap_or_duplicate_at_the_join(
     server: ServerProcess,
 ) -> None:
     stream = await RawStream.connect(server.ws_url)
     try:
-        await stream.attach(token(server, [COUNTER]))  # the channel records from now on
-        updates = 0
-        while updates < 30:
-            data = await stream.next_data(timeout=30)
-            updates += sum(len(g.entries) for g in data.groups)
-        stream.req += 1
-        await stream.send(16, stream.req, token(server, [COUNTER], backfill=60))
-        attached = await stream.recv()
-        while isinstance(attached, wire.Data):  # the first attachment's updates go on
-            attached = await stream.recv()
-        assert isinstance(attached, wire.Attached), attached
-        histories: list[wire.History] = []
-        while True:
-            msg = await stream.recv()
-            if isinstance(msg, wire.History):
-                histories.append(msg)
-            elif isinstance(msg, wire.Snapshot):
-                snapshot = msg
-                break
+        attached, histories, snapshot = await backfill_after_30(stream, server, COUNTER)
         assert histories and all(h.att == attached.att for h in histories)
         points = histories[-1]
         assert points.resolution == 0
@@ -268,35 +276,42 @@ async def test_the_budget_bounds_rss_with_thousands_of_channels() -> None:
         assert metric("pvwire_history_refused_total") == {"": str(2 * n - 2 * capacity)}
 
 
-async def drain(client: Client, ids: list[str], seen: list[Any]) -> None:
-    """Keep the channels monitored (so they record), reading what comes."""
-    async for u in client.monitor(ids):
-        seen.append(u.channel.value)
+@contextlib.asynccontextmanager
+async def recording(client: Client, ids: list[str], updates: int) -> AsyncIterator[None]:
+    """The channels monitored by `client` (so they record) while the block runs, which starts
+    once more than `updates` updates came."""
+    seen = 0
+
+    async def drain() -> None:
+        nonlocal seen
+        async for _ in client.monitor(ids):
+            seen += 1
+
+    keeper = asyncio.create_task(drain())
+    try:
+        await eventually_async(lambda: seen > updates, timeout=60)
+        yield
+    finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
 
 
 async def test_the_python_client_yields_the_past_then_live_values(server: ServerProcess) -> None:
-    async with Client(server.url) as client:
-        seen: list[Any] = []
-        keeper = asyncio.create_task(drain(client, [COUNTER], seen))
-        try:
-            await eventually_async(lambda: len(seen) > 30, timeout=60)
-            past: list[Any] = []
-            live: list[Any] = []
-            updates = client.monitor([COUNTER], backfill=60)
-            async with asyncio.timeout(60):
-                async for u in updates:
-                    if u.past:
-                        assert not live, "a past update after a live one"
-                        assert u.channel.serial is None
-                        past.append(u.channel)
-                    elif u.channel.value is not None:
-                        live.append(u.channel)
-                        if len(live) == 3:
-                            break
-            await updates.aclose()
-        finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+    async with Client(server.url) as client, recording(client, [COUNTER], 30):
+        past: list[Any] = []
+        live: list[Any] = []
+        updates = client.monitor([COUNTER], backfill=60)
+        async with asyncio.timeout(60):
+            async for u in updates:
+                if u.past:
+                    assert not live, "a past update after a live one"
+                    assert u.channel.serial is None
+                    past.append(u.channel)
+                elif u.channel.value is not None:
+                    live.append(u.channel)
+                    if len(live) == 3:
+                        break
+        await updates.aclose()
     values = [p.value for p in past]
     start = max((i + 1 for i, v in enumerate(values) if v is None), default=0)  # after any gap
     steps = values[start:]
@@ -319,12 +334,8 @@ async def test_past_rows_read_as_the_channel_s_type_with_its_metadata() -> None:
                 held = samples(r.read().decode(), "pvwire_history_channels")
             return held.get('monitored="false"') == "1"
 
-        async with Client(server.url) as client:
-            seen: list[Any] = []
-            keeper = asyncio.create_task(drain(client, [counter], seen))
-            await eventually_async(lambda: len(seen) > 10, timeout=60)
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+        async with Client(server.url) as client, recording(client, [counter], 10):
+            pass  # recorded, then released
         await eventually_async(released, timeout=60)
         async with Client(server.url) as client:
             past: list[Any] = []
@@ -343,21 +354,14 @@ async def test_past_rows_read_as_the_channel_s_type_with_its_metadata() -> None:
 
 
 async def test_pvwire_monitor_backfill_prints_the_past_lines_first(server: ServerProcess) -> None:
-    async with Client(server.url) as client:
-        seen: list[Any] = []
-        keeper = asyncio.create_task(drain(client, [COUNTER], seen))
-        try:
-            await eventually_async(lambda: len(seen) > 20, timeout=60)
-            pvwire = str(Path(sys.executable).with_name("pvwire"))
-            proc = await asyncio.create_subprocess_exec(
-                pvwire, "monitor", "--json", "--backfill", "60", "--count", "3", COUNTER,
-                env={**os.environ, "PVWIRE_URL": server.url},
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-        finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+    async with Client(server.url) as client, recording(client, [COUNTER], 20):
+        pvwire = str(Path(sys.executable).with_name("pvwire"))
+        proc = await asyncio.create_subprocess_exec(
+            pvwire, "monitor", "--json", "--backfill", "60", "--count", "3", COUNTER,
+            env={**os.environ, "PVWIRE_URL": server.url},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err
     docs = [json.loads(line) for line in out.decode().splitlines()]
     # The past lines first: the live ones start with the first that has a serial. A live line
@@ -512,25 +516,7 @@ async def test_array_backfill_comes_before_the_snapshot_with_no_duplicate_at_the
 ) -> None:
     stream = await RawStream.connect(array_server.ws_url)
     try:
-        await stream.attach(token(array_server, [WAVE16]))  # the channel records from now on
-        updates = 0
-        while updates < 30:
-            data = await stream.next_data(timeout=30)
-            updates += sum(len(g.entries) for g in data.groups)
-        stream.req += 1
-        await stream.send(16, stream.req, token(array_server, [WAVE16], backfill=60))
-        attached = await stream.recv()
-        while isinstance(attached, wire.Data):
-            attached = await stream.recv()
-        assert isinstance(attached, wire.Attached), attached
-        histories: list[wire.History] = []
-        while True:
-            msg = await stream.recv()
-            if isinstance(msg, wire.History):
-                histories.append(msg)
-            elif isinstance(msg, wire.Snapshot):
-                snapshot = msg
-                break
+        _, histories, snapshot = await backfill_after_30(stream, array_server, WAVE16)
     finally:
         await stream.close()
     points = histories[-1]
@@ -553,23 +539,16 @@ async def test_array_backfill_comes_before_the_snapshot_with_no_duplicate_at_the
 async def test_the_python_client_yields_an_array_channel_s_past_as_arrays(
     array_server: ServerProcess,
 ) -> None:
-    async with Client(array_server.url) as client:
-        seen: list[Any] = []
-        keeper = asyncio.create_task(drain(client, [WAVE16], seen))
-        try:
-            await eventually_async(lambda: len(seen) > 20, timeout=60)
-            past: list[Any] = []
-            updates = client.monitor([WAVE16], backfill=60)
-            async with asyncio.timeout(60):
-                async for u in updates:
-                    if not u.past:
-                        live = u.channel.value
-                        break
-                    past.append(u.channel.value)
-            await updates.aclose()
-        finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+    async with Client(array_server.url) as client, recording(client, [WAVE16], 20):
+        past: list[Any] = []
+        updates = client.monitor([WAVE16], backfill=60)
+        async with asyncio.timeout(60):
+            async for u in updates:
+                if not u.past:
+                    live = u.channel.value
+                    break
+                past.append(u.channel.value)
+        await updates.aclose()
     frames = [v for v in past if v is not None]
     assert len(frames) >= 20 and all(isinstance(v, np.ndarray) and v.shape == (16,) for v in frames)
     assert live[-1] == frames[-1][-1] + 1

@@ -121,11 +121,33 @@ _NUMBERS = (int, float, bool)
 _LAST = RAW_POINTS - 1
 
 
-class Tier:
+class _Buckets:
+    """What both kinds of tier share: one bucket open at a time, keyed by `t // width`, closed
+    when a point or bucket of a later one comes."""
+
+    __slots__ = ("key", "width")
+    key: int  # t // width of the open bucket; -1: none open
+    width: int
+
+    def _opens(self, t: int) -> bool:
+        """Whether `t` is past the open bucket: then that one is closed and `t`'s is open, for
+        the caller to fill."""
+        key = t // self.width
+        if key <= self.key:
+            return False
+        if self.key >= 0:
+            self._close()
+        self.key = key
+        return True
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+
+class Tier(_Buckets):
     """One ring of buckets, with its open bucket in plain attributes."""
 
-    __slots__ = ("count", "data", "gap", "key", "last", "max", "min", "n", "next", "sev", "sum",
-                 "width")  # fmt: skip
+    __slots__ = ("count", "data", "gap", "last", "max", "min", "n", "next", "sev", "sum")
 
     def __init__(self, width: int, size: int, following: Tier | None) -> None:
         self.width = width
@@ -140,11 +162,7 @@ class Tier:
         self, t: int, mn: float, mx: float, s: float, last: float, count: int, sev: int, gap: int
     ) -> None:
         """Merge a closed bucket of the tier before (whose start is `t`)."""
-        key = t // self.width
-        if key > self.key:
-            if self.key >= 0:
-                self._close()
-            self.key = key
+        if self._opens(t):
             self.min, self.max, self.sum, self.last = mn, mx, s, last
             self.count, self.sev, self.gap = count, sev, gap
             return
@@ -161,11 +179,7 @@ class Tier:
         self.gap |= gap
 
     def add_gap(self, t: int) -> None:
-        key = t // self.width
-        if key > self.key:
-            if self.key >= 0:
-                self._close()
-            self.key = key
+        if self._opens(t):
             self.min = self.max = self.sum = self.last = math.nan
             self.count, self.sev = 0, INVALID
         self.gap = 1
@@ -255,20 +269,23 @@ class ChannelHistory:
         self.unkept = ""  # why the last value that was not a number was not kept
         self.no_room = False  # the store refused its arrays since it was last attached (opened)
         # The raw ring as three columns: IOC time (ns), value, and alarm (severity << 8 |
-        # status; GAP_ALARM for a gap). Written through memoryviews (`ring_*`): ~45 ns an item
-        # against ~80 ns through numpy's item assignment and ~200 ns for a structured row
-        # (measured here), nothing is allocated, and a "d" view refuses anything but a number
-        # (a string, an array, None) with a TypeError.
+        # status; GAP_ALARM for a gap). A bare history writes them through memoryviews
+        # (`ring_*`): ~45 ns an item against ~80 ns through numpy's item assignment and ~200 ns
+        # for a structured row (measured here), nothing is allocated, and a "d" view refuses
+        # anything but a number (a string, an array, None) with a TypeError. A store's history
+        # is written by the journal's flush only, and has no views.
+        # (typed Any: typeshed's memoryview takes ints only, a "d" view takes floats too)
+        self.ring_t: Any
+        self.ring_v: Any
+        self.ring_a: Any
         if self.journal is not None and store is not None:
             self._t, self._v, self._a = store.raw_t[slot], store.raw_v[slot], store.raw_a[slot]
+            self.ring_t = self.ring_v = self.ring_a = None
         else:
             self._t = np.zeros(RAW_POINTS, "<i8")
             self._v = np.zeros(RAW_POINTS, "<f8")
             self._a = np.zeros(RAW_POINTS, "<u2")
-        # (typed Any: typeshed's memoryview takes ints only, a "d" view takes floats too)
-        self.ring_t: Any = self._t.data
-        self.ring_v: Any = self._v.data
-        self.ring_a: Any = self._a.data
+            self.ring_t, self.ring_v, self.ring_a = self._t.data, self._v.data, self._a.data
         self.i = 0  # where the next point goes
         self.folded = 0  # points before `i` from here on are not in the tiers yet
         self.wrapped = False  # the ring is full: the oldest point is at `i`
@@ -567,11 +584,11 @@ def array_bytes(elements: int) -> int:
             + sum(size * (3 * frame + 8 + 4 + 1 + 1) + 3 * frame for size in sizes))  # fmt: skip
 
 
-class ArrayTier:
+class ArrayTier(_Buckets):
     """A tier of array buckets: the last frame and the element-wise min and max of each."""
 
-    __slots__ = ("count", "gap", "hi", "key", "last", "lo", "n", "next", "o_count", "o_gap",
-                 "o_hi", "o_last", "o_lo", "o_sev", "sev", "t", "width")  # fmt: skip
+    __slots__ = ("count", "gap", "hi", "last", "lo", "n", "next", "o_count", "o_gap", "o_hi",
+                 "o_last", "o_lo", "o_sev", "sev", "t")  # fmt: skip
 
     def __init__(self, width: int, size: int, elements: int, following: ArrayTier | None) -> None:
         self.width = width
@@ -599,11 +616,7 @@ class ArrayTier:
     def add(self, t: int, last: npt.NDArray[np.float64], lo: npt.NDArray[np.float64],
             hi: npt.NDArray[np.float64], count: int, sev: int, gap: int) -> None:  # fmt: skip
         """Merge one frame (count 1, lo = hi = last) or a closed bucket of the tier before."""
-        key = t // self.width
-        if key > self.key:
-            if self.key >= 0:
-                self._close()
-            self.key = key
+        if self._opens(t):
             self.o_last[:] = last
             self.o_lo[:] = lo
             self.o_hi[:] = hi
@@ -622,11 +635,7 @@ class ArrayTier:
         self.o_gap |= gap
 
     def add_gap(self, t: int) -> None:
-        key = t // self.width
-        if key > self.key:
-            if self.key >= 0:
-                self._close()
-            self.key = key
+        if self._opens(t):
             self.o_last[:] = self.o_lo[:] = self.o_hi[:] = math.nan
             self.o_count, self.o_sev = 0, INVALID
         self.o_gap = 1
