@@ -44,3 +44,41 @@ def test_every_process_gets_loopback_and_the_shared_iocs_ports() -> None:
         else:
             assert os.environ[key] == value, key
     assert os.environ["EPICS_PVA_BROADCAST_PORT"] == os.environ["EPICS_PVA_ADDR_LIST"].split(":")[1]
+
+
+LEAKING_MODULE = """
+import socket
+
+
+def test_leaks_a_socket_in_a_cycle():
+    class Holder:
+        pass
+
+    h = Holder()
+    h.itself = h  # freed only by the collector
+    h.sock = socket.socket()
+
+
+def test_after_it_in_the_same_module():
+    pass
+"""
+NEXT_MODULE = """
+def test_in_the_next_module():
+    garbage = [[i] for i in range(100_000)]  # allocations enough for the collector to run
+    assert garbage
+"""
+
+
+def test_a_leak_is_reported_in_the_module_that_made_it(tmp_path: Path) -> None:
+    """Not in whichever later test the collector happens to run in (conftest.py says why)."""
+    (tmp_path / "test_a_leak.py").write_text(LEAKING_MODULE)
+    (tmp_path / "test_b_next.py").write_text(NEXT_MODULE)
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-c", str(ROOT / "pyproject.toml"),
+         "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-q", "-rEf", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    summary = [line for line in p.stdout.splitlines() if line.startswith(("ERROR ", "FAILED "))]
+    assert len(summary) == 1, p.stdout + p.stderr
+    assert summary[0].startswith("ERROR ") and "test_after_it_in_the_same_module" in summary[0]
+    assert "unclosed <socket.socket" in p.stdout
