@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.leaks import collect_after_each_module  # noqa: F401  (autouse: applies here)
+
 # Every measurement at a few PVs and clients and second-long windows: proves the wiring, measures
 # nothing worth keeping (`BENCH_QUICK=1 make bench`).
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")

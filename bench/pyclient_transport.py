@@ -30,6 +30,7 @@ import numpy as np
 import pvwire_client.client as client_module
 import websockets
 from pvwire_client import Client, transport
+from websockets.protocol import State
 
 from bench.harness import Server
 from bench.pyclient_frame import _viewed
@@ -40,6 +41,7 @@ class _Websockets:
 
     def __init__(self, ws: Any) -> None:
         self.ws, self.subprotocol = ws, ws.subprotocol
+        self.closing: asyncio.Future[None] | None = None
 
     async def recv(self) -> Any:
         try:
@@ -55,6 +57,17 @@ class _Websockets:
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         await self.ws.close(code, reason)
+
+    def start_close(self, code: int = 1000, reason: str = "") -> None:
+        # websockets' close always waits for the handshake: here it runs as a task of its own.
+        self.closing = asyncio.ensure_future(self.ws.close(code, reason))
+
+    def abort(self) -> None:
+        self.ws.transport.abort()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.ws.state is State.CLOSED)
 
 
 def _closed(e: websockets.ConnectionClosed) -> transport.ConnectionClosed:

@@ -9,7 +9,6 @@ every module shares (tests/dbs/test.db). The IOC itself runs only once a test re
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from pvwire.model import ConnState, Metadata, Value
 from pvwire.wire.tokens import TokenSigner
 
 from tests.keycloak import Keycloak
+from tests.leaks import collect_after_each_module  # noqa: F401  (autouse: applies here)
 from tests.server_process import ServerProcess, server_args_for_tests
 
 from . import hub_doubles
@@ -52,17 +52,6 @@ hypothesis_settings.register_profile(
 hypothesis_settings.load_profile(
     "pvwire-ci" if os.environ.get("CI", "").lower() in ("1", "true") else "pvwire"
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _collect_after_each_module() -> Iterator[None]:
-    """A socket or transport left open is reported (an error: pyproject.toml) when the collector
-    frees it, in whichever test runs then: once, under two `make test` on 2 cores, an earlier
-    test's transport, its event loop closed, failed test_pyclient_transport.py's
-    test_close_codes_both_ways. A collection after each module reports a leak in the module
-    that made it: ~0.15 s each under load, ~15 s a run (after each test: ~4.5 min)."""
-    yield
-    gc.collect()
 
 
 # For this process and every process it starts, whether or not a test needs the IOC: its ports

@@ -25,7 +25,7 @@ from pvwire.ioc import free_port
 from pvwire_client import Client
 from pvwire_client.state import CONNECTED, DISCONNECTED
 
-from tests.server_process import ServerProcess, server_args_for_tests
+from tests.server_process import ServerProcess, listens, server_args_for_tests
 
 __all__ = ["CounterFollower", "Haproxy", "clients_per_replica", "haproxy_config", "start_replicas"]
 
@@ -95,7 +95,7 @@ class Haproxy:
                 contextlib.suppress(OSError),
                 urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as r,
             ):
-                if r.status == 200:
+                if r.status == 200 and listens(self._proc.pid, self.port):  # not another's
                     return
             if time.monotonic() > deadline:
                 self.stop()

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import psutil
 from pvwire.ioc import free_port
 from pvwire.loopback import apply_loopback_env
 
@@ -35,7 +36,8 @@ class ServerProcess:
         token_key: str | None = TEST_TOKEN_KEY,
         module: str = "pvwire.cli",
     ) -> None:
-        self.port = port or free_port()
+        self.fixed_port = port is not None
+        self._use_port(port or free_port())
         # What `python -m` runs with `serve --loopback --port N` and `args`: the command line,
         # or a bench's module that prepares the app before it calls the command line's `serve`.
         self.module = module
@@ -43,12 +45,29 @@ class ServerProcess:
         self.token_key = token_key
         self.env = env or {}  # on top of os.environ, e.g. another IOC's client settings
         self.args = list(args)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/stream"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: deque[str] = deque(maxlen=300)
 
-    def start(self, timeout: float = 30.0) -> None:
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.ws_url = f"ws://127.0.0.1:{port}/stream"
+
+    def start(self, timeout: float = 30.0, keep_port: bool = False) -> None:
+        """Start the server and wait until it answers on its port. A port it chose itself that
+        another process took first (another suite's allocator: pvwire.ioc.free_port) is
+        replaced by a new pick, twice at most; a port given to it, or kept for clients to
+        come back to, is not."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+                return
+            except _PortTaken:
+                if self.fixed_port or keep_port or attempt == 2:
+                    raise
+                self._use_port(free_port())
+
+    def _start(self, timeout: float) -> None:
         cmd = [
             sys.executable, "-m", self.module, "serve", "--loopback",
             "--port", str(self.port), *self.args,
@@ -64,14 +83,22 @@ class ServerProcess:
             for raw in proc.stdout:
                 self._log.append(raw.decode(errors="replace").rstrip())
 
-        threading.Thread(target=pump, daemon=True).start()
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{self.log()}")
+                reader.join(10)  # its last lines, then its pipe is closed
+                log = self.log()
+                self.stop()
+                error = _PortTaken if "already in use" in log else RuntimeError
+                raise error(f"server exited with {proc.returncode}:\n{log}")
             try:
+                # An answer counts only from this process's own socket: with two suites side by
+                # side, a server of the other one on the same port answered first once, and
+                # its shutdown then closed this suite's clients with 1012.
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
-                    if r.status == 200:
+                    if r.status == 200 and listens(proc.pid, self.port):
                         return
             except (urllib.error.URLError, OSError):
                 pass
@@ -106,7 +133,7 @@ class ServerProcess:
 
     def restart(self) -> None:
         self.stop()
-        self.start()
+        self.start(keep_port=True)
 
     @property
     def pid(self) -> int | None:
@@ -147,3 +174,16 @@ def server_args_for_tests(extra: Sequence[str] = ()) -> list[str]:
         "--catalogue", "ca://PVW:AO", "--catalogue", "ca://PVW:COUNTER",
         "--log-level", "warning", *extra,
     ]  # fmt: skip
+
+
+class _PortTaken(RuntimeError):
+    """The server could not bind its port: another process holds it."""
+
+
+def listens(pid: int, port: int) -> bool:
+    """Process `pid` holds the listening TCP socket of `port` on 127.0.0.1."""
+    try:
+        sockets = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in sockets)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from pvwire.ioc import IocProcess
 
 from tests.eventually import eventually_async
 from tests.replicas import (
@@ -33,7 +34,8 @@ BOUND = 60.0
 
 
 @pytest.fixture
-def cluster() -> Iterator[tuple[list[ServerProcess], Haproxy]]:
+def cluster(epics_env: IocProcess) -> Iterator[tuple[list[ServerProcess], Haproxy]]:
+    """Three replicas behind the proxy, all reading the shared test IOC's counter."""
     replicas = start_replicas(3)
     proxy = Haproxy([r.port for r in replicas])
     try:

@@ -7,8 +7,11 @@ per-connection behaviour each test scripts.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 import httpx
 import msgpack
 import pytest
-from pvwire_client import Client, ProtocolError, StreamClosed, StreamRefused, Update
+from pvwire_client import Client, ProtocolError, StreamClosed, StreamRefused, Update, transport
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -310,6 +313,95 @@ async def test_heartbeat_watchdog_reconnects(fake_factory: Any) -> None:
     assert [u.channel.connection for u in ups] == ["CONNECTED", "DISCONNECTED", "CONNECTED"]
     assert "4000 HEARTBEAT_TIMEOUT" in ups[1].channel.reason
     assert fake.connections == 2
+
+
+async def test_a_heartbeat_timeout_is_reported_without_waiting_for_the_close_answer(
+    fake_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that stopped sending and reading: the loss shows and the reconnect starts when
+    the watchdog fires, not once the unanswered close handshake gives up."""
+    monkeypatch.setattr(transport, "CLOSE_TIMEOUT", 600.0)  # longer than take() waits
+    released = asyncio.Event()
+
+    async def script(ws: ServerConnection, n: int) -> None:
+        await ws.send(pack([0, 1, "fake", 20, 50, 65536]))  # heartbeat 50 ms: watchdog 1.1 s
+        attach = await recv(ws)
+        await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
+        await ws.send(pack([2, 1, 1, [full(0, n, n)]]))
+        if n == 1:
+            ws.transport.pause_reading()  # the client's Close is never read, never answered
+            await released.wait()
+            ws.transport.resume_reading()
+        await ws.wait_closed()
+
+    _, client = await fake_factory(script)
+    try:
+        ups = await take(client.monitor("a"), 3)
+    finally:
+        released.set()
+    assert [u.channel.connection for u in ups] == ["CONNECTED", "DISCONNECTED", "CONNECTED"]
+    assert "4000 HEARTBEAT_TIMEOUT" in ups[1].channel.reason
+
+
+async def test_aclose_ends_a_connection_whose_server_never_ends_tcp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server sends Close and keeps TCP open: the client answers and reconnects, and
+    aclose() ends that old TCP itself, so a loop closed next (asyncio.run returning) leaks no
+    socket. Only the abort timer would end it otherwise, and here that is 600 s away."""
+    monkeypatch.setattr(transport, "CLOSE_TIMEOUT", 600.0)
+    echoed, ended = asyncio.Event(), asyncio.Event()
+    accepted = 0
+
+    async def close_and_keep_tcp(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        nonlocal accepted
+        accepted += 1
+        if accepted > 1:
+            writer.close()  # the reconnects are refused
+            return
+        request = await reader.readuntil(b"\r\n\r\n")
+        key = re.search(rb"Sec-WebSocket-Key: *(\S+)", request, re.IGNORECASE)
+        assert key is not None
+        guid = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
+        accept = base64.b64encode(hashlib.sha1(key[1] + guid).digest())
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: pvwire.v1\r\n\r\n"
+        )
+        writer.write(b"\x88\x02\x03\xf4")  # Close 1012 RESTART (unmasked: server to client)
+        await reader.readexactly(8)  # the client's answer: 2 header, 4 mask and 2 code bytes
+        echoed.set()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # until the client ends TCP
+        ended.set()
+        writer.close()
+
+    async def unused(ws: ServerConnection, n: int) -> None:
+        raise AssertionError("the stream goes to the raw server above")
+
+    srv = await asyncio.start_server(close_and_keep_tcp, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        client = Client(
+            "http://fake",
+            transport=httpx.MockTransport(Fake(unused).graphql),
+            stream_url=f"ws://127.0.0.1:{port}/stream",
+            reconnect_base=0.01,
+            reconnect_max=0.05,
+        )
+
+        async def read_to_the_end() -> None:
+            async for _ in client.monitor("a"):
+                pass
+
+        reading = asyncio.create_task(read_to_the_end())
+        await asyncio.wait_for(echoed.wait(), 30)
+        assert not ended.is_set()  # the client waits for the server to end TCP (RFC 6455 7.1.1)
+        await client.aclose()
+        await asyncio.wait_for(ended.wait(), 30)
+        await asyncio.wait_for(reading, 30)
 
 
 async def test_seq_gap_reconnects(fake_factory: Any) -> None:

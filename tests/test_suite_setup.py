@@ -3,12 +3,21 @@ it, and every process gets the loopback settings and that IOC's ports whether or
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+from pvwire.ioc import free_port
 from pvwire.loopback import loopback_env
+
+from tests import server_process
+from tests.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,3 +91,45 @@ def test_a_leak_is_reported_in_the_module_that_made_it(tmp_path: Path) -> None:
     assert len(summary) == 1, p.stdout + p.stderr
     assert summary[0].startswith("ERROR ") and "test_after_it_in_the_same_module" in summary[0]
     assert "unclosed <socket.socket" in p.stdout
+
+
+class _Healthy(http.server.BaseHTTPRequestHandler):
+    """Another process's server on the port: it answers /healthz with 200 too."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port held by a server that is not pvwire's, as another suite's server would hold it."""
+    with http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Healthy) as other:
+        thread = threading.Thread(target=other.serve_forever, daemon=True)
+        thread.start()
+        yield other.server_address[1]
+        other.shutdown()
+        thread.join(10)
+
+
+def test_a_server_is_up_only_on_its_own_socket(taken_port: int) -> None:
+    """Another server answering on the port does not count as this one being up: a given port
+    that is taken fails the start, and a chosen one is chosen again."""
+    given = ServerProcess(port=taken_port)
+    with pytest.raises(RuntimeError, match="already in use"):
+        given.start()
+    picks = iter([taken_port])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(server_process, "free_port", lambda: next(picks, None) or free_port())
+        chosen = ServerProcess()
+        chosen.start()
+    try:
+        assert chosen.port != taken_port
+        assert "errors" not in chosen.graphql("{ __typename }")
+    finally:
+        chosen.stop()

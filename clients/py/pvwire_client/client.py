@@ -428,6 +428,10 @@ class _Stream:
         self.session = Session(request_timeout=client.request_timeout)
         self.subs: list[_Sub] = []
         self.ws: Connection | None = None
+        # Connections this stream has ended whose TCP the server has not closed yet; each ends
+        # within CLOSE_TIMEOUT (10 s), so this holds those of the last 10 s, and close() drops
+        # them (a loop closed with one open leaks its socket).
+        self.ending: set[Connection] = set()
         self.closing = False
         self.wanted = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -487,6 +491,10 @@ class _Stream:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+        # Each of these has sent its Close; the client may end TCP itself (RFC 6455 7.1.1).
+        for ws in self.ending:
+            ws.abort()
+        self.ending.clear()
 
     # --- the pump ------------------------------------------------------------------------------
 
@@ -597,8 +605,11 @@ class _Stream:
             while True:
                 await self._pump()
                 if session.close_request is not None:
+                    # Not waiting for the answer: after a heartbeat timeout the server may be
+                    # gone, and the loss is reported (and the reconnect starts) now, not after
+                    # CLOSE_TIMEOUT.
                     code, reason = session.close_request
-                    await ws.close(code, reason[:100])
+                    ws.start_close(code, reason[:100])
                     session.connection_lost(code, reason)
                     return
                 try:
@@ -614,6 +625,9 @@ class _Stream:
             session.connection_lost(closecodes.ABNORMAL, str(e))
         finally:
             self.ws = None
+            self.ending = {c for c in self.ending if not c.closed}
+            if not ws.closed:
+                self.ending.add(ws)
 
     # --- re-registration -----------------------------------------------------------------------
 

@@ -155,16 +155,40 @@ class Connection(asyncio.BufferedProtocol):
         await self._writable.wait()
 
     async def close(self, code: int = NORMAL, reason: str = "") -> None:
-        """The close handshake: send Close, wait for the server's and for it to end TCP."""
+        """The close handshake: send Close, wait for the server's and for it to end TCP (aborted
+        after CLOSE_TIMEOUT, or at once if this wait is cancelled: a close never leaves the socket
+        open)."""
+        self.start_close(code, reason)
+        if self._lost.is_set():
+            return
+        try:
+            await self._lost.wait()
+        except BaseException:
+            self.abort()
+            raise
+
+    def start_close(self, code: int = NORMAL, reason: str = "") -> None:
+        """Send Close (unless sent) and return: the server answers and ends TCP, or the connection
+        is aborted after CLOSE_TIMEOUT. Nothing waits on a peer that may be dead."""
         if self._transport is None or self._lost.is_set():
             return
         if self._sent is None:
             self._send_close(code, reason)
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                await self._lost.wait()
-        except TimeoutError:
+        self._abort_later()
+
+    def abort(self) -> None:
+        """Drop TCP now, without waiting for the server's end of the close handshake."""
+        if self._transport is not None and not self._lost.is_set():
             self._transport.abort()
+
+    @property
+    def closed(self) -> bool:
+        """TCP has ended: nothing of this connection is left open."""
+        return self._lost.is_set()
+
+    def _abort_later(self) -> None:
+        if self._abort is None and self._transport is not None:
+            self._abort = asyncio.get_running_loop().call_later(CLOSE_TIMEOUT, self.abort)
 
     def _closed(self) -> ConnectionClosed:
         code, reason = self._rcvd or self._sent or (ABNORMAL, "")
@@ -420,9 +444,5 @@ class Connection(asyncio.BufferedProtocol):
             self._rcvd = (code, reason)
             if self._sent is None:
                 self._send_close(code, "")  # echo the code (RFC 6455 5.5.1)
-            # The server closes TCP first (RFC 6455 7.1.1); abort if it does not.
-            loop = asyncio.get_running_loop()
-            transport = self._transport
-            if transport is not None and self._abort is None:
-                self._abort = loop.call_later(CLOSE_TIMEOUT, transport.abort)
+            self._abort_later()  # the server closes TCP first (RFC 6455 7.1.1); abort if not
             self._wake()
