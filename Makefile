@@ -25,21 +25,23 @@ $(VENV)/.installed: requirements.lock pyproject.toml setup.py clients/py/pyproje
 	$(PY) -m pip install -q --no-deps -e clients/py
 	touch $@
 
-# The compiled PVA monitor module (server/pvwire/upstream/_pvaingest.cpp), built in place against
-# the installed pvxslibs with Debian's g++; the script does nothing while the module is up to date.
+# The compiled modules, built in place with Debian's g++ (and the gcc it brings): the PVA monitor
+# module (server/pvwire/upstream/_pvaingest.cpp) against the installed pvxslibs, and the history
+# journal's writer (server/pvwire/core/_journal.c); the script does nothing while they are up to date.
 ext: venv
 	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 	$(PY) scripts/build_ext.py
 
-# The PVA tests against the module built with AddressSanitizer and UBSan (bench/README.md, "The
-# PVA module under the sanitizers"): a copy of the package in build/sanitize, first on the path.
+# The PVA tests and the journal writer's against the modules built with AddressSanitizer and UBSan
+# (bench/README.md, "The compiled modules under the sanitizers"): a copy of the package in
+# build/sanitize, first on the path.
 # Python itself is not instrumented: ASan's runtime is preloaded (with libstdc++, without which
 # ASan cannot intercept C++ throws), Python's allocator is plain malloc (so ASan sees Python
 # objects too), and leaks are not checked (the interpreter keeps its memory until exit). Any
 # error ends the process; its report is written to a file, which fails the target even when
 # the process was a server a test started.
 SANITIZE_DIR := build/sanitize
-SANITIZE_TESTS := tests/test_pva_ingest.py tests/test_pva_fast_path.py tests/test_backend_pva.py
+SANITIZE_TESTS := tests/test_pva_ingest.py tests/test_pva_fast_path.py tests/test_backend_pva.py tests/test_journal.py
 SANITIZE_REPORT := $(abspath $(SANITIZE_DIR))/report
 SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PYTHONMALLOC=malloc \
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
@@ -48,8 +50,9 @@ SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PYTHONMALLOC=malloc \
 sanitize: venv
 	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 	$(PY) scripts/build_ext.py --sanitize $(SANITIZE_DIR)
-	$(SANITIZE_ENV) $(PY) -c 'import pvwire.upstream._pvaingest as m, sys; \
-		sys.exit(0 if m.__file__.startswith("$(abspath $(SANITIZE_DIR))/") else m.__file__)'
+	$(SANITIZE_ENV) $(PY) -c 'import pvwire.upstream._pvaingest as m, pvwire.core._journal as j, sys; \
+		sys.exit(next((x.__file__ for x in (m, j) \
+		if not x.__file__.startswith("$(abspath $(SANITIZE_DIR))/")), 0))'
 	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(SANITIZE_TESTS); \
 		status=$$?; if ls $(SANITIZE_REPORT).* >/dev/null 2>&1; then \
 		cat $(SANITIZE_REPORT).*; exit 1; fi; exit $$status
@@ -167,4 +170,4 @@ runtime-lock: venv
 	$(PY) scripts/runtime_lock.py
 
 clean:
-	rm -rf $(VENV) $(CONIQL_VENV) .cache $(SANITIZE_DIR) server/pvwire/upstream/_pvaingest*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
+	rm -rf $(VENV) $(CONIQL_VENV) .cache $(SANITIZE_DIR) server/pvwire/upstream/_pvaingest*.so server/pvwire/core/_journal*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

@@ -1,9 +1,10 @@
-"""setuptools' build of pvwire's compiled PVA module, for wheels (`pip wheel .`, the Dockerfile).
+"""setuptools' build of pvwire's compiled modules, for wheels (`pip wheel .`, the Dockerfile): the
+PVA monitor module and the history journal's writer.
 
-The extension's settings are scripts/build_ext.py's, which `make ext` uses to build the same
-module in place. They are read only when build_ext runs: making metadata (`pip install
+The extensions' settings are scripts/build_ext.py's, which `make ext` uses to build the same
+modules in place. They are read only when build_ext runs: making metadata (`pip install
 --dry-run`, scripts/runtime_lock.py) needs neither the EPICS wheels nor a compiler. An editable
-install (`make venv`) compiles nothing; `make ext` builds the module in place for it.
+install (`make venv`) compiles nothing; `make ext` builds the modules in place for it.
 
 Build with the EPICS wheels that will run the module (`pip wheel --no-build-isolation` after
 installing requirements-runtime.lock, as the Dockerfile does): pvxs has no stable ABI across
@@ -20,7 +21,10 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-MODULE = "pvwire.upstream._pvaingest"
+MODULES = {
+    "pvwire.upstream._pvaingest": "server/pvwire/upstream/_pvaingest.cpp",
+    "pvwire.core._journal": "server/pvwire/core/_journal.c",
+}
 
 
 # What scripts/build_ext.py decides; setuptools keeps its own bookkeeping on the Extension.
@@ -46,7 +50,7 @@ def _configure(ext: Extension) -> None:
     assert spec is not None and spec.loader is not None
     script: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    configured = script.extension()
+    configured = next(e for e in script.extensions() if e.name == ext.name)
     for setting in SETTINGS:
         setattr(ext, setting, getattr(configured, setting))
 
@@ -54,7 +58,8 @@ def _configure(ext: Extension) -> None:
 class BuildExt(build_ext):
     def run(self) -> None:
         if getattr(self, "editable_mode", False):
-            self.announce(f"{MODULE}: not compiled for an editable install (`make ext`)", 2)
+            modules = ", ".join(MODULES)
+            self.announce(f"{modules}: not compiled for an editable install (`make ext`)", 2)
             return
         for ext in self.extensions:
             _configure(ext)
@@ -63,6 +68,6 @@ class BuildExt(build_ext):
 
 setup(
     # Named here so that setuptools tags the wheel for this platform; its settings come at build.
-    ext_modules=[Extension(MODULE, sources=["server/pvwire/upstream/_pvaingest.cpp"])],
+    ext_modules=[Extension(name, sources=[source]) for name, source in MODULES.items()],
     cmdclass={"build_ext": BuildExt},
 )

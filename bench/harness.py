@@ -118,7 +118,8 @@ def fill_waveform(env: dict[str, str], deadline: float) -> None:
 
 
 class ProcWatch:
-    """CPU over the measured window and peak RSS (sampled every 0.2 s) of a set of processes."""
+    """CPU over the measured window and peak RSS (sampled every 0.2 s) of a set of processes,
+    and of the first process's main thread (the server's event loop, without --workers)."""
 
     def __init__(self, pids: dict[str, list[int]]) -> None:
         self.procs = {k: [psutil.Process(p) for p in v] for k, v in pids.items()}
@@ -126,6 +127,8 @@ class ProcWatch:
         self._cpu0: dict[str, float] = {}
         self._t0 = 0.0
         self.cpu_pct: dict[str, float] = {}
+        self._main0: dict[str, float] = {}
+        self.main_thread_cpu_pct: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -140,6 +143,15 @@ class ProcWatch:
                 pass
         return total
 
+    def _main_thread_cpu(self, key: str) -> float:
+        """CPU seconds of the main thread of `key`'s first process (its thread id is the pid)."""
+        procs = self.procs[key]
+        with contextlib.suppress(psutil.Error):
+            for t in procs[0].threads() if procs else []:
+                if t.id == procs[0].pid:
+                    return float(t.user_time + t.system_time)
+        return math.nan
+
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
             for k, procs in self.procs.items():
@@ -152,10 +164,14 @@ class ProcWatch:
     def start_window(self) -> None:
         self._t0 = time.monotonic()
         self._cpu0 = {k: self._cpu(k) for k in self.procs}
+        self._main0 = {k: self._main_thread_cpu(k) for k in self.procs}
 
     def end_window(self) -> float:
         wall = time.monotonic() - self._t0
         self.cpu_pct = {k: 100.0 * (self._cpu(k) - self._cpu0[k]) / wall for k in self.procs}
+        self.main_thread_cpu_pct = {
+            k: 100.0 * (self._main_thread_cpu(k) - self._main0[k]) / wall for k in self.procs
+        }
         return wall
 
     def stop(self) -> None:
@@ -402,6 +418,12 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             res["delivered_per_s"] = delivered
             res["server_us_per_update"] = (
                 res["server_cpu"] / 100.0 / delivered * 1e6 if delivered else math.nan
+            )
+            # The event loop's share (the main thread's; under --workers, the parent's only):
+            # where the server's own work runs, apart from libca's and pvxs's threads.
+            res["server_loop_cpu"] = watch.main_thread_cpu_pct["server"]
+            res["server_loop_us_per_update"] = (
+                res["server_loop_cpu"] / 100.0 / delivered * 1e6 if delivered else math.nan
             )
             say(
                 f"server {res['server_cpu']:.1f}% cpu, {res['received']} received, "

@@ -3,10 +3,12 @@ load scenario (bench/harness.py) with the server's default history budget and wi
 `--history-mb 0`, interleaved (on, off, on, off, ...), so both sides see the same machine.
 
 Per side: server CPU per delivered update (µs) of each run, its median, best and spread (max -
-min, in µs and in % of the median); then what recording adds, median on - median off, in µs
-and in % of the off figure. The difference means something only where it is larger than the
-spreads. Each run also reads the server's /metrics: the channels recorded (all of them in an
-"on" run, none in an "off" one) and the channels refused a history.
+min, in µs and in % of the median), and the same for the event loop's thread alone (where
+recording runs; libca's receive thread is most of the rest for CA); then what recording adds,
+median on - median off, in µs and in % of the off figure, and on the loop's thread. The
+difference means something only where it is larger than the spreads. Each run also reads the
+server's /metrics: the channels recorded (all of them in an "on" run, none in an "off" one) and
+the channels refused a history.
 
     .venv/bin/python -m bench.history_cost sim-1x2000 [--rounds 3] [--duration 15]
 """
@@ -45,12 +47,16 @@ def recorded(r: dict[str, Any]) -> float:
 def _side(runs: list[dict[str, Any]]) -> dict[str, Any]:
     us = [r["server_us_per_update"] for r in runs]
     med = statistics.median(us)
+    loop = [r["server_loop_us_per_update"] for r in runs]
     return {
         "us_per_update": us,
         "us_median": round(med, 3),
         "us_best": round(min(us), 3),
         "spread_us": round(max(us) - min(us), 3),
         "spread_pct": round(100.0 * (max(us) - min(us)) / med, 1) if med else 0.0,
+        "loop_us_per_update": loop,
+        "loop_us_median": round(statistics.median(loop), 3),
+        "loop_spread_us": round(max(loop) - min(loop), 3),
         "server_cpu_median": round(statistics.median(r["server_cpu"] for r in runs), 2),
         "delivered_per_s_median": round(statistics.median(r["delivered_per_s"] for r in runs)),
         "missing": sum(r["missing"] for r in runs),
@@ -83,6 +89,8 @@ def measure(sc: Scenario, rounds: int, verbose: bool = True) -> dict[str, Any]:
         "added_us_median": round(added, 3),
         "added_pct_median": round(100.0 * added / b["us_median"], 1) if b["us_median"] else 0.0,
         "added_us_best": round(a["us_best"] - b["us_best"], 3),
+        # The same on the event loop's thread, where recording runs (libca's threads excluded).
+        "added_loop_us_median": round(a["loop_us_median"] - b["loop_us_median"], 3),
         # Above 1: the difference is larger than the wider of the two sides' spreads.
         "added_over_spread": round(abs(added) / max(a["spread_us"], b["spread_us"], 1e-9), 2),
         "loadavg_1m": [round(r["loadavg_1m"], 2) for p in zip(on, off, strict=True) for r in p],
@@ -92,7 +100,9 @@ def measure(sc: Scenario, rounds: int, verbose: bool = True) -> dict[str, Any]:
             f"{sc.name}, {rounds} interleaved rounds: server CPU per delivered update "
             f"on {a['us_median']:.3f} µs (spread {a['spread_us']:.3f}), "
             f"off {b['us_median']:.3f} µs (spread {b['spread_us']:.3f}); "
-            f"recording adds {added:+.3f} µs ({out['added_pct_median']:+.1f} %)",
+            f"recording adds {added:+.3f} µs ({out['added_pct_median']:+.1f} %); "
+            f"event loop's thread on {a['loop_us_median']:.3f} µs, off {b['loop_us_median']:.3f}"
+            f" µs: {out['added_loop_us_median']:+.3f} µs",
             flush=True,
         )
     return out

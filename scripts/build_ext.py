@@ -1,15 +1,16 @@
-"""Build pvwire's compiled module in place: `python scripts/build_ext.py` (make does it).
+"""Build pvwire's compiled modules in place: `python scripts/build_ext.py` (make does it).
 
-`--sanitize DIR` (`make sanitize`) builds it instead with AddressSanitizer and UBSan, into a copy
-of the package in DIR, which the sanitizer run puts first on PYTHONPATH; the checkout's module
-is left alone.
+`--sanitize DIR` (`make sanitize`) builds them instead with AddressSanitizer and UBSan, into a
+copy of the package in DIR, which the sanitizer run puts first on PYTHONPATH; the checkout's
+modules are left alone.
 
 `pvwire.upstream._pvaingest` (PVA monitors, server/pvwire/upstream/_pvaingest.cpp) is compiled
 against the pvxs and EPICS headers that the installed `pvxslibs` and `epicscorelibs` wheels ship,
 with their compiler settings (`epicscorelibs.config`: pvxs is built with the pre-C++11 string
 ABI, which our code must share), and linked to their libraries; setuptools' build_ext supplies
-Python's own flags and file name. Nothing is done while the module is newer than its source,
-this script and those libraries (replaced wheels bring newer library files).
+Python's own flags and file name. `pvwire.core._journal` (the history journal's writer,
+server/pvwire/core/_journal.c) needs nothing but Python. Nothing is done for a module newer than
+its source, this script and the libraries it links (replaced wheels bring newer library files).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from setuptools import Distribution, Extension  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "server" / "pvwire" / "upstream" / "_pvaingest.cpp"
+JOURNAL_SOURCE = ROOT / "server" / "pvwire" / "core" / "_journal.c"
 
 
 # Any error stops the process (no recovery), with a stack that names the lines: -O1 and frame
@@ -67,9 +69,24 @@ def extension(sanitize: bool = False) -> Extension:
     )
 
 
+def journal_extension(sanitize: bool = False) -> Extension:
+    return Extension(
+        "pvwire.core._journal",
+        sources=[str(JOURNAL_SOURCE.relative_to(ROOT))],
+        extra_compile_args=["-Wall", "-Wextra"]
+        + ([*SANITIZE, "-O1", "-g"] if sanitize else ["-O2", "-g0"]),
+        extra_link_args=SANITIZE if sanitize else [],
+    )
+
+
+def extensions(sanitize: bool = False) -> list[Extension]:
+    """Every compiled module of pvwire."""
+    return [extension(sanitize), journal_extension(sanitize)]
+
+
 def up_to_date(ext: Extension) -> bool:
     """Whether the built module is newer than its source, this script and the libraries."""
-    target = SOURCE.with_name("_pvaingest" + sysconfig.get_config_var("EXT_SUFFIX"))
+    target = ROOT / "server" / (ext.name.replace(".", "/") + sysconfig.get_config_var("EXT_SUFFIX"))
     inputs = [ROOT / f for f in ext.sources] + [Path(f) for f in ext.depends] + [Path(__file__)]
     return target.exists() and all(f.stat().st_mtime < target.stat().st_mtime for f in inputs)
 
@@ -86,11 +103,12 @@ def build(ext: Extension, into: Path | None) -> None:
 
 
 def sanitized(into: Path) -> None:
-    """A copy of the package in `into`, its module built with the sanitizers (every time)."""
+    """A copy of the package in `into`, its modules built with the sanitizers (every time)."""
     shutil.rmtree(into, ignore_errors=True)
-    ignore = shutil.ignore_patterns("_pvaingest*.so", "__pycache__")
+    ignore = shutil.ignore_patterns("_pvaingest*.so", "_journal*.so", "__pycache__")
     shutil.copytree(ROOT / "server" / "pvwire", into / "pvwire", ignore=ignore)
-    build(extension(sanitize=True), into)
+    for ext in extensions(sanitize=True):
+        build(ext, into)
 
 
 def main() -> int:
@@ -100,9 +118,9 @@ def main() -> int:
     if args.sanitize is not None:
         sanitized(args.sanitize.resolve())
         return 0
-    ext = extension()
-    if not up_to_date(ext):
-        build(ext, None)
+    for ext in extensions():
+        if not up_to_date(ext):
+            build(ext, None)
     return 0
 
 

@@ -22,7 +22,7 @@ import psutil
 from pvwire.ioc import free_port
 from pvwire.loopback import apply_loopback_env
 
-__all__ = ["TEST_TOKEN_KEY", "ServerProcess"]
+__all__ = ["TEST_TOKEN_KEY", "ServerProcess", "listens"]
 
 TEST_TOKEN_KEY = "test-key-not-secret"
 
@@ -95,8 +95,9 @@ class ServerProcess:
                 raise error(f"server exited with {proc.returncode}:\n{log}")
             try:
                 # An answer counts only from this process's own socket: with two suites side by
-                # side, a server of the other one on the same port answered first once, and
-                # its shutdown then closed this suite's clients with 1012.
+                # side, a server of the other one on the same port could answer first, and its
+                # shutdown then close this suite's clients with 1012 (the likely cause of one
+                # such failure, 2026-11-25; its server log was not kept).
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
                     if r.status == 200 and listens(proc.pid, self.port):
                         return

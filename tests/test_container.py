@@ -107,14 +107,16 @@ def test_image_runs_as_the_deployment_says(
     found = container.exec("sh", "-c", "command -v cc gcc g++ node npm; ls /usr/include; true")
     assert found.split() == [], found
     code = (
-        "import importlib.metadata as m, pvwire.upstream._pvaingest as x; "
-        "print(x.__file__); print(m.distribution('pvwire').read_text('WHEEL'))"
+        "import importlib.metadata as m, pvwire.upstream._pvaingest as x, "
+        "pvwire.core._journal as j; print(x.__file__); print(j.__file__); "
+        "print(m.distribution('pvwire').read_text('WHEEL'))"
     )
-    module, *wheel = container.exec("python", "-c", code).splitlines()
-    assert module.startswith("/usr/") and "/site-packages/" not in module.replace("dist-", "")
+    pva, journal, *wheel = container.exec("python", "-c", code).splitlines()
+    for module in (pva, journal):  # the wheel's compiled modules, installed into the image
+        assert module.startswith("/usr/") and "/site-packages/" not in module.replace("dist-", "")
     (tag,) = [line.split(": ", 1)[1] for line in wheel if line.startswith("Tag: ")]
     record_property("image_wheel_tag", tag)
-    # The wheel carries the compiled PVA module: a pure-Python tag would let pip install it
+    # The wheel carries the compiled modules: a pure-Python tag would let pip install it
     # on a platform the module cannot load on.
     assert tag.startswith("cp311-cp311-linux_"), tag
 

@@ -129,8 +129,8 @@ def test_strings_and_arrays_are_not_recorded() -> None:
 
 
 async def test_a_channel_records_what_record_records(hub: Hub) -> None:
-    """Channel.on_update writes values of a checked type into the store's journal itself
-    (Journal.write's lines, inline): over 2.5 rings of mixed types, alarms, a string and gaps,
+    """Channel.on_update writes values of a checked type through the store's journal's writer
+    itself, without `record`: over 2.5 rings of mixed types, alarms, a string and gaps,
     it keeps what a bare history's `record` keeps. One channel alone puts more than
     AGGREGATE_EVERY points in the journal between two gaps: the flush's one-at-a-time path."""
     client = HubClient(hub)

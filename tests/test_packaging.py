@@ -19,7 +19,10 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULE_FILE = "pvwire/upstream/_pvaingest" + sysconfig.get_config_var("EXT_SUFFIX")
+MODULES = {
+    name: name.replace(".", "/") + sysconfig.get_config_var("EXT_SUFFIX")
+    for name in ("pvwire.upstream._pvaingest", "pvwire.core._journal")
+}
 # What the wheel is built from (the Dockerfile's wheel stage copies these too); built files
 # that `make` leaves in the checkout stay out, so the build has to make the module itself.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "scripts/build_ext.py")
@@ -39,8 +42,8 @@ def project() -> dict[str, object]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-@pytest.mark.timeout(300)  # compiles the module (~3 s on an idle machine)
-def test_wheel_is_tagged_for_this_platform_and_holds_the_module(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)  # compiles the modules (~3 s on an idle machine)
+def test_wheel_is_tagged_for_this_platform_and_holds_the_modules(tmp_path: Path) -> None:
     context = tmp_path / "context"
     for rel in SOURCES:
         (context / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -68,20 +71,21 @@ def test_wheel_is_tagged_for_this_platform_and_holds_the_module(tmp_path: Path) 
         names = set(whl.namelist())
         info = whl.read("pvwire-0.1.0.dist-info/WHEEL").decode()
         whl.extractall(tmp_path / "installed")
-    assert MODULE_FILE in names
+    assert set(MODULES.values()) <= names
     assert "Root-Is-Purelib: false" in info
-    assert not any(n.endswith(".cpp") for n in names), "the source is not package data"
-    # The module in the wheel loads (against this environment's pvxslibs), not the checkout's.
-    where = subprocess.run(
-        [sys.executable, "-c", "import pvwire.upstream._pvaingest as m; print(m.__file__)"],
-        env={"PYTHONPATH": str(tmp_path / "installed"), "PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert where.returncode == 0, where.stderr
-    assert where.stdout.strip() == str(tmp_path / "installed" / MODULE_FILE)
+    assert not any(n.endswith((".cpp", ".c")) for n in names), "the sources are not package data"
+    # The modules in the wheel load (against this environment's pvxslibs), not the checkout's.
+    for name, path in MODULES.items():
+        where = subprocess.run(
+            [sys.executable, "-c", f"import {name} as m; print(m.__file__)"],
+            env={"PYTHONPATH": str(tmp_path / "installed"), "PATH": "/usr/bin:/bin"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert where.returncode == 0, where.stderr
+        assert where.stdout.strip() == str(tmp_path / "installed" / path)
 
 
 def test_runtime_bounds_start_at_the_tested_versions() -> None:

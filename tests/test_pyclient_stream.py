@@ -7,9 +7,7 @@ per-connection behaviour each test scripts.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +20,8 @@ import pytest
 from pvwire_client import Client, ProtocolError, StreamClosed, StreamRefused, Update, transport
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+
+from tests.test_pyclient_transport import accept_key
 
 Script = Callable[[ServerConnection, int], Awaitable[None]]
 HELLO = [0, 1, "fake", 20, 15000, 65536]
@@ -364,8 +364,7 @@ async def test_aclose_ends_a_connection_whose_server_never_ends_tcp(
         request = await reader.readuntil(b"\r\n\r\n")
         key = re.search(rb"Sec-WebSocket-Key: *(\S+)", request, re.IGNORECASE)
         assert key is not None
-        guid = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
-        accept = base64.b64encode(hashlib.sha1(key[1] + guid).digest())
+        accept = accept_key(key[1])
         writer.write(
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Accept: " + accept + b"\r\nSec-WebSocket-Protocol: pvwire.v1\r\n\r\n"

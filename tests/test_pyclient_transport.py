@@ -29,6 +29,13 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from tests.server_process import ServerProcess
 
+
+def accept_key(key: bytes) -> bytes:
+    """The Sec-WebSocket-Accept a server answers to `key` (RFC 6455 section 4.2.2), computed
+    here and not by the client, so that tests of raw servers check the client against the RFC."""
+    return base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+
+
 MB = 1 << 20
 Handler = Callable[[ServerConnection], Awaitable[None]]
 
@@ -248,9 +255,7 @@ async def test_a_bad_101_answer_is_refused(accept_ok: bool, protocol: str, error
             for line in request.split(b"\r\n")
             if line.lower().startswith(b"sec-websocket-key:")
         )
-        accept = base64.b64encode(
-            hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
-        )
+        accept = accept_key(key)
         writer.write(
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + b"Sec-WebSocket-Accept: "

@@ -20,7 +20,7 @@ from ..limits import ALL_MODE_PER_CHANNEL
 from ..model import ALARM, CONN, META, TIME, VALUE, ConnState, Metadata, Reading, Value
 from ..upstream.base import Backend, Monitor
 from ..wire import codec as wire
-from .history import JOURNAL_POINTS, NS, ChannelHistory
+from .history import ChannelHistory
 from .reduce import Reduction, reduce_value
 
 __all__ = [
@@ -78,6 +78,7 @@ class Channel:
         "history",
         "history_kind",
         "history_slot",
+        "history_write",
         "id",
         "journal",
         "known",
@@ -143,17 +144,21 @@ class Channel:
         # Where updates are recorded for `history` and `backfill` (core/history.py); None when
         # the channel has none (budget full, or recording failed). Set by `record_into`.
         self.recorder: ChannelHistory | None = None
-        # The recorder's store's journal and slot, and the type of value written into it here
-        # without a call: set when `recorder.record` accepted that type and has a journal.
-        # (journal typed Any: it is read only while history_kind is set, never None then.)
+        # The recorder's store's journal, its writer's `write` and the recorder's slot, and the
+        # type of value written through it here, without `record`: set when `recorder.record`
+        # accepted that type and has a journal. (journal and history_write typed Any: they are
+        # used only while history_kind is set, never None then.)
         self.journal: Any = None
+        self.history_write: Any = None
         self.history_slot = -1
         self.history_kind: type | None = None
 
     def record_into(self, recorder: ChannelHistory | None) -> None:
         """Record this channel's updates into `recorder` from now on (None: nowhere)."""
         self.recorder = recorder
-        self.journal = recorder.journal if recorder is not None else None
+        journal = recorder.journal if recorder is not None else None
+        self.journal = journal
+        self.history_write = journal.writer.write if journal is not None else None
         self.history_slot = recorder.slot if recorder is not None else -1
         self.history_kind = None  # the next value goes through `record`, which checks it
 
@@ -203,18 +208,13 @@ class Channel:
         if recorder is not None:
             try:
                 if type(value) is self.history_kind:
-                    # Journal.write's lines, inline for a value of the type `record` checked
-                    # last: the call and its checks were half of recording's cost (record's
+                    # Straight into the journal for a value of the type `record` checked last:
+                    # that call and its checks were half of recording's cost (record's
                     # docstring). Nothing of the recorder is touched: see core/history.py.
-                    journal = self.journal
-                    j = journal.j
-                    journal.v[j] = value
-                    journal.t[j] = seconds * NS + nanoseconds
-                    journal.a[j] = severity << 8 | status & 0xFF
-                    journal.c[j] = self.history_slot
-                    journal.j = j = j + 1
-                    if j == JOURNAL_POINTS:
-                        journal.flush()
+                    if self.history_write(
+                        value, seconds, nanoseconds, severity, status, self.history_slot
+                    ):
+                        self.journal.flush()
                 else:
                     recorder.record(value, seconds, nanoseconds, severity, status)
                     if recorder.journal is not None:

@@ -8,13 +8,17 @@ Per channel, fixed-size round-robin buffers, allocated once when the channel get
   tier's open bucket is kept in plain attributes and written to its ring when it closes; a
   closed bucket is merged into the next tier's open bucket.
 
-Recording is four item writes per update into the store's `Journal`: every recorded channel's
-new points in arrival order (time, value, alarm and the channel's slot), O(1), nothing
-allocated. `ChannelHistory.record` checks the value's type first; `Channel.on_update` writes
-values of the type already checked itself (`ChannelHistory.kind`), without a call. When the
-journal is full (and before any read, gap or reclaim) it is flushed: sorted by slot and written
-into the channels' rings at once, vectorised. The rings are rows of the store's arrays, one
-row per slot, so the scatter is one numpy assignment per column. Writing each update into its
+Recording is one call per update into the store's `Journal`: its writer puts every recorded
+channel's new points in arrival order (time, value, alarm and the channel's slot) into four
+columns, O(1), nothing allocated. The writer is compiled (core/_journal.c) where `make ext`
+built it, `PyWriter` (the same, in Python) where not: in a server of 1,000 CA channels,
+recording took the event loop ~500 ns per update with four item writes from Python, ~300 ns
+with the compiled call (flush included, 2026-11-25; the figures in _journal.c).
+`ChannelHistory.record` checks the value's type first; `Channel.on_update` hands values of the
+type already checked (`ChannelHistory.kind`) to the writer itself. When the journal is full
+(and before any read, gap or reclaim) it is flushed: sorted by slot and written into the
+channels' rings at once, vectorised. The rings are rows of the store's arrays, one row per
+slot, so the scatter is one numpy assignment per column. Writing each update into its
 own channel's ring touched the channel's history, three memoryviews and three ring lines,
 scattered over the store's memory: at 2,000 sim channels recording cost the server 1.7-1.9 us
 per update (+51-63 %, bench/history_cost.py, 2026-11-24), though 0.4 us in a loop of one
@@ -93,6 +97,7 @@ log = logging.getLogger("pvwire.history")
 
 NS = 1_000_000_000
 RAW_POINTS = 1024  # ~100 s of a 10 Hz channel, ~17 min of a 1 Hz one
+assert RAW_POINTS & (RAW_POINTS - 1) == 0  # a power of two: the flush masks instead of %
 # (bucket width in ns, buckets): 10 s for an hour, 5 min for a day.
 TIERS: tuple[tuple[int, int], ...] = ((10 * NS, 360), (300 * NS, 288))
 
@@ -281,6 +286,13 @@ class ChannelHistory:
         if self.journal is not None and store is not None:
             self._t, self._v, self._a = store.raw_t[slot], store.raw_v[slot], store.raw_a[slot]
             self.ring_t = self.ring_v = self.ring_a = None
+            # Its row's pages are mapped now, when its channel is opened, not at the journal's
+            # flushes: the first flush after 1,000 channels opened otherwise faulted in their
+            # ~2,500 pages at once, 45-80 ms on the event loop (in a server of 1,000 CA channels,
+            # 2026-11-25: recording took 2.3-4.0 us per update over the first 20,000 updates,
+            # ~0.5 us after; with this, 0.47 us over the first 20,000).
+            for row in (self._t, self._v, self._a):
+                row.fill(0)
         else:
             self._t = np.zeros(RAW_POINTS, "<i8")
             self._v = np.zeros(RAW_POINTS, "<f8")
@@ -309,9 +321,9 @@ class ChannelHistory:
         """One update, its type checked: a number is written, anything else is not kept.
 
         `Channel.on_update` calls this for the first value and whenever the type changes, and
-        writes values of `kind` into the journal itself (`Journal.write`'s lines): the call and
-        its checks were about half of what recording cost in a loop of one channel
-        (bench/history.py, 2026-11-24, load 6.5: 0.61-0.75 us with the call, 0.31-0.44 inline).
+        writes values of `kind` through the journal's writer itself: this call and its checks
+        were about half of what recording cost in a loop of one channel (bench/history.py,
+        2026-11-24, load 6.5: 0.61-0.75 us with the call, 0.31-0.44 without).
         tests/test_history.py checks that both record the same."""
         kind = type(value)
         if not (kind in _NUMBERS or issubclass(kind, np.number | np.bool_)):
@@ -329,7 +341,8 @@ class ChannelHistory:
         self.kind = kind
         journal = self.journal
         if journal is not None:
-            journal.write(self.slot, value, seconds * NS + nanoseconds, severity, status)
+            if journal.writer.write(value, seconds, nanoseconds, severity, status, self.slot):
+                journal.flush()
             return
         i = self.i
         self.ring_v[i] = value
@@ -882,45 +895,79 @@ def _buckets(rows: npt.NDArray[Any], width: int, truncated: bool, oldest: int) -
     )
 
 
+class PyWriter:
+    """The journal's writer in Python, where the compiled one (`_journal.c`) is not built (a
+    checkout before `make ext`): the same columns, checks and errors (tests/test_journal.py).
+
+    `write(value, seconds, nanoseconds, severity, status, slot)` puts one point at `j` and
+    answers whether the columns are full. TypeError for a value that is not a number, ValueError
+    for anything out of its column's range (a severity above 255, a time past 2262); a point
+    that raises is not counted."""
+
+    __slots__ = ("_a", "_c", "_t", "_v", "j", "size")
+
+    def __init__(self, t: npt.NDArray[np.int64], v: npt.NDArray[np.float64],
+                 a: npt.NDArray[np.uint16], c: npt.NDArray[np.int32]) -> None:  # fmt: skip
+        if not len(t) == len(v) == len(a) == len(c):
+            raise ValueError("Writer: the four columns must be of one length")
+        # Written through memoryviews, as the rings were (typed Any: a "d" view takes floats).
+        self._t: Any = t.data
+        self._v: Any = v.data
+        self._a: Any = a.data
+        self._c: Any = c.data
+        self.size = len(t)
+        self.j = 0  # where the next point goes
+
+    def write(self, value: object, seconds: int, nanoseconds: int, severity: int, status: int,
+              slot: int) -> bool:  # fmt: skip
+        j = self.j
+        if j >= self.size:
+            raise IndexError("write: the journal is full (flush it first)")
+        self._v[j] = value  # a TypeError for anything but a number
+        self._t[j] = seconds * NS + nanoseconds
+        self._a[j] = severity << 8 | status & 0xFF  # a ValueError for a severity above 255
+        self._c[j] = slot
+        self.j = j = j + 1
+        return j == self.size
+
+
+try:
+    from ._journal import Writer
+except ImportError:  # not built: `make ext` builds it
+    Writer = PyWriter  # type: ignore[misc,assignment]
+
+
 class Journal:
     """Every store-held channel's new points in arrival order, until `flush` writes them into
-    the channels' rings (the module docstring says why). `Channel.on_update` writes into it
-    with the lines of `write`, inline."""
+    the channels' rings (the module docstring says why). `writer` (compiled where built, or
+    `PyWriter`) puts each point into the columns; `Channel.on_update` calls it directly."""
 
-    __slots__ = ("_a", "_c", "_t", "_v", "a", "c", "j", "store", "t", "v")
+    __slots__ = ("_a", "_c", "_t", "_v", "store", "writer")
 
-    def __init__(self, store: HistoryStore) -> None:
+    def __init__(self, store: HistoryStore, writer: type[Writer] | type[PyWriter] = Writer) -> None:
         self.store = store
         self._t = np.zeros(JOURNAL_POINTS, "<i8")
         self._v = np.zeros(JOURNAL_POINTS, "<f8")
         self._a = np.zeros(JOURNAL_POINTS, "<u2")
         self._c = np.zeros(JOURNAL_POINTS, "<i4")  # the channel's slot
-        # Written through memoryviews, as the rings were (typed Any: a "d" view takes floats).
-        self.t: Any = self._t.data
-        self.v: Any = self._v.data
-        self.a: Any = self._a.data
-        self.c: Any = self._c.data
-        self.j = 0  # where the next point goes
+        for column in (self._t, self._v, self._a, self._c):
+            column.fill(0)  # mapped now, not page by page under the first 16,384 updates
+        self.writer = writer(self._t, self._v, self._a, self._c)
 
-    def write(self, slot: int, value: object, t: int, severity: int, status: int) -> None:
-        j = self.j
-        self.v[j] = value  # a TypeError for anything but a number
-        self.t[j] = t
-        # A severity out of range raises here: the channel's failure path stops its history.
-        self.a[j] = severity << 8 | status & 0xFF
-        self.c[j] = slot
-        self.j = j = j + 1
-        if j == JOURNAL_POINTS:
-            self.flush()
+    @property
+    def j(self) -> int:
+        """Points waiting for the flush."""
+        return self.writer.j
 
     def flush(self) -> None:
         """Every point into its channel's ring, in order: one stable sort by slot, one scatter
         per column, then each channel among them moves its index on (and folds its tiers when
         AGGREGATE_EVERY points wait)."""
-        n = self.j
+        writer = self.writer
+        n = writer.j
         if not n:
             return
-        self.j = 0  # whatever happens below, these points are not written twice
+        writer.j = 0  # whatever happens below, these points are not written twice
         store = self.store
         slots = self._c[:n]
         order = np.argsort(slots, kind="stable")
@@ -947,11 +994,15 @@ class Journal:
             starts = np.cumsum(counts) - counts
         base = np.fromiter((h.i if h is not None else 0 for h in histories), np.int64,
                            len(histories))  # fmt: skip
-        rank = np.arange(len(c)) - np.repeat(starts, counts)
-        pos = (np.repeat(base, counts) + rank) % RAW_POINTS
-        store.raw_t[c, pos] = t
-        store.raw_v[c, pos] = v
-        store.raw_a[c, pos] = a
+        # Each point's place in its ring: its channel's index plus its rank among the channel's
+        # points, as one index into the rows laid end to end. One repeat, a mask for the modulo
+        # and a flat index took the flush from ~72 to ~35 ns per point at 1,000 channels
+        # (against two repeats, % and a 2-D index; in process, 2026-11-25).
+        pos = (np.repeat(base - starts, counts) + np.arange(len(c))) & (RAW_POINTS - 1)
+        flat = c * np.int64(RAW_POINTS) + pos
+        store.raw_t.reshape(-1)[flat] = t
+        store.raw_v.reshape(-1)[flat] = v
+        store.raw_a.reshape(-1)[flat] = a
         for h, k in zip(histories, counts.tolist(), strict=True):
             if h is not None:
                 h.advance(k)
