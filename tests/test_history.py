@@ -303,6 +303,24 @@ async def test_a_subscribed_channel_records_and_its_release_ends_with_a_gap(
     assert hub.snapshot().history.monitored == 0 and hub.snapshot().history.channels == 1
 
 
+async def test_every_channel_writes_through_its_store_s_one_write(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    """The channels of a store call one bound `write` (Journal.write), not one of their own
+    each: an object per channel was one more cold fetch per update (core/history.py)."""
+    client = HubClient(hub)
+    attach(client, hub, ["fake://a", "fake://b"])
+    a, b = (hub.registry.channels[f"fake://{name}"] for name in "ab")
+    assert a.history_kind is None  # nothing checked yet: the first value goes through `record`
+    backend.update("a", 0.5)
+    backend.update("b", 1.5)
+    assert a.history_kind is b.history_kind is float
+    assert a.history_write is b.history_write is hub.history_store.journal.write
+    backend.update("a", 2.5)  # through that one write, by the fast path
+    got = hub.history("fake://a", *EVERYTHING, ANONYMOUS)[1]
+    assert list(got.value) == [0.5, 2.5]
+
+
 async def test_a_recording_failure_stops_that_history_only(hub: Hub, backend: FakeBackend) -> None:
     client = HubClient(hub)
     att = attach(client, hub, ["fake://a", "fake://b"])
@@ -312,6 +330,9 @@ async def test_a_recording_failure_stops_that_history_only(hub: Hub, backend: Fa
     assert ch.recorder.kind is float  # the next float is written by the channel itself
     backend.update("a", 1.0, severity=300)  # a severity the ring cannot hold: recording raises
     assert ch.recorder is None and ch.value == 1.0
+    # The fast path in on_update tests history_kind alone: it is None now, so nothing more is
+    # written for this channel.
+    assert ch.history_kind is None and ch.history_write is None
     assert hub.snapshot().failures["history"] == 1
     backend.update("a", 2.0)
     hub.ticker.tick()

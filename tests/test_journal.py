@@ -48,6 +48,20 @@ def test_points_go_into_the_four_columns_in_order(writer: Callable[..., Any]) ->
 
 
 @WRITERS
+def test_ints_of_any_size_convert_as_python_converts_them(writer: Callable[..., Any]) -> None:
+    """Ints of more than one 30-bit digit (every time in seconds), big and negative int values,
+    and numpy ints (through __index__) are written as float() and int() give them."""
+    t, v, _a, c = cols = columns(3)
+    w = writer(*cols)
+    w.write(2**60 + 1, np.int64(1_700_000_002), np.int32(5), 0, 0, np.int16(9))
+    w.write(-(2**53) - 1, 2**31, 2**30, 0, 0, 2**30)
+    w.write(10**300, -(2**33), 0, 0, 0, 0)
+    assert v.tolist() == [float(2**60 + 1), float(-(2**53) - 1), float(10**300)]
+    assert t.tolist() == [1_700_000_002 * NS + 5, 2**31 * NS + 2**30, -(2**33) * NS]
+    assert c.tolist() == [9, 2**30, 0]
+
+
+@WRITERS
 @pytest.mark.parametrize(
     ("args", "error"),
     [
@@ -58,6 +72,8 @@ def test_points_go_into_the_four_columns_in_order(writer: Callable[..., Any]) ->
         ((10**400, 1, 0, 0, 0, 0), ValueError),  # an int no double holds
         ((1.0, 1.5, 0, 0, 0, 0), TypeError),  # seconds must be an int
         ((1.0, 2**62, 0, 0, 0, 0), ValueError),  # past 2262 in ns
+        ((1.0, 2**64, 0, 0, 0, 0), ValueError),  # past 64 bits before the ns
+        ((1.0, 1, -(2**70), 0, 0, 0), ValueError),
         ((1.0, 1, 0, 256, 0, 0), ValueError),  # the alarm column holds severities 0..255
         ((1.0, 1, 0, -1, 0, 0), ValueError),
         ((1.0, 1, 0, 0, 0, 2**31), ValueError),  # the slot column is 32-bit

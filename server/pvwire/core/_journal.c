@@ -87,14 +87,16 @@ fail:
 /* An int as a long long. Errors as a Python writer's memoryview gives them: TypeError for what is
  * not an int, ValueError (not OverflowError) for an int out of range. */
 static int as_ll(PyObject *obj, long long *out) {
-    *out = PyLong_AsLongLong(obj);
-    if (*out == -1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_ValueError, "write: an int out of range");
-        }
+    /* Not PyLong_AsLongLong: on CPython 3.11 it converts any int of more than one 30-bit digit
+     * (every time in seconds) through _PyLong_AsByteArray; this one walks the digits. */
+    int overflow;
+    *out = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_ValueError, "write: an int out of range");
         return -1;
     }
+    if (*out == -1 && PyErr_Occurred())
+        return -1;
     return 0;
 }
 
@@ -112,8 +114,10 @@ static PyObject *writer_write(Writer *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     /* As a "d" memoryview takes it: a float, an int, or anything with __float__ or __index__;
-     * TypeError for a string, None or an array, ValueError for an int too large. */
-    double value = PyFloat_AsDouble(args[0]);
+     * TypeError for a string, None or an array, ValueError for an int too large. An int goes
+     * straight to a double: PyFloat_AsDouble makes a float object of it first. */
+    PyObject *number = args[0];
+    double value = PyLong_CheckExact(number) ? PyLong_AsDouble(number) : PyFloat_AsDouble(number);
     if (value == -1.0 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();

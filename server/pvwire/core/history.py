@@ -14,15 +14,19 @@ columns, O(1), nothing allocated. The writer is compiled (core/_journal.c) where
 built it, `PyWriter` (the same, in Python) where not: in a server of 1,000 CA channels,
 recording took the event loop ~500 ns per update with four item writes from Python, ~300 ns
 with the compiled call (flush included, 2026-11-25; the figures in _journal.c).
-`ChannelHistory.record` checks the value's type first; `Channel.on_update` hands values of the
-type already checked (`ChannelHistory.kind`) to the writer itself. When the journal is full
-(and before any read, gap or reclaim) it is flushed: sorted by slot and written into the
-channels' rings at once, vectorised. The rings are rows of the store's arrays, one row per
-slot, so the scatter is one numpy assignment per column. Writing each update into its
-own channel's ring touched the channel's history, three memoryviews and three ring lines,
-scattered over the store's memory: at 2,000 sim channels recording cost the server 1.7-1.9 us
-per update (+51-63 %, bench/history_cost.py, 2026-11-24), though 0.4 us in a loop of one
-channel; through the journal it costs 0.8 us (+27 %, same run, load ~5).
+`ChannelHistory.record` checks the value's type first; `Channel.on_update` hands values of the type
+already checked (`ChannelHistory.kind`) to the writer itself, through one bound `write` for the
+whole store (`Journal.write`), reading nothing of the channel but three slots (history_*) beside
+ones the update reads anyway (`Channel.on_update` says what reading more cost). When the journal is
+full (and before any read, gap or reclaim) it is flushed: sorted by slot and written into the
+channels' rings at once, vectorised. The rings are rows of the store's arrays, one row per slot, so
+the scatter is one numpy assignment per column. Writing each update into its own channel's ring
+touched the channel's history, three memoryviews and three ring lines, scattered over the store's
+memory: at 2,000 sim channels recording cost the server 1.7-1.9 us per update (+51-63 %,
+bench/history_cost.py, 2026-11-24), though 0.4 us in a loop of one channel; through the journal it
+costs 0.8 us (+27 %, same run, load ~5), and 0.3-0.5 us (+11-17 %, two runs of 5 rounds, 2026-11-25)
+since the fast path reads only those slots and the writer converts ints without CPython's slow paths
+for them.
 A channel's points wait in the journal at most until it is full. Whenever AGGREGATE_EVERY of a
 channel's points are in its ring and not in its tiers, they are folded into the finest tier at
 once, vectorised: one merge per bucket they touch, not per update. Times are the IOC's; a gap
@@ -341,7 +345,7 @@ class ChannelHistory:
         self.kind = kind
         journal = self.journal
         if journal is not None:
-            if journal.writer.write(value, seconds, nanoseconds, severity, status, self.slot):
+            if journal.write(value, seconds, nanoseconds, severity, status, self.slot):
                 journal.flush()
             return
         i = self.i
@@ -942,7 +946,7 @@ class Journal:
     the channels' rings (the module docstring says why). `writer` (compiled where built, or
     `PyWriter`) puts each point into the columns; `Channel.on_update` calls it directly."""
 
-    __slots__ = ("_a", "_c", "_t", "_v", "store", "writer")
+    __slots__ = ("_a", "_c", "_t", "_v", "store", "write", "writer")
 
     def __init__(self, store: HistoryStore, writer: type[Writer] | type[PyWriter] = Writer) -> None:
         self.store = store
@@ -953,6 +957,11 @@ class Journal:
         for column in (self._t, self._v, self._a, self._c):
             column.fill(0)  # mapped now, not page by page under the first 16,384 updates
         self.writer = writer(self._t, self._v, self._a, self._c)
+        # The writer's `write`, bound once: every channel calls this one object. A bound method
+        # of its own per channel (`writer.write` makes a new one at each access) cost the update
+        # loop 0.08 us more per update in a server of 2,000 sim counters (same process, ticks
+        # alternated, 2026-11-25): one more object to fetch, cold, at every update.
+        self.write = self.writer.write
 
     @property
     def j(self) -> int:
