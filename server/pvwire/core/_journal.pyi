@@ -1,5 +1,7 @@
 """The history journal's writer (_journal.c; built by `make`), as `history.PyWriter` behaves."""
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -26,3 +28,13 @@ class Writer:
     @property
     def size(self) -> int:
         """Points the columns hold."""
+
+class Pending:
+    """The tick's writes: the pending update of each channel of exactly `cls` (Channel) into
+    the compiled writer its `history_write` is bound to, read from the channel's slots."""
+
+    def __init__(self, cls: type) -> None: ...
+    def write(self, channels: list[Any], start: int) -> int:
+        """From channels[start] on: the index of a channel left to Python (not written),
+        -(index + 1) after a point that filled its writer (written; flush it), else
+        len(channels)."""

@@ -74,7 +74,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -259,12 +259,21 @@ class HistorySlice:
         return len(self.t)
 
 
+class PendingSource(Protocol):
+    """A channel holding an update not yet written (`Channel.on_update`)."""
+
+    history_pending: bool
+
+    def write_pending(self) -> None: ...
+
+
 class ChannelHistory:
     """One channel's buffers. `record` and `mark_gap` are called by its Channel."""
 
     __slots__ = ("_a", "_t", "_v", "arrays", "attached", "channel_id", "failed", "first",
                  "folded", "i", "journal", "kind", "no_room", "numeric", "pinned", "ring_a",
-                 "ring_t", "ring_v", "slot", "store", "tier", "unkept", "wrapped")  # fmt: skip
+                 "ring_t", "ring_v", "slot", "source", "store", "tier", "unkept",
+                 "wrapped")  # fmt: skip
 
     def __init__(self, channel_id: str, store: HistoryStore | None = None, slot: int = -1) -> None:
         self.channel_id = channel_id
@@ -274,6 +283,9 @@ class ChannelHistory:
         # store's rings; a bare one (no store: tests, benchmarks) into rings of its own, at once.
         self.slot = slot
         self.journal = store.journal if store is not None and slot >= 0 else None
+        # The channel recording into it (set by `Channel.record_into`), whose last update may
+        # still wait for the tick: written before any read, gap or reclaim (`_sync`).
+        self.source: PendingSource | None = None
         self.arrays: ArrayHistory | None = None  # an array channel's frames (the docstring)
         self.unkept = ""  # why the last value that was not a number was not kept
         self.no_room = False  # the store refused its arrays since it was last attached (opened)
@@ -427,8 +439,11 @@ class ChannelHistory:
             o += k
 
     def _sync(self) -> None:
-        """Points of this history still in the journal go to the ring first (before a read, a
-        gap, or a reclaim), so that the ring holds every update in order."""
+        """Points of this history still in its channel or in the journal go to the ring first
+        (before a read, a gap, or a reclaim), so that the ring holds every update in order."""
+        source = self.source
+        if source is not None and source.history_pending:
+            source.write_pending()
         journal = self.journal
         if journal is not None and journal.j:
             journal.flush()

@@ -2,8 +2,10 @@
 
 - Upstream callbacks only mark a channel dirty (channel.py). The first dirty channel after a tick
   schedules the next tick: at once when idle, `tick_ms` after the previous tick under load.
-- At the tick each dirty channel is encoded once; each view splices its entries once; each
-  session prefixes a frame header (view.py, wire/session.py). No per-client work per update.
+- At the tick, first, each dirty channel's last update goes into the history journal, in one
+  compiled call for all of them (channel.py, `write_all_pending`). Then each is encoded once;
+  each view splices its entries once; each session prefixes a frame header (view.py,
+  wire/session.py). No per-client work per update.
 - A view limited by `maxRate` that is not due keeps its changes merged and asks for a tick at
   its due time; that timer never delays anyone else's tick (a 0.5 Hz client once cut an
   unrelated 50 Hz client to ~1 frame/s, because the next tick waited for the slow view).
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..wire.codes import INTERNAL as INTERNAL_ERROR
-from .channel import Channel, FailureUnit
+from .channel import Channel, FailureUnit, write_all_pending
 from .clients import Client
 from .view import View
 
@@ -105,6 +107,9 @@ class Ticker:
         dirty, self._dirty = self._dirty, []
         active, self._waiting = self._waiting, {}
         try:
+            # The updates recording left in the channels, before anything of them is sent: a
+            # client that asks for history after this frame finds them there.
+            write_all_pending(dirty)
             for ch in dirty:
                 self._route(ch, active)
             touched: list[Client] = []
