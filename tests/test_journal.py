@@ -14,7 +14,15 @@ import pytest
 from pvwire.core import _journal, history
 from pvwire.core import channel as channel_module
 from pvwire.core.channel import Channel, write_all_pending
-from pvwire.core.history import NS, ChannelHistory, HistoryStore, Journal, PyWriter
+from pvwire.core.history import (
+    AGGREGATE_EVERY,
+    NS,
+    RAW_POINTS,
+    ChannelHistory,
+    HistoryStore,
+    Journal,
+    PyWriter,
+)
 from pvwire.model import ConnState
 
 WRITERS = pytest.mark.parametrize("writer", [_journal.Writer, PyWriter], ids=["compiled", "python"])
@@ -355,3 +363,152 @@ def test_updates_left_for_the_tick_are_recorded_as_record_records_them(
         for column in ("t", "v", "sev", "stat", "gap"):
             np.testing.assert_array_equal(got[column], want[column])
     assert listener.failures == []
+
+
+# --- the flush's compiled steps: Rings (moving ring indexes on) and fold (into the tiers) ------
+
+
+def journal_of(points: list[tuple[int, float]]) -> Columns:
+    """Journal columns holding (slot, value) points, at times 1 s apart."""
+    t, v, a, c = cols = columns(len(points) + 3)  # longer than n, as the journal's are
+    for j, (slot, value) in enumerate(points):
+        t[j], v[j], a[j], c[j] = (AHEAD + j) * NS, value, 1 << 8, slot
+    return cols
+
+
+def test_the_compiled_flush_moves_each_ring_on_as_advance_does() -> None:
+    rings = _journal.Rings(ChannelHistory, RAW_POINTS, AGGREGATE_EVERY)
+    store = HistoryStore(4 * history.CHANNEL_BYTES)
+    hs = [store.attach(f"fake://{k}") for k in range(3)]
+    assert all(h is not None for h in hs)
+    h0, h1, h2 = hs  # type: ignore[misc]
+    h0.i = h0.folded = RAW_POINTS - 3  # its 8 points wrap around the ring's end
+    h1.i, h1.folded = 600, 99  # 11 more make 512 waiting: due for the tiers
+    # Interleaved as the journal holds them; the fourth slot has no history.
+    points = [(h0.slot, 0.0), (h1.slot, 100.0), (3, -1.0)] + [
+        (h1.slot, 101.0 + k) for k in range(10)
+    ]
+    points += [(h0.slot, 1.0 + k) for k in range(7)] + [(h2.slot, 200.0)]
+    cols = journal_of(points)
+    assert len(store.by_slot) == 4 and store.by_slot[3] is None  # its budget's 4 rows
+    due = rings.flush(*cols, len(points), store.raw_t, store.raw_v, store.raw_a, store.by_slot)
+    assert due == [h1]
+    assert [h.i for h in hs] == [5, 611, 1] and [h.wrapped for h in hs] == [True, False, False]
+    assert h0.folded == RAW_POINTS - 3  # folding is the caller's
+    ring0 = np.concatenate((store.raw_v[h0.slot][RAW_POINTS - 3 :], store.raw_v[h0.slot][:5]))
+    assert ring0.tolist() == [0.0, *(1.0 + k for k in range(7))]
+    assert store.raw_v[h1.slot][600:611].tolist() == [100.0 + k for k in range(11)]
+    assert store.raw_v[h2.slot][0] == 200.0 and store.raw_a[h2.slot][0] == 1 << 8
+    assert store.raw_t[h2.slot][0] == (AHEAD + len(points) - 1) * NS
+    assert not store.raw_v[3].any()  # no history: not written
+
+
+def test_the_compiled_flush_checks_everything_before_writing() -> None:
+    rings = _journal.Rings(ChannelHistory, RAW_POINTS, AGGREGATE_EVERY)
+    store = HistoryStore(2 * history.CHANNEL_BYTES)
+    a, b = store.attach("fake://a"), store.attach("fake://b")
+    assert a is not None and b is not None
+    rows = (store.raw_t, store.raw_v, store.raw_a)
+
+    def flush(points: list[tuple[int, float]], by_slot: list[Any] = store.by_slot) -> Any:
+        return rings.flush(*journal_of(points), len(points), *rows, by_slot)
+
+    with pytest.raises(ValueError, match=r"slot 2 out of 0\.\.1"):
+        flush([(a.slot, 1.0), (2, 2.0)])
+    with pytest.raises(TypeError, match="is not a ChannelHistory"):
+        flush([(a.slot, 1.0), (b.slot, 2.0)], [a, "b"])
+    b.i = RAW_POINTS  # an index out of its ring
+    with pytest.raises(ValueError, match="i out of the ring"):
+        flush([(a.slot, 1.0), (b.slot, 2.0)])
+    b.i = 0
+    with pytest.raises(ValueError, match=r"n must be 0\.\.4"):
+        rings.flush(*journal_of([(a.slot, 1.0)]), 5, *rows, store.by_slot)
+    with pytest.raises(TypeError, match="raw_v must be 2-D rows"):
+        rings.flush(*journal_of([(a.slot, 1.0)]), 1, store.raw_t, store.raw_v[0], store.raw_a,
+                    store.by_slot)  # fmt: skip
+    with pytest.raises(ValueError, match="one row per slot"):
+        flush([(a.slot, 1.0)], [a])
+    # A burst (more points of one slot than may wait for the tiers): None, for the numpy path.
+    assert flush([(a.slot, float(k)) for k in range(AGGREGATE_EVERY + 1)]) is None
+    assert a.i == b.i == 0 and not a.wrapped and not store.raw_v.any()
+    with pytest.raises(AttributeError):
+        _journal.Rings(Channel, RAW_POINTS, AGGREGATE_EVERY)  # a class without those slots
+
+
+def test_the_compiled_fold_makes_the_buckets_numpy_makes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three rings of a channel with NaNs, whole numbers, times that go back, and jumps of
+    minutes, folded with the compiled `fold` and with numpy: the same buckets in every tier
+    (sums to the bit), and the same answers."""
+    rng = np.random.default_rng(5)
+    n = 3 * RAW_POINTS
+    steps = rng.choice([NS // 10, NS // 10, NS // 10, -NS, 420 * NS], n)
+    t = AHEAD * NS + np.cumsum(steps)
+    values = rng.normal(size=n) * 1e3
+    values[rng.integers(0, n, 20)] = np.nan
+    values[::7] = np.round(values[::7])
+    severities = rng.integers(0, 4, n)
+    made = []
+    for fold in (history._fold, None):
+        monkeypatch.setattr(history, "_fold", fold)
+        h = ChannelHistory("fake://f")
+        for i in range(n):
+            ti = int(t[i])
+            h.record(float(values[i]), ti // NS, ti % NS, int(severities[i]), 1)
+        made.append(h)
+    compiled, numpy_made = made
+    a: history.Tier | None = compiled.tier
+    b: history.Tier | None = numpy_made.tier
+    while a is not None and b is not None:
+        assert a.n == b.n
+        for field in history.BUCKET_DTYPE.names or ():
+            np.testing.assert_array_equal(a.data[field], b.data[field])
+        np.testing.assert_array_equal(np.array(a.open_row()), np.array(b.open_row()))
+        a, b = a.next, b.next
+    assert compiled.tier.n > 100  # buckets closed in the finest tier
+    for max_points in (50, 5000):
+        x, y = (
+            compiled.query(-(2**62), 2**62, max_points),
+            numpy_made.query(-(2**62), 2**62, max_points),
+        )
+        for column in ("t", "value", "min", "max", "mean", "count", "severity", "gap"):
+            np.testing.assert_array_equal(getattr(x, column), getattr(y, column))
+
+
+def test_fold_refuses_what_is_not_a_ring() -> None:
+    t, v, a = np.zeros(4, "<i8"), np.zeros(4, "<f8"), np.zeros(4, "<u2")
+    assert _journal.fold(t, v, a, 3, 2, NS) == [(0, 0.0, 0.0, 0.0, 0.0, 2, 0)]  # across the end
+    with pytest.raises(TypeError, match="v must be a 1-D buffer"):
+        _journal.fold(t, v.astype("<f4"), a, 0, 1, NS)
+    with pytest.raises(ValueError, match="one length"):
+        _journal.fold(t, v[:3], a, 0, 1, NS)
+    for start, k, width in ((4, 1, NS), (0, 5, NS), (0, 1, 0), (-1, 1, NS)):
+        with pytest.raises(ValueError, match="needs width > 0"):
+            _journal.fold(t, v, a, start, k, width)
+
+
+@pytest.mark.parametrize("steps", ["compiled", "python"])
+def test_a_flush_by_either_steps_fills_the_rings_alike(
+    monkeypatch: pytest.MonkeyPatch, steps: str
+) -> None:
+    """The flush with the compiled Rings and fold, or with Python and numpy (a checkout where
+    they are not built), against bare histories fed the same."""
+    if steps == "python":
+        monkeypatch.setattr(history, "_rings", None)
+        monkeypatch.setattr(history, "_fold", None)
+    store = HistoryStore(8 * history.CHANNEL_BYTES)
+    held = [store.attach(f"fake://{k}") for k in range(5)]
+    bare = [ChannelHistory(f"fake://{k}") for k in range(5)]
+    for i in range(3 * RAW_POINTS):
+        for k, (h, b) in enumerate(zip(held, bare, strict=True)):
+            if k <= i % 5:  # channels at different rates: some flushes hold more of one
+                assert h is not None
+                h.record(float(i), AHEAD + i, k, k % 3, 0)
+                b.record(float(i), AHEAD + i, k, k % 3, 0)
+    for h, b in zip(held, bare, strict=True):
+        assert h is not None
+        got, want = h.points(), b.points()
+        for column in ("t", "v", "sev", "stat", "gap"):
+            np.testing.assert_array_equal(got[column], want[column])
+        x, y = h.query(0, 2**62, 20), b.query(0, 2**62, 20)
+        for column in ("t", "value", "min", "max", "mean", "count", "severity", "gap"):
+            np.testing.assert_array_equal(getattr(x, column), getattr(y, column))

@@ -1,8 +1,10 @@
 """One upstream channel: the cached latest state, shared by every client that watches it.
 
 A Channel is the `ChannelSink` its backend monitor delivers to. Upstream callbacks do O(1) work:
-store the new state, bump the serial, mark the channel dirty once per tick (DESIGN.md section 2).
-Encoding happens at the tick, once per channel whatever the number of clients (`body`).
+store the new state, bump the serial, mark the channel dirty once per tick (DESIGN.md section 2),
+and mark the update pending for its history. Encoding happens at the tick, once per channel
+whatever the number of clients (`body`), after the tick has written the pending updates into the
+history journal (`write_all_pending`).
 
 A value the encoder cannot carry fails this channel alone: it turns FAILED with the reason, which
 clients see in its CONN field, and every other channel and client goes on (DESIGN.md section 9:
