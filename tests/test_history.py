@@ -378,6 +378,12 @@ async def test_a_recording_failure_stops_that_history_only(hub: Hub, backend: Fa
         hub.history("fake://a", *EVERYTHING, ANONYMOUS)
 
 
+def test_only_a_server_with_a_budget_looks_for_updates_to_record(backend: FakeBackend) -> None:
+    for mb, records in ((0.0, False), (1.0, True)):
+        settings = Settings(default_scheme="fake", history_mb=mb)
+        assert Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1")).ticker.records is records
+
+
 async def test_metrics_show_the_budget_and_its_use(backend: FakeBackend) -> None:
     settings = Settings(default_scheme="fake", linger_s=0.0, history_mb=2 * CHANNEL_BYTES / 2**20)
     hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))

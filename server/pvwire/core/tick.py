@@ -45,9 +45,14 @@ class TickStats:
 class Ticker:
     """The hub's one timer. Implements the channels' `DirtyListener`."""
 
-    def __init__(self, tick_ms: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self, tick_ms: float, loop: asyncio.AbstractEventLoop | None = None, records: bool = True
+    ) -> None:
         self._interval = tick_ms / 1000.0
         self._loop = loop
+        # Whether channels may record history (a budget of 0 gives none): only then does the
+        # tick look for their pending updates, ~12 ns per dirty channel (2026-11-25).
+        self.records = records
         self.stats = TickStats()
         self._dirty: list[Channel] = []
         self._waiting: dict[View, None] = {}  # views with changes held back by maxRate
@@ -109,7 +114,8 @@ class Ticker:
         try:
             # The updates recording left in the channels, before anything of them is sent: a
             # client that asks for history after this frame finds them there.
-            write_all_pending(dirty)
+            if self.records:
+                write_all_pending(dirty)
             for ch in dirty:
                 self._route(ch, active)
             touched: list[Client] = []
