@@ -11,6 +11,7 @@ import pytest
 from pvwire.access.identity import Identity
 from pvwire.api.metrics import render_metrics
 from pvwire.config import Settings
+from pvwire.core import tick as tick_module
 from pvwire.core.history import (
     CHANNEL_BYTES,
     NS,
@@ -376,6 +377,28 @@ async def test_a_recording_failure_stops_that_history_only(hub: Hub, backend: Fa
     assert list(hub.history("fake://b", *EVERYTHING, ANONYMOUS)[1].value) == [3.5, 4.0, 5.0]
     with pytest.raises(NoHistory, match="recording it failed"):
         hub.history("fake://a", *EVERYTHING, ANONYMOUS)
+
+
+async def test_a_failure_writing_the_tick_s_updates_costs_no_frame(
+    hub: Hub, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = HubClient(hub)
+    att = attach(client, hub, ["fake://a"])
+    backend.update("a", 0.5)
+    hub.ticker.tick()
+    client.drain()
+
+    def broken(channels: list[object]) -> None:
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(tick_module, "write_all_pending", broken)
+    backend.update("a", 1.5)
+    hub.ticker.tick()
+    assert values(client.drain(), att) == [1.5]  # the frame went out
+    assert hub.snapshot().failures["history"] == 1
+    monkeypatch.undo()
+    backend.update("a", 2.5)  # the update left pending is written before this one
+    assert list(hub.history("fake://a", *EVERYTHING, ANONYMOUS)[1].value) == [0.5, 1.5, 2.5]
 
 
 def test_only_a_server_with_a_budget_looks_for_updates_to_record(backend: FakeBackend) -> None:

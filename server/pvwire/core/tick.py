@@ -115,7 +115,7 @@ class Ticker:
             # The updates recording left in the channels, before anything of them is sent: a
             # client that asks for history after this frame finds them there.
             if self.records:
-                write_all_pending(dirty)
+                self._write_history(dirty)
             for ch in dirty:
                 self._route(ch, active)
             touched: list[Client] = []
@@ -127,6 +127,15 @@ class Ticker:
             if self._waiting:
                 self._schedule(min(v.next_due for v in self._waiting))
             self._record(time.perf_counter() - started)
+
+    def _write_history(self, dirty: list[Channel]) -> None:
+        """A failure here (each channel's own is contained by the channel) costs no client its
+        frame: it is counted, and the updates not written wait for the next write."""
+        try:
+            write_all_pending(dirty)
+        except Exception as exc:
+            self._once("history", "writing the tick's updates into the history failed: %r", exc)
+            self.count_failure("history")
 
     def _route(self, ch: Channel, active: dict[View, None]) -> None:
         """Hand one dirty channel's change to each of its views."""
