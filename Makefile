@@ -32,16 +32,18 @@ ext: venv
 	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 	$(PY) scripts/build_ext.py
 
-# The PVA tests and the journal writer's against the modules built with AddressSanitizer and UBSan
-# (bench/README.md, "The compiled modules under the sanitizers"): a copy of the package in
-# build/sanitize, first on the path.
+# The PVA tests and the history tests (the journal's writer, the tick's batch and the flush's
+# steps) against the modules built with AddressSanitizer and UBSan (bench/README.md, "The
+# compiled modules under the sanitizers"): a copy of the package in build/sanitize, first on
+# the path.
 # Python itself is not instrumented: ASan's runtime is preloaded (with libstdc++, without which
 # ASan cannot intercept C++ throws), Python's allocator is plain malloc (so ASan sees Python
 # objects too), and leaks are not checked (the interpreter keeps its memory until exit). Any
 # error ends the process; its report is written to a file, which fails the target even when
 # the process was a server a test started.
 SANITIZE_DIR := build/sanitize
-SANITIZE_TESTS := tests/test_pva_ingest.py tests/test_pva_fast_path.py tests/test_backend_pva.py tests/test_journal.py
+SANITIZE_TESTS := tests/test_pva_ingest.py tests/test_pva_fast_path.py tests/test_backend_pva.py \
+	tests/test_journal.py tests/test_history.py
 SANITIZE_REPORT := $(abspath $(SANITIZE_DIR))/report
 SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PYTHONMALLOC=malloc \
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \

@@ -1,7 +1,8 @@
 """What recent history costs (core/history.py, DESIGN.md section 7c), in one run:
 
 - recording: `Channel.on_update` per update with recording off and on, interleaved rounds on the
-  same channel, and `ChannelHistory.record` alone;
+  same 1,000 channels, each updated once between two ticks (the tick's writes included), and
+  `ChannelHistory.record` alone;
 - memory: bytes per channel in each ring, and how many channels a budget holds;
 - reading: `history` for an hour of 10 Hz data (36,000 updates recorded) at several
   `maxPoints`, and the backfill of an hour, by `ChannelHistory.query` and `.backfill` (no server,
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pvwire.core.channel import Channel, FailureUnit
+from pvwire.core.channel import Channel, FailureUnit, write_all_pending
 from pvwire.core.history import (
     BUCKET_DTYPE,
     CHANNEL_BYTES,
@@ -36,22 +37,44 @@ from pvwire.model import ConnState
 
 from tests.hub_doubles import FakeBackend
 
+# Channels updated once each between two ticks, as 1,000 PVs of 10 Hz are at a 10 Hz tick: the
+# tick writes their updates into the journal in one call (core/channel.py), so a loop of one
+# channel would time that call, not what it costs per update.
+CHANNELS = 1_000
 
-class _Listener:
+
+class _Ticker:
+    """The server's ticker as far as recording goes (core/tick.py): the channels marked dirty,
+    in order; `tick` writes their pending updates and clears them."""
+
+    def __init__(self) -> None:
+        self.dirty: list[Channel] = []
+
     def mark_dirty(self, channel: Channel) -> None:
-        channel.dirty = 0  # as if the tick ran at once: every update takes the marking path
+        self.dirty.append(channel)
 
     def count_failure(self, unit: FailureUnit) -> None:
         raise AssertionError(unit)
 
+    def tick(self) -> None:
+        dirty, self.dirty = self.dirty, []
+        write_all_pending(dirty)
+        for ch in dirty:
+            ch.dirty = 0
 
-def per_update(channel: Channel, n: int, start: int) -> float:
-    """Seconds per `on_update` of a 10 Hz counter (values and times change every update)."""
-    on_update = channel.on_update
+
+def per_update(channels: list[Channel], ticker: _Ticker, n: int, start: int) -> float:
+    """Seconds per update of 10 Hz counters (values and times change every update), each
+    channel updated once between two ticks, the ticks included."""
+    calls = [ch.on_update for ch in channels]
+    ticks = max(n // len(calls), 1)
     t0 = time.perf_counter()
-    for i in range(start, start + n):
-        on_update(float(i), 1_700_000_000 + i // 10, (i % 10) * 100_000_000, 0, 0, "")
-    return (time.perf_counter() - t0) / n
+    for k in range(start, start + ticks):
+        value, seconds, nanoseconds = float(k), 1_700_000_000 + k // 10, (k % 10) * 100_000_000
+        for on_update in calls:
+            on_update(value, seconds, nanoseconds, 0, 0, "")
+        ticker.tick()
+    return (time.perf_counter() - t0) / (ticks * len(calls))
 
 
 def record_alone(n: int) -> float:
@@ -75,28 +98,37 @@ def loop_alone(n: int) -> float:
 
 
 def recording(updates: int, rounds: int) -> dict[str, float]:
-    channel = Channel("fake://x", FakeBackend(), "x", _Listener())
-    channel.on_connection(ConnState.CONNECTED)
+    ticker = _Ticker()
+    backend = FakeBackend()
+    channels = [Channel(f"fake://x{k}", backend, f"x{k}", ticker) for k in range(CHANNELS)]
+    for ch in channels:
+        ch.on_connection(ConnState.CONNECTED)
+    ticker.tick()
     # Held by a store, as the server's are: written through the store's journal.
-    history = HistoryStore(CHANNEL_BYTES).attach("fake://x")
-    assert history is not None
+    store = HistoryStore(CHANNELS * CHANNEL_BYTES)
+    histories = [store.attach(ch.id) for ch in channels]
+    assert all(h is not None for h in histories)
     off: list[float] = []
     on: list[float] = []
     alone: list[float] = []
     empty: list[float] = []
     start = 0
+    ticks = max(updates // CHANNELS, 1)
     for _ in range(rounds):  # interleaved, so all see the same machine
-        channel.record_into(None)
-        off.append(per_update(channel, updates, start))
-        start += updates
-        channel.record_into(history)
-        on.append(per_update(channel, updates, start))
-        start += updates
+        for ch in channels:
+            ch.record_into(None)
+        off.append(per_update(channels, ticker, updates, start))
+        start += ticks
+        for ch, h in zip(channels, histories, strict=True):
+            ch.record_into(h)
+        on.append(per_update(channels, ticker, updates, start))
+        start += ticks
         alone.append(record_alone(updates))
         empty.append(loop_alone(updates))
     ns = 1e9
     out: dict[str, float] = {}
-    print(f"recording ({rounds} interleaved rounds of {updates:,} updates; best, median):")
+    print(f"recording ({rounds} interleaved rounds of {updates:,} updates of {CHANNELS:,} "
+          "channels; best, median):")  # fmt: skip
     for key, name, xs in (("off", "Channel.on_update, history off", off),
                           ("on", "Channel.on_update, history on", on),
                           ("record", "ChannelHistory.record, loop incl.", alone),

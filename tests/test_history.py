@@ -11,6 +11,7 @@ import pytest
 from pvwire.access.identity import Identity
 from pvwire.api.metrics import render_metrics
 from pvwire.config import Settings
+from pvwire.core import tick as tick_module
 from pvwire.core.history import (
     CHANNEL_BYTES,
     NS,
@@ -321,15 +322,49 @@ async def test_every_channel_writes_through_its_store_s_one_write(
     assert list(got.value) == [0.5, 2.5]
 
 
+async def test_an_update_waits_in_its_channel_for_the_tick_or_a_read(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    """A checked value's update is written at the tick, in one batch for every dirty channel
+    (core/channel.py); a second update before the tick writes the first, and a read (history,
+    backfill, a gap) writes what waits first, so no reader ever misses an update."""
+    client = HubClient(hub)
+    attach(client, hub, ["fake://a"])
+    ch = hub.registry.channels["fake://a"]
+    journal = hub.history_store.journal
+    backend.update("a", 0.5, t=T0)  # the first value: checked by `record`, written at once
+    hub.ticker.tick()
+    j = journal.j
+    backend.update("a", 1.5, t=T0 + 1)
+    assert ch.history_pending and journal.j == j
+    hub.ticker.tick()
+    assert not ch.history_pending and journal.j == j + 1
+    backend.update("a", 2.5, t=T0 + 2)
+    backend.update("a", 3.5, t=T0 + 3)  # the same tick: 2.5 goes into the journal now
+    assert ch.history_pending and journal.j == j + 2
+    got = hub.history("fake://a", *EVERYTHING, ANONYMOUS)[1]
+    assert list(got.value) == [0.5, 1.5, 2.5, 3.5] and not ch.history_pending
+    backend.update("a", 4.5, t=T0 + 4)
+    ch.on_connection(ConnState.DISCONNECTED)  # the waiting update first, then the gap
+    got = hub.history("fake://a", *EVERYTHING, ANONYMOUS)[1]
+    assert list(got.value[:5]) == [0.5, 1.5, 2.5, 3.5, 4.5] and list(got.gap) == [False] * 5 + [
+        True
+    ]
+
+
 async def test_a_recording_failure_stops_that_history_only(hub: Hub, backend: FakeBackend) -> None:
     client = HubClient(hub)
     att = attach(client, hub, ["fake://a", "fake://b"])
     ch = hub.registry.channels["fake://a"]
     assert ch.recorder is not None
     backend.update("a", 0.5)
+    backend.update("b", 3.5)
     assert ch.recorder.kind is float  # the next float is written by the channel itself
     backend.update("a", 1.0, severity=300)  # a severity the ring cannot hold: recording raises
-    assert ch.recorder is None and ch.value == 1.0
+    backend.update("b", 4.0)  # after it in the tick's batch, which goes on past the refusal
+    assert ch.history_pending and ch.recorder is not None  # written at the tick
+    hub.ticker.tick()
+    assert ch.recorder is None and ch.value == 1.0 and not ch.history_pending
     # The fast path in on_update tests history_kind alone: it is None now, so nothing more is
     # written for this channel.
     assert ch.history_kind is None and ch.history_write is None
@@ -339,9 +374,37 @@ async def test_a_recording_failure_stops_that_history_only(hub: Hub, backend: Fa
     frames = client.drain()
     assert 2.0 in values(frames, att)
     backend.update("b", 5.0)
-    assert list(hub.history("fake://b", *EVERYTHING, ANONYMOUS)[1].value) == [5.0]
+    assert list(hub.history("fake://b", *EVERYTHING, ANONYMOUS)[1].value) == [3.5, 4.0, 5.0]
     with pytest.raises(NoHistory, match="recording it failed"):
         hub.history("fake://a", *EVERYTHING, ANONYMOUS)
+
+
+async def test_a_failure_writing_the_tick_s_updates_costs_no_frame(
+    hub: Hub, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = HubClient(hub)
+    att = attach(client, hub, ["fake://a"])
+    backend.update("a", 0.5)
+    hub.ticker.tick()
+    client.drain()
+
+    def broken(channels: list[object]) -> None:
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(tick_module, "write_all_pending", broken)
+    backend.update("a", 1.5)
+    hub.ticker.tick()
+    assert values(client.drain(), att) == [1.5]  # the frame went out
+    assert hub.snapshot().failures["history"] == 1
+    monkeypatch.undo()
+    backend.update("a", 2.5)  # the update left pending is written before this one
+    assert list(hub.history("fake://a", *EVERYTHING, ANONYMOUS)[1].value) == [0.5, 1.5, 2.5]
+
+
+def test_only_a_server_with_a_budget_looks_for_updates_to_record(backend: FakeBackend) -> None:
+    for mb, records in ((0.0, False), (1.0, True)):
+        settings = Settings(default_scheme="fake", history_mb=mb)
+        assert Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1")).ticker.records is records
 
 
 async def test_metrics_show_the_budget_and_its_use(backend: FakeBackend) -> None:

@@ -1,8 +1,10 @@
 """One upstream channel: the cached latest state, shared by every client that watches it.
 
 A Channel is the `ChannelSink` its backend monitor delivers to. Upstream callbacks do O(1) work:
-store the new state, bump the serial, mark the channel dirty once per tick (DESIGN.md section 2).
-Encoding happens at the tick, once per channel whatever the number of clients (`body`).
+store the new state, bump the serial, mark the channel dirty once per tick (DESIGN.md section 2),
+and mark the update pending for its history. Encoding happens at the tick, once per channel
+whatever the number of clients (`body`), after the tick has written the pending updates into the
+history journal (`write_all_pending`).
 
 A value the encoder cannot carry fails this channel alone: it turns FAILED with the reason, which
 clients see in its CONN field, and every other channel and client goes on (DESIGN.md section 9:
@@ -12,6 +14,7 @@ one CA string array once froze every subscription that held it).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
@@ -30,6 +33,7 @@ __all__ = [
     "Channel",
     "DirtyListener",
     "FailureUnit",
+    "write_all_pending",
 ]
 
 log = logging.getLogger("pvwire.channel")
@@ -77,6 +81,7 @@ class Channel:
         "fault",
         "history",
         "history_kind",
+        "history_pending",
         "history_slot",
         "history_write",
         "id",
@@ -154,9 +159,19 @@ class Channel:
         self.history_write: Any = None
         self.history_slot = -1
         self.history_kind: type | None = None
+        # The current update (value, time, alarm in the slots above) is of `history_kind` and
+        # not in the journal yet: the tick writes it (`write_all_pending`), or the next update, a
+        # read of the history or a change of recorder before it (`write_pending`).
+        self.history_pending = False
 
     def record_into(self, recorder: ChannelHistory | None) -> None:
         """Record this channel's updates into `recorder` from now on (None: nowhere)."""
+        if self.history_pending:
+            self.write_pending()  # the last update goes where the ones before it went
+        if self.recorder is not None and self.recorder.source is self:
+            self.recorder.source = None
+        if recorder is not None:
+            recorder.source = self  # its reads write this channel's pending update first
         self.recorder = recorder
         journal = recorder.journal if recorder is not None else None
         self.journal = journal
@@ -176,6 +191,9 @@ class Channel:
         message: str,
         skipped: int = 0,
     ) -> None:
+        if self.history_pending:
+            # Two updates within one tick: the one these overwrite goes into the journal first.
+            self.write_pending()
         self.value = value
         self.seconds = seconds
         self.nanoseconds = nanoseconds
@@ -206,22 +224,47 @@ class Channel:
         if self.all_views and len(self.history) < ALL_MODE_LIMIT:
             # ALL mode must keep this update even if another arrives before the tick.
             self.history.append(self.body(mask, cache=False))
-        try:
-            if type(value) is self.history_kind:
-                # Straight into the journal for a value of the type `record` checked last: that
-                # call and its checks were half of recording's cost (record's docstring).
-                # Nothing of the recorder is touched, nor `self.recorder` read: history_kind is
-                # None unless the channel records, so this test is also "does it record". In a
-                # server of 2,000 sim counters, reading `recorder` first cost the update loop
-                # 0.17-0.20 us more per update (two runs, both versions in one process,
-                # alternated tick by tick, 2026-11-25): its slot can lie on a cache line that the
-                # rest of `on_update` only writes, and a read waits for the line, a write not.
-                if self.history_write(
-                    value, seconds, nanoseconds, severity, status, self.history_slot
-                ):
-                    self.journal.flush()
-            elif self.recorder is not None:
+        if type(value) is self.history_kind:
+            # A value of the type `record` checked last waits in the slots above for the tick,
+            # which writes every dirty channel's in one compiled call (`write_all_pending`): a
+            # call into the writer here, per update, was most of what recording still cost
+            # (0.28-0.32 us per update in the update loop of 2,000 sim counters, 2026-11-25).
+            # Nothing of the recorder is touched, nor `self.recorder` read: history_kind is None
+            # unless the channel records, so this test is also "does it record". Reading
+            # `recorder` first cost that loop 0.17-0.20 us more per update (both versions in one
+            # process, alternated tick by tick): its slot can lie on a cache line that the rest
+            # of `on_update` only writes, and a read waits for the line, a write not.
+            self.history_pending = True
+        elif self.recorder is not None:
+            try:
                 self._record(value, seconds, nanoseconds, severity, status)
+            except Exception as exc:
+                self._history_failed(exc)
+
+    def write_pending(self) -> None:
+        """The pending update (`history_pending`) into the journal, now; what the tick's
+        compiled batch leaves to Python comes here too. A point the writer refuses stops this
+        channel's history, as in `record`."""
+        if not self.history_pending:
+            return
+        self.history_pending = False
+        value = self.value
+        if type(value) is not self.history_kind:
+            return  # the encoder failed it since (`_fail`): nothing of it is kept
+        try:
+            if self.history_write(
+                value, self.seconds, self.nanoseconds, self.severity, self.status,
+                self.history_slot,
+            ):  # fmt: skip
+                self.journal.flush()
+        except Exception as exc:
+            self._history_failed(exc)
+
+    def flush_journal(self) -> None:
+        """The tick's batch filled this channel's journal: it is flushed before the next point.
+        A flush that raises stops this channel's history, as a flush by `write_pending` would."""
+        try:
+            self.journal.flush()
         except Exception as exc:
             self._history_failed(exc)
 
@@ -389,3 +432,38 @@ class Channel:
 
     def __repr__(self) -> str:
         return f"<Channel {self.id} refs={self.refs} state={self.state.name} serial={self.serial}>"
+
+
+def _python_batch(channels: list[Channel], start: int) -> int:
+    """`_journal.Pending.write` where it is not built: every pending update to Python."""
+    for i in range(start, len(channels)):
+        if channels[i].history_pending:
+            return i
+    return len(channels)
+
+
+_write_batch: Callable[[list[Channel], int], int] = _python_batch
+try:
+    from ._journal import Pending
+
+    _write_batch = Pending(Channel).write
+except ImportError:  # not built: `make ext` builds it
+    pass
+
+
+def write_all_pending(channels: list[Channel]) -> None:
+    """The pending update of every channel in `channels` (the tick's dirty ones) into its
+    journal. The compiled batch writes them without a Python call per channel; it stops at a
+    channel whose point filled its journal (flushed here) and at one it leaves to Python (a
+    writer in Python, or a point it refuses, whose channel's failure path then runs)."""
+    i, n = 0, len(channels)
+    while i < n:
+        k = _write_batch(channels, i)
+        if k >= n:
+            return
+        if k < 0:
+            k = -k - 1
+            channels[k].flush_journal()
+        else:
+            channels[k].write_pending()
+        i = k + 1

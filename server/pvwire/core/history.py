@@ -8,28 +8,29 @@ Per channel, fixed-size round-robin buffers, allocated once when the channel get
   tier's open bucket is kept in plain attributes and written to its ring when it closes; a
   closed bucket is merged into the next tier's open bucket.
 
-Recording is one call per update into the store's `Journal`: its writer puts every recorded
-channel's new points in arrival order (time, value, alarm and the channel's slot) into four
-columns, O(1), nothing allocated. The writer is compiled (core/_journal.c) where `make ext`
-built it, `PyWriter` (the same, in Python) where not: in a server of 1,000 CA channels,
-recording took the event loop ~500 ns per update with four item writes from Python, ~300 ns
-with the compiled call (flush included, 2026-11-25; the figures in _journal.c).
-`ChannelHistory.record` checks the value's type first; `Channel.on_update` hands values of the type
-already checked (`ChannelHistory.kind`) to the writer itself, through one bound `write` for the
-whole store (`Journal.write`), reading nothing of the channel but three slots (history_*) beside
-ones the update reads anyway (`Channel.on_update` says what reading more cost). When the journal is
-full (and before any read, gap or reclaim) it is flushed: sorted by slot and written into the
-channels' rings at once, vectorised. The rings are rows of the store's arrays, one row per slot, so
-the scatter is one numpy assignment per column. Writing each update into its own channel's ring
-touched the channel's history, three memoryviews and three ring lines, scattered over the store's
-memory: at 2,000 sim channels recording cost the server 1.7-1.9 us per update (+51-63 %,
-bench/history_cost.py, 2026-11-24), though 0.4 us in a loop of one channel; through the journal it
-costs 0.8 us (+27 %, same run, load ~5), and 0.3-0.5 us (+11-17 %, two runs of 5 rounds, 2026-11-25)
-since the fast path reads only those slots and the writer converts ints without CPython's slow paths
-for them.
+Recording costs an update one slot write: `Channel.on_update` marks a value of the type
+`ChannelHistory.record` checked last (`kind`) as pending, and the tick writes every dirty
+channel's pending update into the store's `Journal` in one compiled call (`_journal.Pending`,
+through `channel.write_all_pending`), which reads the channels' slots where CPython keeps them.
+A second update before the tick writes the first itself, and a read, gap or reclaim of a history
+writes its channel's pending update first (`ChannelHistory.source`), so the ring always holds
+every update in order when anyone looks. The journal's writer puts every recorded channel's new
+points in arrival order (time, value, alarm and the channel's slot) into four columns, O(1),
+nothing allocated. When the journal is full (and before any read, gap or reclaim) it is flushed:
+every point into its channel's ring (the rings are rows of the store's arrays, one row per
+slot) and each ring's index moved on, in one compiled call (`_journal.Rings`). Everything
+compiled is in core/_journal.c, built by `make ext`; where it is not built the same runs in
+Python (`PyWriter`, `Channel.write_pending`, `advance`) and numpy (a sort by slot and one
+scatter per column). At 2,000 sim channels recording cost the server, per update: 1.7-1.9 us
+writing each update into its own channel's ring (+51-63 %, 2026-11-24: the update touched the
+channel's history, three memoryviews and three ring lines scattered over the store's memory),
+0.8 us through the journal from Python (+27 %), 0.3-0.5 us with a compiled call per update
+(+11-17 %), and now ~0.1 us timed inside the server (bench/README.md), less than the whole
+server's figure varies from run to run.
 A channel's points wait in the journal at most until it is full. Whenever AGGREGATE_EVERY of a
 channel's points are in its ring and not in its tiers, they are folded into the finest tier at
-once, vectorised: one merge per bucket they touch, not per update. Times are the IOC's; a gap
+once, in one compiled pass (`_journal.fold`, the same buckets as numpy's reductions to the bit):
+one merge per bucket they touch, not per update. Times are the IOC's; a gap
 (the channel disconnected or stopped being monitored) is a point of its own with the server's
 clock, as the IOC cannot tell when it went away.
 
@@ -73,8 +74,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -110,14 +112,15 @@ RAW_DTYPE = np.dtype([("t", "<i8"), ("v", "<f8"), ("sev", "u1"), ("stat", "u1"),
 RAW_ITEM_BYTES = 8 + 8 + 2  # time, value, alarm
 GAP_ALARM = 0xFFFF  # the alarm column's mark of a gap
 # Updates are folded into the tiers this many at a time (and before any read): a ring write
-# per update, and the bucketing vectorised.
-# 512 (half the ring, so no pending point is overwritten): the bucketing's share is ~55 ns per
-# update here against ~90 at 256 and ~200 at 64, its numpy calls amortised.
+# per update, and the bucketing in one pass.
+# 512 (half the ring, so no pending point is overwritten): the bucketing's share was ~55 ns per
+# update with numpy here, against ~90 at 256 and ~200 at 64, its numpy calls amortised; ~21 ns
+# with the compiled fold, most of it the Python merge per bucket (2,000 channels, 2026-11-25).
 AGGREGATE_EVERY = RAW_POINTS // 2
-# Points the journal holds before it is flushed into the rings. The flush costs a sort and a
-# scatter of them, and a few attribute updates per channel among them: at 2,000 channels of
-# 10 Hz (~8 points each per flush) that is ~0.1 us per update; a fuller journal would spend the
-# cache lines it saves.
+# Points the journal holds before it is flushed into the rings. The flush costs a pass over them
+# and a step per channel among them: at 2,000 channels of 10 Hz (~8 points each per flush) ~20
+# ns per point compiled, ~80 with numpy (in process, 2026-11-25); a fuller journal would spend
+# the cache lines it saves.
 JOURNAL_POINTS = 16_384
 BUCKET_DTYPE = np.dtype(
     [("t", "<i8"), ("min", "<f8"), ("max", "<f8"), ("sum", "<f8"), ("last", "<f8"),
@@ -259,12 +262,21 @@ class HistorySlice:
         return len(self.t)
 
 
+class PendingSource(Protocol):
+    """A channel holding an update not yet written (`Channel.on_update`)."""
+
+    history_pending: bool
+
+    def write_pending(self) -> None: ...
+
+
 class ChannelHistory:
     """One channel's buffers. `record` and `mark_gap` are called by its Channel."""
 
     __slots__ = ("_a", "_t", "_v", "arrays", "attached", "channel_id", "failed", "first",
                  "folded", "i", "journal", "kind", "no_room", "numeric", "pinned", "ring_a",
-                 "ring_t", "ring_v", "slot", "store", "tier", "unkept", "wrapped")  # fmt: skip
+                 "ring_t", "ring_v", "slot", "source", "store", "tier", "unkept",
+                 "wrapped")  # fmt: skip
 
     def __init__(self, channel_id: str, store: HistoryStore | None = None, slot: int = -1) -> None:
         self.channel_id = channel_id
@@ -274,6 +286,9 @@ class ChannelHistory:
         # store's rings; a bare one (no store: tests, benchmarks) into rings of its own, at once.
         self.slot = slot
         self.journal = store.journal if store is not None and slot >= 0 else None
+        # The channel recording into it (set by `Channel.record_into`), whose last update may
+        # still wait for the tick: written before any read, gap or reclaim (`_sync`).
+        self.source: PendingSource | None = None
         self.arrays: ArrayHistory | None = None  # an array channel's frames (the docstring)
         self.unkept = ""  # why the last value that was not a number was not kept
         self.no_room = False  # the store refused its arrays since it was last attached (opened)
@@ -427,8 +442,11 @@ class ChannelHistory:
             o += k
 
     def _sync(self) -> None:
-        """Points of this history still in the journal go to the ring first (before a read, a
-        gap, or a reclaim), so that the ring holds every update in order."""
+        """Points of this history still in its channel or in the journal go to the ring first
+        (before a read, a gap, or a reclaim), so that the ring holds every update in order."""
+        source = self.source
+        if source is not None and source.history_pending:
+            source.write_pending()
         journal = self.journal
         if journal is not None and journal.j:
             journal.flush()
@@ -466,11 +484,16 @@ class ChannelHistory:
         if not k:
             return
         self.folded = i
-        idx = np.arange(i - k, i) % RAW_POINTS  # oldest first, across the ring's end
-        t, v, a = self._t[idx], self._v[idx], self._a[idx]
+        start = (i - k) % RAW_POINTS  # the oldest; the points run on across the ring's end
         if not self.first:
-            self.first = int(t[0])
+            self.first = int(self._t[start])
         tier = self.tier
+        if _fold is not None:
+            for row in _fold(self._t, self._v, self._a, start, k, tier.width):
+                tier.add_bucket(*row, 0)  # start, min, max, sum, last, count, severity; no gap
+            return
+        idx = np.arange(i - k, i) % RAW_POINTS
+        t, v, a = self._t[idx], self._v[idx], self._a[idx]
         keys = t // tier.width
         cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
         starts = np.concatenate(([0], cuts))
@@ -940,6 +963,21 @@ try:
 except ImportError:  # not built: `make ext` builds it
     Writer = PyWriter  # type: ignore[misc,assignment]
 
+# The flush and the fold into the tiers, compiled (`_journal.Rings` and `fold`; None where not
+# built: the same in numpy and Python). At 2,000 channels a flush holds ~8 points of each: its
+# numpy calls over the 16,384 points, a Python call per channel to move its ring's index on and
+# ~15 numpy calls per fold of AGGREGATE_EVERY points were most of what recording cost: ~150 ns
+# per point, ~42 compiled, fold included (in process, 2026-11-25).
+_rings: Rings | None = None
+_fold: Callable[..., list[tuple[int, float, float, float, float, int, int]]] | None = None
+try:
+    from ._journal import Rings, fold
+
+    _rings = Rings(ChannelHistory, RAW_POINTS, AGGREGATE_EVERY)
+    _fold = fold
+except ImportError:
+    pass
+
 
 class Journal:
     """Every store-held channel's new points in arrival order, until `flush` writes them into
@@ -969,15 +1007,24 @@ class Journal:
         return self.writer.j
 
     def flush(self) -> None:
-        """Every point into its channel's ring, in order: one stable sort by slot, one scatter
-        per column, then each channel among them moves its index on (and folds its tiers when
-        AGGREGATE_EVERY points wait)."""
+        """Every point into its channel's ring, in order, then each channel among them moves
+        its index on (and folds its tiers when AGGREGATE_EVERY points wait). Compiled where
+        built (`_journal.Rings.flush`); with numpy (one stable sort by slot, one scatter per
+        column) where not, and when a channel has more points than may wait for the tiers."""
         writer = self.writer
         n = writer.j
         if not n:
             return
         writer.j = 0  # whatever happens below, these points are not written twice
         store = self.store
+        if _rings is not None:
+            due = _rings.flush(self._t, self._v, self._a, self._c, n, store.raw_t, store.raw_v,
+                               store.raw_a, store.by_slot)  # fmt: skip
+            if due is not None:
+                for h in due:
+                    h._aggregate()  # AGGREGATE_EVERY points of it wait for the tiers
+                return
+            # A channel with more points than may wait for the tiers: the path below.
         slots = self._c[:n]
         order = np.argsort(slots, kind="stable")
         c = slots[order]

@@ -48,10 +48,10 @@ class Hub:
     ) -> None:
         self.settings = settings
         self.signer = signer
-        self.ticker = Ticker(settings.tick_ms)
         self.history_store = HistoryStore(
             int(settings.history_mb * (1 << 20)), settings.history_array_max
         )
+        self.ticker = Ticker(settings.tick_ms, records=bool(self.history_store.by_slot))
         self.registry = Registry(backends, settings, self.ticker, history=self.history_store)
         self.rules = RulesFile(settings.access_rules, settings.write_rules)
         self.audit = AuditLog(settings.audit_log)
