@@ -16,12 +16,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-from pvwire.core.channel import Channel, FailureUnit, write_all_pending
+from pvwire.core.channel import Channel
 from pvwire.core.history import (
     BUCKET_DTYPE,
     CHANNEL_BYTES,
@@ -33,6 +34,7 @@ from pvwire.core.history import (
     HistoryStore,
     array_sizes,
 )
+from pvwire.core.tick import Ticker
 from pvwire.model import ConnState
 
 from tests.hub_doubles import FakeBackend
@@ -43,27 +45,7 @@ from tests.hub_doubles import FakeBackend
 CHANNELS = 1_000
 
 
-class _Ticker:
-    """The server's ticker as far as recording goes (core/tick.py): the channels marked dirty,
-    in order; `tick` writes their pending updates and clears them."""
-
-    def __init__(self) -> None:
-        self.dirty: list[Channel] = []
-
-    def mark_dirty(self, channel: Channel) -> None:
-        self.dirty.append(channel)
-
-    def count_failure(self, unit: FailureUnit) -> None:
-        raise AssertionError(unit)
-
-    def tick(self) -> None:
-        dirty, self.dirty = self.dirty, []
-        write_all_pending(dirty)
-        for ch in dirty:
-            ch.dirty = 0
-
-
-def per_update(channels: list[Channel], ticker: _Ticker, n: int, start: int) -> float:
+def per_update(channels: list[Channel], ticker: Ticker, n: int, start: int) -> float:
     """Seconds per update of 10 Hz counters (values and times change every update), each
     channel updated once between two ticks, the ticks included."""
     calls = [ch.on_update for ch in channels]
@@ -98,7 +80,15 @@ def loop_alone(n: int) -> float:
 
 
 def recording(updates: int, rounds: int) -> dict[str, float]:
-    ticker = _Ticker()
+    # The server's own tick, on a loop that never runs: `per_update` calls `tick()` itself.
+    loop = asyncio.new_event_loop()
+    try:
+        return _recording(Ticker(20.0, loop), updates, rounds)
+    finally:
+        loop.close()
+
+
+def _recording(ticker: Ticker, updates: int, rounds: int) -> dict[str, float]:
     backend = FakeBackend()
     channels = [Channel(f"fake://x{k}", backend, f"x{k}", ticker) for k in range(CHANNELS)]
     for ch in channels:
@@ -115,16 +105,20 @@ def recording(updates: int, rounds: int) -> dict[str, float]:
     start = 0
     ticks = max(updates // CHANNELS, 1)
     for _ in range(rounds):  # interleaved, so all see the same machine
+        # Off as in a server without a budget (its tick does not look for pending updates).
+        ticker.records = False
         for ch in channels:
             ch.record_into(None)
         off.append(per_update(channels, ticker, updates, start))
         start += ticks
+        ticker.records = True
         for ch, h in zip(channels, histories, strict=True):
             ch.record_into(h)
         on.append(per_update(channels, ticker, updates, start))
         start += ticks
         alone.append(record_alone(updates))
         empty.append(loop_alone(updates))
+    assert not ticker.stats.failures, ticker.stats.failures  # recording failed nowhere
     ns = 1e9
     out: dict[str, float] = {}
     print(f"recording ({rounds} interleaved rounds of {updates:,} updates of {CHANNELS:,} "

@@ -50,22 +50,35 @@ static void writer_dealloc(Writer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* A column: C-contiguous, one dimension, writable if `writable`, items of `itemsize` bytes
- * whose struct format is one of `formats` (numpy gives "l" or "q" for int64, depending on the
- * platform). `who` and `name` say whose and which in the TypeError. */
-static int column(PyObject *obj, Py_buffer *view, const char *who, const char *name,
-                  Py_ssize_t itemsize, const char *formats, int writable) {
+/* A C-contiguous buffer of `ndim` dimensions (1: a column; 2: rows of `width` items), writable
+ * if `writable`, items of `itemsize` bytes whose struct format is one of `formats` (numpy gives
+ * "l" or "q" for int64, depending on the platform). `who` and `name` say whose and which in the
+ * TypeError. */
+static int buffer_of(PyObject *obj, Py_buffer *view, const char *who, const char *name,
+                     Py_ssize_t itemsize, const char *formats, int writable, int ndim,
+                     Py_ssize_t width) {
     int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
     const char *f = view->format ? view->format : "B";
     if (f[0] == '<' || f[0] == '=' || f[0] == '@') f++;
-    if (view->ndim != 1 || view->itemsize != itemsize || strlen(f) != 1 || !strchr(formats, f[0])) {
-        PyErr_Format(PyExc_TypeError, "%s: %s must be a 1-D buffer of %zd-byte items (%s), not "
-                     "format %s", who, name, itemsize, formats, view->format ? view->format : "B");
+    if (view->ndim != ndim || (ndim == 2 && view->shape[1] != width) ||
+        view->itemsize != itemsize || strlen(f) != 1 || !strchr(formats, f[0])) {
+        const char *got = view->format ? view->format : "B";
+        if (ndim == 1)
+            PyErr_Format(PyExc_TypeError, "%s: %s must be a 1-D buffer of %zd-byte items (%s), "
+                         "not format %s", who, name, itemsize, formats, got);
+        else
+            PyErr_Format(PyExc_TypeError, "%s: %s must be 2-D rows of %zd %zd-byte items (%s)",
+                         who, name, width, itemsize, formats);
         PyBuffer_Release(view);
         return -1;
     }
     return 0;
+}
+
+static int column(PyObject *obj, Py_buffer *view, const char *who, const char *name,
+                  Py_ssize_t itemsize, const char *formats, int writable) {
+    return buffer_of(obj, view, who, name, itemsize, formats, writable, 1, 0);
 }
 
 static int writer_init(Writer *self, PyObject *args, PyObject *kwargs) {
@@ -227,6 +240,26 @@ static PyTypeObject WriterType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* --- Pending and Rings: bound to a Python class, whose slots they read and write ----------- */
+
+/* What both begin with: the class (a strong reference). An instance of exactly `cls` holds each
+ * slot at the offset its member descriptor gives (`slot_offsets`). */
+#define BOUND_HEAD PyObject_HEAD PyTypeObject *cls;
+typedef struct { BOUND_HEAD } Bound;
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+static void bound_dealloc(PyObject *self) {
+    Py_CLEAR(((Bound *)self)->cls);
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* 0 if made with its class; -1 and a ValueError if not (__init__ not called, or failed). */
+static int bound_ready(PyObject *self, const char *who) {
+    if (((Bound *)self)->cls) return 0;
+    PyErr_Format(PyExc_ValueError, "%s: not initialised", who);
+    return -1;
+}
+
 /* Where a class declares each of `names` as a writable object slot of its own; -1 and an
  * error if one is not. */
 static int slot_offsets(PyObject *cls, const char *const *names, int n, Py_ssize_t *offset,
@@ -259,15 +292,9 @@ static const char *const SLOT_NAMES[] = {
 enum { PENDING, KIND, WRITE, VALUE, SECONDS, NANOSECONDS, SEVERITY, STATUS, SLOT, N_SLOTS };
 
 typedef struct {
-    PyObject_HEAD
-    PyTypeObject *cls;          /* the class whose slots these are (a strong reference) */
+    BOUND_HEAD                  /* Channel */
     Py_ssize_t offset[N_SLOTS]; /* where each slot lies in an instance of exactly `cls` */
 } Pending;
-
-static void pending_dealloc(Pending *self) {
-    Py_CLEAR(self->cls);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
 
 /* Pending(cls): each name of SLOT_NAMES must be a writable object slot that `cls` itself
  * declares in __slots__ (a member descriptor), so an instance of exactly `cls` holds it at the
@@ -282,21 +309,19 @@ static int pending_init(Pending *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-#define SLOT(obj, k) (*(PyObject **)((char *)(obj) + self->offset[k]))
-
 /* One channel's pending update into the compiled writer its `history_write` is bound to: that
  * writer (a new reference) when written, NULL when left to Python (not written, nothing
  * changed, no error set). */
 static Writer *pending_one(Pending *self, PyObject *ch) {
-    PyObject *write = SLOT(ch, WRITE), *value = SLOT(ch, VALUE);
-    if (!write || !value || (PyObject *)Py_TYPE(value) != SLOT(ch, KIND) ||
+    PyObject *write = SLOT(ch, self->offset[WRITE]), *value = SLOT(ch, self->offset[VALUE]);
+    if (!write || !value || (PyObject *)Py_TYPE(value) != SLOT(ch, self->offset[KIND]) ||
         !PyCFunction_Check(write) ||
         ((PyCFunctionObject *)write)->m_ml->ml_meth != (PyCFunction)(void (*)(void))writer_write)
         return NULL;
     Writer *w = (Writer *)PyCFunction_GET_SELF(write);
     PyObject *held[6] = {value};
     for (int k = SECONDS; k < N_SLOTS; k++)
-        if (!(held[k - VALUE] = SLOT(ch, k))) return NULL;
+        if (!(held[k - VALUE] = SLOT(ch, self->offset[k]))) return NULL;
     /* Held while converting: a conversion may run Python code, which could rebind the slots. */
     Py_INCREF(w);
     for (int k = 0; k < 6; k++) Py_INCREF(held[k]);
@@ -307,7 +332,7 @@ static Writer *pending_one(Pending *self, PyObject *ch) {
         Py_DECREF(w);
         return NULL;
     }
-    Py_SETREF(SLOT(ch, PENDING), Py_NewRef(Py_False));
+    Py_SETREF(SLOT(ch, self->offset[PENDING]), Py_NewRef(Py_False));
     return w;
 }
 
@@ -322,10 +347,7 @@ static PyObject *pending_write(Pending *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "write(channels: list, start: int)");
         return NULL;
     }
-    if (!self->cls) {
-        PyErr_SetString(PyExc_ValueError, "Pending: not initialised");
-        return NULL;
-    }
+    if (bound_ready((PyObject *)self, "Pending") < 0) return NULL;
     PyObject *channels = args[0];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     if (i == -1 && PyErr_Occurred()) return NULL;
@@ -333,7 +355,7 @@ static PyObject *pending_write(Pending *self, PyObject *const *args, Py_ssize_t 
     for (; i < PyList_GET_SIZE(channels); i++) {
         PyObject *ch = PyList_GET_ITEM(channels, i);
         if (Py_TYPE(ch) != self->cls) return PyLong_FromSsize_t(i);
-        if (SLOT(ch, PENDING) != Py_True) continue;  /* also NULL: nothing pending */
+        if (SLOT(ch, self->offset[PENDING]) != Py_True) continue;  /* also NULL: nothing pending */
         Py_INCREF(ch);
         Writer *w = pending_one(self, ch);
         Py_DECREF(ch);
@@ -344,8 +366,6 @@ static PyObject *pending_write(Pending *self, PyObject *const *args, Py_ssize_t 
     }
     return PyLong_FromSsize_t(PyList_GET_SIZE(channels));
 }
-
-#undef SLOT
 
 static PyMethodDef pending_methods[] = {
     {"write", (PyCFunction)(void (*)(void))pending_write, METH_FASTCALL,
@@ -359,7 +379,7 @@ static PyTypeObject PendingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pvwire.core._journal.Pending",
     .tp_basicsize = sizeof(Pending),
-    .tp_dealloc = (destructor)pending_dealloc,
+    .tp_dealloc = bound_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Pending(cls): writes the pending updates of instances of cls (Channel) into "
               "their journals' writers.",
@@ -375,17 +395,11 @@ static const char *const RING_SLOTS[] = {"i", "folded", "wrapped"};
 enum { RING_I, RING_FOLDED, RING_WRAPPED, N_RING_SLOTS };
 
 typedef struct {
-    PyObject_HEAD
-    PyTypeObject *cls;               /* ChannelHistory (a strong reference) */
+    BOUND_HEAD                       /* ChannelHistory */
     Py_ssize_t offset[N_RING_SLOTS]; /* where each slot lies in an instance of exactly `cls` */
     long long size;                  /* RAW_POINTS */
     long long every;                 /* AGGREGATE_EVERY */
 } Rings;
-
-static void rings_dealloc(Rings *self) {
-    Py_CLEAR(self->cls);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
 
 static int rings_init(Rings *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"cls", "size", "every", NULL};
@@ -405,8 +419,6 @@ static int rings_init(Rings *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-#define RSLOT(obj, k) (*(PyObject **)((char *)(obj) + self->offset[k]))
-
 /* A history of exactly `cls`, or None; anything else is a TypeError. */
 static int ring_of(Rings *self, PyObject *h) {
     if (h == Py_None) return 0;
@@ -418,7 +430,7 @@ static int ring_of(Rings *self, PyObject *h) {
 
 /* A slot's int, 0 <= value < size (the ring's index and its folded mark). */
 static int ring_index(Rings *self, PyObject *h, int k, long long *out) {
-    PyObject *obj = RSLOT(h, k);
+    PyObject *obj = SLOT(h, self->offset[k]);
     if (!obj) {
         PyErr_Format(PyExc_AttributeError, "Rings: %s unset", RING_SLOTS[k]);
         return -1;
@@ -428,24 +440,6 @@ static int ring_index(Rings *self, PyObject *h, int k, long long *out) {
     if (*out == -1 && PyErr_Occurred()) return -1;
     if (overflow || *out < 0 || *out >= self->size) {
         PyErr_Format(PyExc_ValueError, "Rings: %s out of the ring", RING_SLOTS[k]);
-        return -1;
-    }
-    return 0;
-}
-
-/* A writable 2-D C-contiguous array of `size` columns of `itemsize`-byte items (the store's
- * rows: one per slot). */
-static int rows_of(PyObject *obj, Py_buffer *view, const char *name, Py_ssize_t itemsize,
-                   const char *formats, long long size) {
-    int flags = PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS;
-    if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
-    const char *f = view->format ? view->format : "B";
-    if (f[0] == '<' || f[0] == '=' || f[0] == '@') f++;
-    if (view->ndim != 2 || view->shape[1] != size || view->itemsize != itemsize ||
-        strlen(f) != 1 || !strchr(formats, f[0])) {
-        PyErr_Format(PyExc_TypeError, "Rings: %s must be 2-D rows of %lld %zd-byte items (%s)",
-                     name, size, itemsize, formats);
-        PyBuffer_Release(view);
         return -1;
     }
     return 0;
@@ -464,10 +458,7 @@ static PyObject *rings_flush(Rings *self, PyObject *const *args, Py_ssize_t narg
                         "flush(t, v, a, c, n, raw_t, raw_v, raw_a, by_slot: list)");
         return NULL;
     }
-    if (!self->cls) {
-        PyErr_SetString(PyExc_ValueError, "Rings: not initialised");
-        return NULL;
-    }
+    if (bound_ready((PyObject *)self, "Rings") < 0) return NULL;
     Py_ssize_t n = PyLong_AsSsize_t(args[4]);
     if (n == -1 && PyErr_Occurred()) return NULL;
     PyObject *by_slot = args[8];
@@ -484,8 +475,8 @@ static PyObject *rings_flush(Rings *self, PyObject *const *args, Py_ssize_t narg
             goto done;
     static const char *const RAW[] = {"raw_t", "raw_v", "raw_a"};
     for (; held_raw < 3; held_raw++)
-        if (rows_of(args[5 + held_raw], &raw[held_raw], RAW[held_raw], COL_SIZE[held_raw],
-                    COL_FORMATS[held_raw], self->size) < 0)
+        if (buffer_of(args[5 + held_raw], &raw[held_raw], "Rings", RAW[held_raw],
+                      COL_SIZE[held_raw], COL_FORMATS[held_raw], 1, 2, self->size) < 0)
             goto done;
     Py_ssize_t slots = PyList_GET_SIZE(by_slot);
     for (int k = 0; k < 4; k++)
@@ -559,11 +550,11 @@ static PyObject *rings_flush(Rings *self, PyObject *const *args, Py_ssize_t narg
         if (ring_index(self, h, RING_FOLDED, &folded) < 0) goto done;
         if (i >= size) {
             i -= size;
-            Py_SETREF(RSLOT(h, RING_WRAPPED), Py_NewRef(Py_True));
+            Py_SETREF(SLOT(h, self->offset[RING_WRAPPED]), Py_NewRef(Py_True));
         }
         PyObject *index = PyLong_FromLongLong(i);
         if (!index) goto done;
-        Py_SETREF(RSLOT(h, RING_I), index);
+        Py_SETREF(SLOT(h, self->offset[RING_I]), index);
         long long waiting = i >= folded ? i - folded : i + size - folded;
         if (waiting >= self->every && PyList_Append(due, h) < 0) goto done;
     }
@@ -578,8 +569,6 @@ done:
     return out;
 }
 
-#undef RSLOT
-
 static PyMethodDef rings_methods[] = {
     {"flush", (PyCFunction)(void (*)(void))rings_flush, METH_FASTCALL,
      "flush(t, v, a, c, n, raw_t, raw_v, raw_a, by_slot) -> list | None: the journal's n "
@@ -592,7 +581,7 @@ static PyTypeObject RingsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "pvwire.core._journal.Rings",
     .tp_basicsize = sizeof(Rings),
-    .tp_dealloc = (destructor)rings_dealloc,
+    .tp_dealloc = bound_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Rings(cls, size, every): the journal's flush into the rings of instances of cls "
               "(ChannelHistory), which hold `size` points and fold every `every`.",
@@ -723,8 +712,8 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "pvwire.core._journal",
-    "The history journal's writer (core/history.py), compiled.", -1, module_methods, NULL,
-    NULL, NULL, NULL,
+    "The history journal's compiled parts (core/history.py, core/channel.py).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__journal(void) {

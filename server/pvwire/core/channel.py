@@ -85,7 +85,6 @@ class Channel:
         "history_slot",
         "history_write",
         "id",
-        "journal",
         "known",
         "listener",
         "message",
@@ -149,13 +148,12 @@ class Channel:
         # Where updates are recorded for `history` and `backfill` (core/history.py); None when
         # the channel has none (budget full, or recording failed). Set by `record_into`.
         self.recorder: ChannelHistory | None = None
-        # The recorder's store's journal, its `write` (one bound method for every channel) and
-        # the recorder's slot, and the type of value written through it here, without
-        # `record`: set when `recorder.record` accepted that type and has a journal; None
-        # whenever the channel does not record, which `on_update` relies on. (journal and
-        # history_write typed Any: they are used only while history_kind is set, never None
-        # then.)
-        self.journal: Any = None
+        # The recorder's store's journal's `write` (one bound method for the whole store: the
+        # tick's batch finds the writer through it) and the recorder's slot, and the type of
+        # value written through them without `record`: set when `recorder.record` accepted that
+        # type and has a journal; None whenever the channel does not record, which `on_update`
+        # relies on. (history_write typed Any: it is used only while history_kind is set, never
+        # None then.)
         self.history_write: Any = None
         self.history_slot = -1
         self.history_kind: type | None = None
@@ -174,7 +172,6 @@ class Channel:
             recorder.source = self  # its reads write this channel's pending update first
         self.recorder = recorder
         journal = recorder.journal if recorder is not None else None
-        self.journal = journal
         self.history_write = journal.write if journal is not None else None
         self.history_slot = recorder.slot if recorder is not None else -1
         self.history_kind = None  # the next value goes through `record`, which checks it
@@ -256,15 +253,17 @@ class Channel:
                 value, self.seconds, self.nanoseconds, self.severity, self.status,
                 self.history_slot,
             ):  # fmt: skip
-                self.journal.flush()
+                self.flush_journal()
         except Exception as exc:
             self._history_failed(exc)
 
     def flush_journal(self) -> None:
-        """The tick's batch filled this channel's journal: it is flushed before the next point.
-        A flush that raises stops this channel's history, as a flush by `write_pending` would."""
+        """This channel's point filled its journal: it is flushed before the next point. A flush
+        that raises stops this channel's history, as a point the writer refuses does."""
+        recorder = self.recorder
+        assert recorder is not None and recorder.journal is not None  # it was just written
         try:
-            self.journal.flush()
+            recorder.journal.flush()
         except Exception as exc:
             self._history_failed(exc)
 
