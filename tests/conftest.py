@@ -29,7 +29,7 @@ from tests.leaks import collect_after_each_module  # noqa: F401  (autouse: appli
 from tests.server_process import ServerProcess, server_args_for_tests
 
 from . import hub_doubles
-from .eventually import eventually_async
+from .eventually import TIMEOUT, eventually_async
 
 DBS = Path(__file__).parent / "dbs"
 
@@ -111,7 +111,7 @@ class RecordingSink:
     def state(self) -> ConnState | None:
         return self.states[-1][0] if self.states else None
 
-    async def wait(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    async def wait(self, predicate: Callable[[], object], timeout: float = TIMEOUT) -> None:
         """Until `predicate()` is true; fails with what was recorded after `timeout`."""
         await eventually_async(
             predicate, lambda: f"recorded: {self.events[-10:]}", timeout=timeout, interval=0.01

@@ -69,7 +69,12 @@ class Access:
                 return exc.code, json.loads(exc.read())
 
 
-def mint(user: str, *groups: str, ttl: float = 300) -> str:
+# Long enough for the tokens below, minted when the module is collected at the session's start
+# and used up to a loaded run's length later (CI stops at 90 min).
+SESSION_TTL = 4 * 3600
+
+
+def mint(user: str, *groups: str, ttl: float = SESSION_TTL) -> str:
     now = int(time.time())
     claims = {"sub": user, "preferred_username": user, "groups": list(groups), "iat": now,
               "exp": now + int(ttl), "aud": "pvwire"}  # fmt: skip

@@ -1,4 +1,4 @@
-"""SimBackend: parsing, every kind, writable instances, rate groups and their cost."""
+"""SimBackend: parsing, every kind, writable instances and rate groups."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pvwire.model import ConnState, Metadata, Value
 from pvwire.upstream.sim import KINDS, SimBackend, parse_sim
 
 from tests.conftest import RecordingSink
+from tests.eventually import eventually_async
 
 
 @pytest.fixture
@@ -146,9 +147,12 @@ def test_names_lists_kinds() -> None:
     )
 
 
-class _NullSink:
+class _CountingSink:
+    def __init__(self) -> None:
+        self.updates = 0
+
     def on_update(self, *args: object) -> None:
-        pass
+        self.updates += 1
 
     def on_meta(self, meta: Metadata) -> None:
         pass
@@ -157,18 +161,16 @@ class _NullSink:
         pass
 
 
-async def test_ten_thousand_counters_cost_little(sim: SimBackend) -> None:
-    sink = _NullSink()
-    mons = [sim.monitor(f"counter/{i}?rate=10", sink) for i in range(10_000)]
+async def test_ten_thousand_counters_share_one_timer(sim: SimBackend) -> None:
+    # What they cost is bench's (test_scenario[sim-1x10000]: 10,000 counters at 10 Hz through a
+    # whole server, bench/README.md); here, that one timer drives them all and stops with them.
+    sinks = [_CountingSink() for _ in range(10_000)]
+    mons = [sim.monitor(f"counter/{i}?rate=10", sink) for i, sink in enumerate(sinks)]
     try:
-        await asyncio.sleep(0.2)
+        await eventually_async(
+            lambda: all(sink.updates >= 2 for sink in sinks), "two updates of every counter"
+        )
         assert len(sim.groups) == 1
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        await asyncio.sleep(1.0)
-        cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
-        # 100,000 updates/s into a no-op sink: measured ~5-10% of a core; bound with margin.
-        print(f"10k counters at 10 Hz: {cpu:.1%} of a core")
-        assert cpu < 0.5, f"sim ingest used {cpu:.0%} of a core"
     finally:
         for m in mons:
             m.close()

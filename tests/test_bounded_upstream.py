@@ -13,11 +13,14 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from pvwire.ioc import IocProcess
 
 from tests.eventually import eventually
 from tests.server_process import ServerProcess, server_args_for_tests
 
-QUERY = "query($ids: [String!]!) { channels(ids: $ids, timeout: 0.5) { id errorCode } }"
+QUERY = """query($ids: [String!]!, $timeout: Float!) {
+  channels(ids: $ids, timeout: $timeout) { id errorCode }
+}"""
 BATCH = 1000  # names per request: 500 CA + 500 PVA
 FLOOD = 20_000
 WARM_UP = 2_000
@@ -28,7 +31,8 @@ RSS_GROWTH_LIMIT = 40 * 2**20
 
 
 @pytest.fixture
-def own_server() -> Iterator[ServerProcess]:
+def own_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
+    # The shared IOC: the known names at the end are its own (run alone, the file had none).
     server = ServerProcess(*server_args_for_tests())
     server.start()
     try:
@@ -47,11 +51,11 @@ def _ca_channels(server: ServerProcess, state: str) -> int:
     return int(m.group(1))
 
 
-def _flood(server: ServerProcess, start: int, count: int) -> None:
+def _flood(server: ServerProcess, start: int, count: int, timeout: float = 0.5) -> None:
     for first in range(start, start + count, BATCH):
         names = range(first, first + BATCH // 2)
         ids = [f"ca://PVW:FLOOD:{i}" for i in names] + [f"pva://PVW:FLOOD:{i}" for i in names]
-        doc = server.graphql(QUERY, {"ids": ids})
+        doc = server.graphql(QUERY, {"ids": ids, "timeout": timeout})
         assert "errors" not in doc, doc.get("errors")
         codes = {ch["errorCode"] for ch in doc["data"]["channels"]}
         assert codes == {"NOT_FOUND"}, codes
@@ -63,8 +67,9 @@ def test_flood_of_unknown_names_is_released(own_server: ServerProcess) -> None:
     assert pid is not None
     proc = psutil.Process(pid)
 
-    # The count is live: a request still waiting on its names shows them as searching.
-    busy = threading.Thread(target=_flood, args=(server, 10_000_000, BATCH))
+    # The count is live: a request still waiting on its names shows them as searching. 5 s of
+    # waiting: polls 0.2 s apart, on a busy machine, do not miss it.
+    busy = threading.Thread(target=_flood, args=(server, 10_000_000, BATCH, 5.0))
     busy.start()
     try:
         eventually(
@@ -95,5 +100,5 @@ def test_flood_of_unknown_names_is_released(own_server: ServerProcess) -> None:
     assert growth < RSS_GROWTH_LIMIT, f"RSS grew {growth / 2**20:.1f} MB over the flood"
 
     # Known names still work afterwards, and their channels are released too.
-    doc = server.graphql(QUERY, {"ids": ["ca://PVW:AO", "pva://PVW:AO"]})
+    doc = server.graphql(QUERY, {"ids": ["ca://PVW:AO", "pva://PVW:AO"], "timeout": 20})
     assert [ch["errorCode"] for ch in doc["data"]["channels"]] == [None, None]

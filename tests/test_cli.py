@@ -75,7 +75,7 @@ def test_monitor_count(server_url: str) -> None:
 
 
 def test_monitor_json_duration(server_url: str) -> None:
-    out = run(server_url, "monitor", "--json", "ca://PVW:COUNTER", "--duration", "1").stdout
+    out = run(server_url, "monitor", "--json", "ca://PVW:COUNTER", "--duration", "5").stdout
     docs = [json.loads(line) for line in out.splitlines()]
     assert len(docs) >= 3 and all(d["id"] == "ca://PVW:COUNTER" for d in docs)
     assert "value" in docs[0]["changed"]
@@ -117,7 +117,7 @@ def test_unknown_pv_is_named_once_on_stderr(server_url: str) -> None:
 
 
 def test_get_reads_what_it_can_and_exits_by_the_worst_problem(server_url: str) -> None:
-    p = run(server_url, "get", "--timeout", "1", "ca://PVW:AO", "ca://PVW:NOPE", ok=False)
+    p = run(server_url, "get", "--timeout", "3", "ca://PVW:AO", "ca://PVW:NOPE", ok=False)
     assert p.returncode == EXIT_NOT_FOUND and p.stdout.startswith("ca://PVW:AO  ")
     p = run(server_url, "get", "--timeout", "1", "ca://PVW:NOPE", "bad://x", ok=False)
     assert p.returncode == EXIT_ERROR and len(p.stderr.splitlines()) == 2

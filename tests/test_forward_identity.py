@@ -42,7 +42,9 @@ access = "WRITE"
 
 def mint(user: str) -> str:
     now = int(time.time())
-    claims = {"sub": user, "preferred_username": user, "iat": now, "exp": now + 600}
+    # Minted when the module is collected, at the session's start, and used up to a loaded
+    # run's length later (CI stops at 90 min).
+    claims = {"sub": user, "preferred_username": user, "iat": now, "exp": now + 4 * 3600}
     return jwt.encode(claims, SECRET, "HS256")
 
 

@@ -52,7 +52,12 @@ access = "NONE"
 PVWIRE = str(Path(sys.executable).with_name("pvwire"))
 
 
-def mint(user: str, *groups: str, ttl: float = 600) -> str:
+# Long enough for the tokens below, minted when the module is collected at the session's start
+# and used up to a loaded run's length later (CI stops at 90 min).
+SESSION_TTL = 4 * 3600
+
+
+def mint(user: str, *groups: str, ttl: float = SESSION_TTL) -> str:
     now = int(time.time())
     claims = {"sub": user, "preferred_username": user, "groups": list(groups), "iat": now,
               "exp": now + int(ttl), "iss": "https://idp.example", "aud": "pvwire"}  # fmt: skip

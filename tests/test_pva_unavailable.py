@@ -18,6 +18,7 @@ import pytest
 from pvwire.ioc import IocProcess
 from pvwire_client import Client
 
+from tests.eventually import eventually
 from tests.server_process import ServerProcess, server_args_for_tests
 
 PACKAGE = Path(__file__).resolve().parent.parent / "server" / "pvwire"
@@ -35,10 +36,12 @@ def server(
 
 
 def test_the_log_says_pva_is_unavailable_and_how_to_build_it(server: ServerProcess) -> None:
-    errors = [
-        line for line in server.log().splitlines() if "pva:// channels are unavailable" in line
-    ]
-    assert errors and "ERROR" in errors[0] and HOW in errors[0], server.log()
+    def errors() -> list[str]:  # the log is read by a thread: perhaps after the server answers
+        lines = server.log().splitlines()
+        return [line for line in lines if "pva:// channels are unavailable" in line]
+
+    first = eventually(errors, server.log)[0]
+    assert "ERROR" in first and HOW in first, server.log()
 
 
 def test_readyz_is_ready_and_names_pva(server: ServerProcess) -> None:

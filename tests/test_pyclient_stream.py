@@ -501,7 +501,9 @@ async def test_unanswered_attach_times_out_and_reconnects(fake_factory: Any) -> 
         await ws.send(pack([2, 1, 1, [full(0, 5.0, 1)]]))
         await ws.wait_closed()
 
-    fake, client = await fake_factory(script, request_timeout=0.3)
+    # Long enough that the second connection's answer, on this same loop, always comes in time
+    # on a busy machine (at 0.3 s a stall could make a third connection).
+    fake, client = await fake_factory(script, request_timeout=2.0)
     (up,) = await take(client.monitor("a"), 1)
     assert up.channel.value == 5.0
     async with asyncio.timeout(10):

@@ -55,7 +55,7 @@ describe("demo page with a token in Chromium", () => {
   async function useToken(token: string, identity: string): Promise<void> {
     await page.locator('[data-testid="token-input"]').fill(token);
     await page.locator('[data-testid="token-button"]').click();
-    await page.locator('[data-testid="identity"]', { hasText: identity }).waitFor({ timeout: 5000 });
+    await page.locator('[data-testid="identity"]', { hasText: identity }).waitFor({ timeout: 15_000 });
   }
 
   async function iocValue(): Promise<unknown> {
@@ -87,7 +87,7 @@ describe("demo page with a token in Chromium", () => {
   });
 
   it("anonymous: the put box is there but disabled, and says why", async () => {
-    await page.locator('[data-testid="identity"]', { hasText: "anonymous" }).waitFor({ timeout: 5000 });
+    await page.locator('[data-testid="identity"]', { hasText: "anonymous" }).waitFor({ timeout: 15_000 });
     await putInput().waitFor({ timeout: 30_000 });
     expect(await putInput().isDisabled()).toBe(true);
     expect(await row(`${P}SP`).locator("form").getAttribute("title")).toMatch(/read-only for anonymous/);
@@ -150,10 +150,10 @@ describe("demo page with a token in Chromium", () => {
 
   it("keeps the token across a reload of the tab, and an empty token is anonymous again", async () => {
     await page.reload();
-    await page.locator('[data-testid="identity"]', { hasText: "vic (viewers)" }).waitFor({ timeout: 5000 });
+    await page.locator('[data-testid="identity"]', { hasText: "vic (viewers)" }).waitFor({ timeout: 15_000 });
     await page.locator('[data-testid="token-input"]').fill("");
     await page.locator('[data-testid="token-button"]').click();
-    await page.locator('[data-testid="identity"]', { hasText: "anonymous" }).waitFor({ timeout: 5000 });
+    await page.locator('[data-testid="identity"]', { hasText: "anonymous" }).waitFor({ timeout: 15_000 });
     expect(await page.evaluate(() => sessionStorage.getItem("pvwire.token"))).toBeNull();
   });
 });

@@ -64,8 +64,8 @@ describe("demo page in Chromium", () => {
 
   it("shows values that change over time and an update rate", async () => {
     const before = await cellText(`${P}COUNTER`, "value");
-    await page.waitForFunction((b) => document.querySelector('tr[data-pv$="COUNTER"] [data-testid="value"]')?.textContent !== b, before, { timeout: 5000 });
-    await page.waitForFunction(() => Number(document.querySelector('[data-testid="update-rate"]')?.textContent) > 0, null, { timeout: 5000 });
+    await page.waitForFunction((b) => document.querySelector('tr[data-pv$="COUNTER"] [data-testid="value"]')?.textContent !== b, before, { timeout: 15_000 });
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid="update-rate"]')?.textContent) > 0, null, { timeout: 15_000 });
   });
 
   it("draws the waveform on its canvas", async () => {
@@ -166,7 +166,7 @@ describe("demo page in Chromium", () => {
     // A value that is not a number never leaves the page, and says so in its row too.
     await row(`${P}SP`).locator('[data-testid="put-input"]').fill("abc");
     await row(`${P}SP`).locator('[data-testid="put-button"]').click();
-    await row(`${P}SP`).locator('[data-testid="put-error"]', { hasText: "not a number" }).waitFor({ timeout: 5000 });
+    await row(`${P}SP`).locator('[data-testid="put-error"]', { hasText: "not a number" }).waitFor({ timeout: 15_000 });
     // A good put clears the row's error.
     await message.locator('[data-testid="put-input"]').fill("all good");
     await message.locator('[data-testid="put-button"]').click();
