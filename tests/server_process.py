@@ -157,6 +157,12 @@ class ServerProcess:
                 result = json.loads(exc.read())
         return result
 
+    def metrics(self) -> str:
+        """The server's /metrics, as text (`test_metrics.samples` reads a series from it)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
+            text: str = r.read().decode()
+        return text
+
     def __enter__(self) -> ServerProcess:
         self.start()
         return self

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import urllib.request
 from collections.abc import Iterator
 
 import psutil
@@ -42,8 +41,7 @@ def own_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
 
 
 def _ca_channels(server: ServerProcess, state: str) -> int:
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = server.metrics()
     m = re.search(
         rf'^pvwire_upstream_channels\{{scheme="ca",state="{state}"\}} (\d+)', text, re.MULTILINE
     )

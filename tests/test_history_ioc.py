@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -208,8 +207,7 @@ async def test_the_budget_holds_with_many_channels_and_reclaims_released_ones() 
     with ServerProcess(*args) as server:
 
         def metric(name: str) -> dict[str, str]:
-            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-                return samples(r.read().decode(), name)
+            return samples(server.metrics(), name)
 
         async with Client(server.url) as client:
             await collect(client, first, lambda s: sum(v is not None for _, v, _, _ in s) > 20)
@@ -251,8 +249,7 @@ async def test_the_budget_bounds_rss_with_thousands_of_channels() -> None:
             return int(proc.memory_info().rss)
 
         def metric(name: str) -> dict[str, str]:
-            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-                return samples(r.read().decode(), name)
+            return samples(server.metrics(), name)
 
         async def monitored(ids: list[str]) -> None:
             """Every channel of `ids` through ~2 s of updates, then released."""
@@ -336,8 +333,7 @@ async def test_past_rows_read_as_the_channel_s_type_with_its_metadata() -> None:
     with ServerProcess(*server_args_for_tests()) as server:
 
         def released() -> bool:
-            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-                held = samples(r.read().decode(), "pvwire_history_channels")
+            held = samples(server.metrics(), "pvwire_history_channels")
             return held.get('monitored="false"') == "1"
 
         async with Client(server.url) as client, recording(client, [counter], 10):
@@ -397,8 +393,7 @@ async def test_history_channels_are_recorded_from_start_with_no_subscriber() -> 
         got = history(server, COUNTER)
         steps = got["value"]
         assert steps[-10:] == [steps[-10] + i for i in range(10)]
-        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-            text = r.read().decode()
+        text = server.metrics()
         assert samples(text, "pvwire_history_channels")['monitored="true"'] == "1"
         assert samples(text, "pvwire_clients") == {"": "0"}
 
@@ -418,8 +413,7 @@ async def test_history_channels_globs_take_in_ids_the_catalogue_file_adds(tmp_pa
         # no subscriber, as the ids it had at start.
         names.write_text("sim://counter/kept0?rate=10\nsim://counter/kept1?rate=10\n")
         await eventually_async(lambda: recorded("sim://counter/kept1?rate=10") >= 10, timeout=60)
-        with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-            text = r.read().decode()
+        text = server.metrics()
         assert samples(text, "pvwire_history_channels")['monitored="true"'] == "2"
         assert samples(text, "pvwire_clients") == {"": "0"}
 
@@ -484,8 +478,7 @@ async def test_small_array_frames_come_back_from_history_with_the_ioc_times(
     assert doc["errors"][0]["extensions"]["code"] == "NO_HISTORY", doc
     assert "20 elements is longer than --history-array-max (16)" in doc["errors"][0]["message"]
     # The array channel's frames are in the figures: more than two channels' scalar buffers.
-    with urllib.request.urlopen(f"{array_server.url}/metrics", timeout=30) as r:
-        text = r.read().decode()
+    text = array_server.metrics()
     channels = sum(int(v) for v in samples(text, "pvwire_history_channels").values())
     assert int(samples(text, "pvwire_history_bytes")[""]) > channels * CHANNEL_BYTES
 
@@ -511,8 +504,7 @@ async def test_with_arrays_off_nothing_of_them_is_kept(server: ServerProcess) ->
     doc = server.graphql(ARRAY_HISTORY, {"id": WAVE16})
     assert doc["errors"][0]["extensions"]["code"] == "NO_HISTORY", doc
     assert "--history-array-max (it is 0)" in doc["errors"][0]["message"]
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-        text = r.read().decode()
+    text = server.metrics()
     channels = sum(int(v) for v in samples(text, "pvwire_history_channels").values())
     assert int(samples(text, "pvwire_history_bytes")[""]) == channels * CHANNEL_BYTES
 
@@ -571,8 +563,7 @@ async def test_array_histories_share_the_budget_and_the_rest_are_refused_once() 
     with ServerProcess(*server_args_for_tests(args)) as server:
 
         def metric(name: str) -> dict[str, str]:
-            with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-                return samples(r.read().decode(), name)
+            return samples(server.metrics(), name)
 
         async with Client(server.url) as client:
             # Several frames of every channel: each refused channel was offered many.

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -60,8 +59,7 @@ def test_every_setting_in_the_guide_exists() -> None:
 
 
 def test_every_metric_in_the_guide_is_served(server: ServerProcess) -> None:
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
+    text = server.metrics()
     served = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
     mentioned = set(re.findall(r"\bpvwire_[a-z_]+[a-z]", GUIDE))
     assert len(mentioned) >= 13

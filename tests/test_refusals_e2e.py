@@ -47,7 +47,7 @@ def audit(folder: Path) -> list[dict[str, Any]]:
 
 
 def refusal_counts(server: ServerProcess) -> dict[str, int]:
-    text = httpx.get(f"{server.url}/metrics").text
+    text = server.metrics()  # within 30 s: httpx.get gives up after 5 s by default
     out = {}
     for line in text.splitlines():
         if line.startswith("pvwire_auth_refusals_total{"):

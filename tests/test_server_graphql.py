@@ -165,8 +165,7 @@ def test_server_info_and_probes(server: ServerProcess) -> None:
     assert s["writesEnabled"] is True and s["tickMs"] == 20 and s["uptime"] > 0
     with urllib.request.urlopen(f"{server.url}/readyz") as r:
         assert json.loads(r.read())["ready"] is True
-    with urllib.request.urlopen(f"{server.url}/metrics") as r:
-        text = r.read().decode()
+    text = server.metrics()
     assert "pvwire_clients " in text and "pvwire_tick_duration_seconds_bucket" in text
 
 

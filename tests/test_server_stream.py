@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 
 import msgpack
 import pytest
@@ -163,9 +162,7 @@ async def test_malformed_frames_get_errors_and_the_connection_survives(
 
 def metric(server: ServerProcess, name: str, labels: str = "") -> int:
     """A sample of the server's /metrics, e.g. ("pvwire_disconnects_total", 'code="1009"')."""
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    return int(samples(text, name).get(labels, "0"))
+    return int(samples(server.metrics(), name).get(labels, "0"))
 
 
 def closes_1009(server: ServerProcess) -> int:

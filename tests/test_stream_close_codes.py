@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -27,9 +26,7 @@ def own_server() -> Iterator[ServerProcess]:
 
 
 def metric(server: ServerProcess, name: str) -> float:
-    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    m = re.search(rf"^pvwire_{name} (\S+)$", text, re.MULTILINE)
+    m = re.search(rf"^pvwire_{name} (\S+)$", server.metrics(), re.MULTILINE)
     assert m is not None, f"no pvwire_{name} in /metrics"
     return float(m.group(1))
 
