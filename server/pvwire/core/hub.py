@@ -61,6 +61,9 @@ class Hub:
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
         self.control = Control(self.registry, self.rules, self.audit, puts)
         self.sessions: set[Client] = set()  # of both endpoints
+        # Connections per client address, kept at add and remove: the admission check of every
+        # new connection is one lookup, not a scan of every session.
+        self._per_address: dict[str, int] = {}
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
         self._lag_window: list[float] = []
@@ -251,15 +254,21 @@ class Hub:
         return next(self._client_numbers)
 
     def connections_from(self, address: str) -> int:
-        return sum(1 for s in self.sessions if s.address == address)
+        return self._per_address.get(address, 0)
 
     def add_session(self, session: Client) -> None:
+        if session in self.sessions:
+            return
         self.sessions.add(session)
+        self._per_address[session.address] = self._per_address.get(session.address, 0) + 1
 
     def remove_session(self, session: Client) -> None:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
+        left = self._per_address.pop(session.address, 1) - 1
+        if left > 0:
+            self._per_address[session.address] = left
         try:
             session.close()
         except Exception:

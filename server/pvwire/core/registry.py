@@ -138,21 +138,21 @@ class Registry:
             channels = [self.acquire(self.resolve(i)[0]) for i in key.ids]
             view = View(key, channels)
             for sid, ch in enumerate(channels):
-                ch.views.append((view, sid))
+                ch.views[(view, sid)] = None
                 if view.all_mode:
                     ch.all_views += 1
             self.views[key] = view
-        view.attachments.append((session, att))
+        view.attachments[(session, att)] = None
         return view
 
     def close_view(self, view: View, session: Client, att: int) -> bool:
         """Detach; True if that was the view's last attachment and it is gone."""
-        view.attachments.remove((session, att))
+        del view.attachments[(session, att)]
         if view.attachments:
             return False
         del self.views[view.key]
         for sid, ch in enumerate(view.channels):
-            ch.views.remove((view, sid))
+            del ch.views[(view, sid)]
             if view.all_mode:
                 ch.all_views -= 1
             self.release(ch)
