@@ -27,6 +27,7 @@ from ..model import Reading
 from ..upstream.base import Backend
 from ..wire.session import FORBIDDEN, AttachRefused, Source
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
+from .channel import FailureUnit
 from .clients import Client
 from .control import Control
 from .history import HistorySlice, HistoryStore
@@ -281,6 +282,11 @@ class Hub:
             bytes_sent=c.bytes_sent + session.bytes_sent,
             conflated=c.conflated + session.conflated,
         )
+
+    def count_failure(self, unit: FailureUnit) -> None:
+        """A contained failure outside the tick (e.g. a connection's writer), counted with the
+        tick's own in `failures_total`."""
+        self.ticker.count_failure(unit)
 
     def count_close(self, code: int) -> None:
         self._closes_by_code[code] = self._closes_by_code.get(code, 0) + 1
