@@ -25,6 +25,7 @@ from ..config import Settings
 from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
+from ..wire.codes import BAD_TOKEN
 from ..wire.session import FORBIDDEN, AttachRefused, Source
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
 from .channel import FailureUnit
@@ -230,19 +231,22 @@ class Hub:
         if Access.NONE in access:
             cid = claims.ids[access.index(Access.NONE)]
             raise AttachRefused(FORBIDDEN, f"{identity.describe()} may not read {cid}")
-        return self.registry.open_view(
-            ViewKey(
-                claims.ids,
-                claims.mode,
-                claims.max_rate,
-                Reduction(claims.max_columns, claims.max_pixels),
-                # Metadata's `writable` is the rules' answer for this identity AND the
-                # upstream's (PROTOCOL.md section 5): PVA exposes none, so there the rules decide.
-                bytes(a == Access.WRITE for a in access),
-            ),
-            session,
-            att,
+        key = ViewKey(
+            claims.ids,
+            claims.mode,
+            claims.max_rate,
+            Reduction(claims.max_columns, claims.max_pixels),
+            # Metadata's `writable` is the rules' answer for this identity AND the
+            # upstream's (PROTOCOL.md section 5): PVA exposes none, so there the rules decide.
+            bytes(a == Access.WRITE for a in access),
         )
+        try:
+            return self.registry.open_view(key, session, att)
+        except PvwireError as exc:
+            # A channel this server cannot open (an id its backends refuse, one gone from its
+            # catalogue, a scheme it lacks): a refused token, answered for that ATTACH only; the
+            # client registers again and `subscribe` names the cause (PROTOCOL.md section 6).
+            raise AttachRefused(BAD_TOKEN, f"{exc.code}: {exc}") from exc
 
     def close_view(self, view: Source, session: Client, att: int) -> None:
         own = cast(View, view)  # a session only ever holds the views `open_view` gave it
