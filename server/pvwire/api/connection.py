@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.clients import Client
 from ..core.hub import Hub
+from ..limits import number
 from ..wire.codes import INTERNAL, NORMAL, RESTART
 
 __all__ = [
@@ -44,9 +45,9 @@ Message = Mapping[str, Any]  # an ASGI `websocket.receive` event
 # waited 5 s, after which a pvws client saw 1006 and could not tell it was too slow). The session
 # is released before the wait, so only the socket is kept meanwhile; uvicorn's keepalive (20 s
 # ping + 20 s timeout) ends a client that never resumes with 1011 before this.
-CLOSE_TIMEOUT = 60.0
+CLOSE_TIMEOUT = number("close_timeout_s")
 # Seconds for the close frame when the server is stopping: it must not hold the shutdown.
-SHUTDOWN_CLOSE_TIMEOUT = 1.0
+SHUTDOWN_CLOSE_TIMEOUT = number("shutdown_close_timeout_s")
 
 
 class Wakeup:
