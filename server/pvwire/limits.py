@@ -201,6 +201,9 @@ LIMITS: tuple[Limit, ...] = (
     Limit("sim_table_cache_bytes", 128 * _MIB, "bytes", "sim waveform tables cached",
           "the least recently used are dropped"),
     # --- the server ---
+    Limit("failures_logged_once", 10_000, "units",
+          "failing channels, views and sessions remembered so that each is logged once",
+          "a failure of another one is logged each time"),
     Limit("ready_max_loop_lag_s", 5.0, "s", "the event loop's lag for `/readyz` to say ready",
           "`/readyz` answers 503"),
 )  # fmt: skip
