@@ -100,3 +100,12 @@ async def test_admitting_n_clients_reads_each_address_a_bounded_number_of_times(
     assert hub.connections_from("10.0.0.1") == 0
     assert hub.connections_from("10.0.0.2") == N // 2 - 1
     assert hub.connections_from("10.0.0.3") == 0
+
+
+async def test_a_session_is_uncounted_from_the_address_it_was_counted_under(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    (s,) = storm(hub, ["10.0.0.1"])
+    s.address = "10.0.0.9"  # e.g. a shared feed that learns its viewer's address later
+    hub.remove_session(s)
+    assert hub.connections_from("10.0.0.1") == hub.connections_from("10.0.0.9") == 0

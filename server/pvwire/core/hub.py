@@ -64,8 +64,10 @@ class Hub:
         self.control = Control(self.registry, self.rules, self.audit, puts)
         self.sessions: set[Client] = set()  # of both endpoints
         # Connections per client address, kept at add and remove: the admission check of every
-        # new connection is one lookup, not a scan of every session.
+        # new connection is one lookup, not a scan of every session. Each session is counted
+        # under the address it had when added, whatever becomes of its `address`.
         self._per_address: dict[str, int] = {}
+        self._counted_as: dict[Client, str] = {}
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
         self._lag_window: list[float] = []
@@ -265,15 +267,17 @@ class Hub:
         if session in self.sessions:
             return
         self.sessions.add(session)
-        self._per_address[session.address] = self._per_address.get(session.address, 0) + 1
+        address = self._counted_as[session] = session.address
+        self._per_address[address] = self._per_address.get(address, 0) + 1
 
     def remove_session(self, session: Client) -> None:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
-        left = self._per_address.pop(session.address, 1) - 1
+        address = self._counted_as.pop(session)
+        left = self._per_address.pop(address, 1) - 1
         if left > 0:
-            self._per_address[session.address] = left
+            self._per_address[address] = left
         try:
             session.close()
         except Exception:
