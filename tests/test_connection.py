@@ -21,6 +21,7 @@ from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.core.view import View
 from pvwire.wire.codec import Entries
+from pvwire.wire.session import Session
 from pvwire.wire.tokens import TokenSigner
 from starlette.websockets import WebSocket
 
@@ -181,3 +182,22 @@ async def test_a_fault_in_the_writers_catch_up_is_logged_counted_and_closed_with
         assert len(logged) == 1 and "injected fault" in str(logged[0].exc_info)
     finally:
         await hub.stop()
+
+
+async def test_a_fault_in_the_reader_is_logged_counted_and_closed_with_1011(
+    hub: Hub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fault(self: Session, data: bytes) -> None:
+        raise ValueError("injected fault in receive")
+
+    monkeypatch.setattr(Session, "receive", fault)
+    ws = FakeSocket()
+    task = asyncio.create_task(stream(hub, cast(WebSocket, ws)))
+    await eventually_async(lambda: len(hub.sessions) == 1)
+    with caplog.at_level(logging.ERROR, logger="pvwire.stream"):
+        await ws.incoming.put({"type": "websocket.receive", "bytes": b"\x91\x12"})
+        await asyncio.wait_for(task, 30)
+    assert ws.closes == [(1011, "internal error; reconnect to resume")]
+    snapshot = hub.snapshot()
+    assert snapshot.failures.get("session") == 1 and snapshot.closes_by_code == {1011: 1}
+    assert len([r for r in caplog.records if "reader failed" in r.getMessage()]) == 1
