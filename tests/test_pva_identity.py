@@ -47,6 +47,18 @@ async def address(search: PvaSearch) -> Address:
     return await search.find("ACF:SP", 30.0)
 
 
+class Accepting:
+    """A p4p SharedPV handler that takes every put and records its name, account and value."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, Any]] = []
+
+    def put(self, pv: SharedPV, op: Any) -> None:
+        self.seen.append((op.name(), op.account(), op.value().raw["value"]))
+        pv.post(op.value())
+        op.done()
+
+
 def read(ioc: IocProcess, name: str) -> Any:
     """The record's value as a plain pvxs client reads it."""
     with Context("pva", conf=ioc.ports.client_env(), useenv=False, nt=False) as ctx:
@@ -166,17 +178,10 @@ async def test_search_finds_the_server_and_remembers_a_bounded_number_of_names(
 
 async def test_a_p4p_server_hears_the_users_name_and_every_kind_of_value() -> None:
     """The pvxs server p4p wraps: what its put handler sees of the account and the values."""
-    seen: list[tuple[str, str, Any]] = []
-
-    def handler(pv: SharedPV, op: Any) -> None:
-        seen.append((op.name(), op.account(), op.value().raw["value"]))
-        pv.post(op.value())
-        op.done()
+    handler = Accepting()
 
     def pv(nt: Any, initial: Any) -> SharedPV:
-        return SharedPV(
-            nt=nt, initial=initial, handler=type("H", (), {"put": staticmethod(handler)})()
-        )
+        return SharedPV(nt=nt, initial=initial, handler=handler)
 
     pvs = {
         "P:D": pv(NTScalar("d"), 0.0),
@@ -205,6 +210,7 @@ async def test_a_p4p_server_hears_the_users_name_and_every_kind_of_value() -> No
         finally:
             connections.close()
             search.close()
+    seen = handler.seen
     assert [(n, a) for n, a, _ in seen] == [
         (n, "olga") for n in ("P:D", "P:S", "P:U8", "P:AI", "P:AS", "P:E")
     ]
@@ -212,3 +218,34 @@ async def test_a_p4p_server_hears_the_users_name_and_every_kind_of_value() -> No
     assert values[:3] == [-2.5, "Ольга's", 255]
     assert list(values[3]) == [1, -2, 3] and list(values[4]) == ["one", "two"]
     assert values[5]["index"] == 2
+
+
+async def test_the_backend_refuses_what_it_cannot_write_as_a_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PvaBackend.put_as writes the value of an NTScalar, NTScalarArray or NTEnum; any other
+    structure is refused before a connection is opened, naming what is supported."""
+    from p4p.nt import NTTable
+    from pvwire.upstream.pva import PvaBackend
+
+    table = NTTable([("a", "d")])
+    pvs = {
+        "T:TABLE": SharedPV(nt=table, initial=table.wrap([{"a": 1.0}])),
+        "T:E": SharedPV(
+            nt=NTEnum(), initial={"index": 0, "choices": ["a", "b"]}, handler=Accepting()
+        ),
+    }
+    with p4p_server("backend", pvs) as env:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        backend = PvaBackend(forward_identity=True)
+        try:
+            with pytest.raises(TypeMismatch, match="NTScalar, NTEnum, NTScalarArray"):
+                await backend.put_as("olga", "T:TABLE", {"a": [2.0]}, True, 30.0)
+            assert len(backend._connections or ()) == 0
+            await backend.put_as("olga", "T:E", "b", True, 30.0)  # by label
+            assert (await backend.get("T:E", 30.0)).value == 1
+            with pytest.raises(TypeMismatch, match="valid labels"):
+                await backend.put_as("olga", "T:E", "z", True, 30.0)
+        finally:
+            await backend.close()
