@@ -249,3 +249,24 @@ async def test_the_backend_refuses_what_it_cannot_write_as_a_user(
                 await backend.put_as("olga", "T:E", "z", True, 30.0)
         finally:
             await backend.close()
+
+
+async def test_the_backend_follows_a_server_that_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The address remembered for a name goes stale when its server restarts elsewhere: the put
+    that finds nobody there searches again and goes to the new server (nothing was sent)."""
+    from pvwire.upstream.pva import PvaBackend
+
+    backend = PvaBackend(forward_identity=True)
+    try:
+        for value in (1.0, 2.0):
+            handler = Accepting()
+            pv = SharedPV(nt=NTScalar("d"), initial=0.0, handler=handler)
+            with p4p_server("moving", {"M:X": pv}) as env:
+                for key, setting in env.items():
+                    monkeypatch.setenv(key, setting)
+                await backend.put_as("olga", "M:X", value, True, 30.0)
+            assert [(account, v) for _, account, v in handler.seen] == [("olga", value)]
+            connections = backend._connections
+            await eventually_async(lambda: connections is not None and len(connections) == 0)
+    finally:
+        await backend.close()

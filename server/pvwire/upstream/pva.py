@@ -41,7 +41,7 @@ from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Va
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 from .ntndarray import color_mode, decode_ntndarray, frame_dtype
-from .pva_identity import IdentityConnections, PvaSearch
+from .pva_identity import IdentityConnections, PvaSearch, Unreachable
 from .pva_ingest import QUEUE_SIZE, UNAVAILABLE, PvaIngest
 from .values import CallbackGuard, long_string, wire_value
 
@@ -557,13 +557,22 @@ class PvaBackend(Backend):
             payload = coerce_put_value(uri, value, put_type.type_name, put_type.is_array, None)
             if name.endswith("$") and put_type.type_name == "string":
                 payload = np.frombuffer(payload.encode() + b"\0", dtype=np.uint8)
-        address = await self._search.find(name, max(deadline - time.monotonic(), 0.001))
-        left = max(deadline - time.monotonic(), 0.001)
-        try:
-            await self._connections.put(user, address, name, path, payload, wait, left)
-        except (ChannelNotFound, PutRejected, ChannelTimeout):
-            self._search.forget(name)  # the server may have moved: search again next time
-            raise
+        remembered = self._search.known(name) is not None
+        for attempt in (1, 2):
+            address = await self._search.find(name, max(deadline - time.monotonic(), 0.001))
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                await self._connections.put(user, address, name, path, payload, wait, left)
+                return
+            except Unreachable:
+                # A remembered server that is gone (an IOC restarted elsewhere): nothing was
+                # sent, so search again and put once more.
+                self._search.forget(name)
+                if attempt == 2 or not remembered:
+                    raise
+            except (ChannelNotFound, PutRejected, ChannelTimeout):
+                self._search.forget(name)  # the server may have moved: search again next time
+                raise
 
     async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
         self._check_available(name)

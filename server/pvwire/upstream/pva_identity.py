@@ -53,7 +53,7 @@ from .pvaproto import (
     search_response,
 )
 
-__all__ = ["Address", "IdentityConnections", "PvaSearch"]
+__all__ = ["Address", "IdentityConnections", "PvaSearch", "Unreachable"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,11 @@ _READ_SIZE = 65536
 DEFAULT_BROADCAST_PORT = 5076
 # Words in a refusal that mean the server's access security said no (QSRV: "Put not permitted").
 _DENIED = ("not permitted", "denied", "permission", "read-only", "no write access")
+
+
+class Unreachable(PutRejected):
+    """No connection could be made to the server: nothing was sent, so a put may be retried
+    elsewhere (the server may have moved)."""
 
 
 def _is_refusal(status: Status) -> bool:
@@ -95,7 +100,10 @@ class _Connection:
 
     async def put(self, name: str, path: str, value: Any, wait: bool, deadline: float) -> None:
         uri = f"pva://{name}"
-        status = await self._wait(self._ready, deadline, f"{uri}: no connection to {self._where()}")
+        try:
+            status = await self._wait(self._ready, deadline, f"{uri}: no connection")
+        except PutRejected as exc:
+            raise Unreachable(f"{uri}: no connection to {self._where()}: {exc}") from None
         if not status.ok:
             raise IocDenied(f"{uri}: the server refuses the name {self.user}: {status.message}")
         sid = await self._channel(name, deadline)
@@ -228,7 +236,7 @@ class _Connection:
                     self._handle(event)
         except asyncio.CancelledError:
             pass
-        except (OSError, RemoteProtocolError) as exc:  # this connection only
+        except Exception as exc:  # a refused connection, a protocol violation: this one only
             log.info("%r ends: %s", self, exc)
             self._failure = exc
         finally:
@@ -283,7 +291,8 @@ class IdentityConnections:
         self._sweep: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
-        return len(self._connections)
+        """Connections open (one the server closed is dropped at the next sweep)."""
+        return sum(1 for c in self._connections.values() if not c.closed)
 
     def channels(self) -> int:
         """Channels open over all connections."""
@@ -409,6 +418,9 @@ class PvaSearch:
 
     def __len__(self) -> int:
         return len(self._known)
+
+    def known(self, name: str) -> Address | None:
+        return self._known.get(name)
 
     def forget(self, name: str) -> None:
         """The remembered server failed: search again next time."""
