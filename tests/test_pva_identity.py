@@ -257,6 +257,8 @@ async def test_the_backend_follows_a_server_that_moved(monkeypatch: pytest.Monke
     from pvwire.upstream.pva import PvaBackend
 
     backend = PvaBackend(forward_identity=True)
+    connections = backend._connections
+    assert connections is not None
     try:
         for value in (1.0, 2.0):
             handler = Accepting()
@@ -266,7 +268,6 @@ async def test_the_backend_follows_a_server_that_moved(monkeypatch: pytest.Monke
                     monkeypatch.setenv(key, setting)
                 await backend.put_as("olga", "M:X", value, True, 30.0)
             assert [(account, v) for _, account, v in handler.seen] == [("olga", value)]
-            connections = backend._connections
-            await eventually_async(lambda: connections is not None and len(connections) == 0)
+            await eventually_async(lambda: len(connections) == 0)  # the server's end was seen
     finally:
         await backend.close()

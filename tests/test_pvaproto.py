@@ -5,11 +5,14 @@ the same bytes against real servers."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pvwire.upstream.pvaproto import (
     ANY,
     ARRAY,
@@ -355,3 +358,18 @@ def test_search_round_trip() -> None:
         search_response(reply(b"\x20\x01" + bytes(14)))  # IPv6
     with pytest.raises(RemoteProtocolError):
         search_response(reply(mapped)[:-3])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(min_value=1, max_value=16))
+def test_any_bytes_give_events_or_a_protocol_error(noise: bytes, step: int) -> None:
+    """Whatever a server sends, fed in any pieces: events, or RemoteProtocolError, nothing else."""
+    proto = ready(False)
+    data = message(CMD_PUT, noise) + noise
+    try:
+        for i in range(0, len(data), step):
+            proto.receive(data[i : i + step])
+    except RemoteProtocolError:
+        assert proto.state == "closed"
+    with contextlib.suppress(RemoteProtocolError):
+        search_response(noise)

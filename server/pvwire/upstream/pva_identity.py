@@ -432,9 +432,9 @@ class PvaSearch:
             self._known.move_to_end(name)
             return known
         deadline = time.monotonic() + timeout
-        transport = await self._open()
-        port = transport.get_extra_info("sockname")[1]
         destinations = search_destinations(self._env if self._env is not None else os.environ)
+        transport = await self._open(all(a[0].startswith("127.") for a, _ in destinations))
+        port = transport.get_extra_info("sockname")[1]
         self._next = self._next % 0xFFFFFFFF + 1
         cid = self._next
         found: asyncio.Future[Address] = asyncio.get_running_loop().create_future()
@@ -457,11 +457,13 @@ class PvaSearch:
             self._known.popitem(last=False)
         return address
 
-    async def _open(self) -> asyncio.DatagramTransport:
+    async def _open(self, loopback: bool) -> asyncio.DatagramTransport:
+        """The socket searches go from and answers come to; on loopback only when every
+        destination is there (as the test settings and a single-host site have it)."""
         if self._transport is None or self._transport.is_closing():
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-            sock.bind(("0.0.0.0", 0))
+            sock.bind(("127.0.0.1" if loopback else "0.0.0.0", 0))
             transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
                 lambda: _SearchReplies(self), sock=sock
             )
