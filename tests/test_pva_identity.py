@@ -271,3 +271,22 @@ async def test_the_backend_follows_a_server_that_moved(monkeypatch: pytest.Monke
             await eventually_async(lambda: len(connections) == 0)  # the server's end was seen
     finally:
         await backend.close()
+
+
+async def test_a_restarted_ioc_gets_a_new_connection() -> None:
+    """The IOC's end of the connection is seen; the next put opens a new one, same user."""
+    with IocProcess([DBS / "acf.db"], acf=DBS / "acf.acf") as own:
+        search = PvaSearch(own.ports.client_env())
+        connections = IdentityConnections("pvwire-host")
+        try:
+            address = await search.find("ACF:SP", 30.0)
+            await connections.put("olga", address, "ACF:SP", "value", 7.0, True, 30.0)
+            own.stop()
+            await eventually_async(lambda: len(connections) == 0)
+            own.start()
+            await connections.put("olga", address, "ACF:SP", "value", 8.0, True, 30.0)
+            assert await asyncio.to_thread(read, own, "ACF:SP") == 8.0
+            assert len(connections) == 1
+        finally:
+            connections.close()
+            search.close()

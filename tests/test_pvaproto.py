@@ -373,3 +373,10 @@ def test_any_bytes_give_events_or_a_protocol_error(noise: bytes, step: int) -> N
         assert proto.state == "closed"
     with contextlib.suppress(RemoteProtocolError):
         search_response(noise)
+
+
+def test_echo_is_a_bare_header_in_the_servers_order() -> None:
+    for big in (False, True):
+        data = ready(big).echo()
+        assert len(data) == 8 and bool(data[2] & 0x80) == big
+        assert decode_client(data)[0] == CMD_ECHO
