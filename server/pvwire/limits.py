@@ -26,6 +26,11 @@ __all__ = [
     "MAX_TOKEN_BYTES",
     "MAX_TOKEN_PAYLOAD_BYTES",
     "MIN_PIXELS",
+    "PVA_IDENTITY_ADDRESSES",
+    "PVA_IDENTITY_CHANNELS",
+    "PVA_IDENTITY_CONNECTIONS",
+    "PVA_IDENTITY_IDLE_S",
+    "PVA_IDENTITY_MESSAGE_BYTES",
     "SIM_MAX_COMPUTED_PER_S",
     "SIM_MAX_STORES",
     "Limit",
@@ -127,6 +132,19 @@ LIMITS: tuple[Limit, ...] = (
     Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
           "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
           "BAD_CHANNEL_ID"),
+    # --- PVA puts under the user's name (--forward-identity) ---
+    Limit("pva_identity_connections", 256, "connections",
+          "PVA connections held for puts as a user, one per (user, IOC server)",
+          "the least recently used is closed (its puts in flight fail)"),
+    Limit("pva_identity_idle_s", 30.0, "s", "a PVA connection for puts as a user without a put",
+          "closed"),
+    Limit("pva_identity_channels", 64, "channels", "channels kept open on one such connection",
+          "the least recently used is destroyed"),
+    Limit("pva_identity_message_bytes", _MIB, "bytes",
+          "one message from an IOC on such a connection", "the connection is closed"),
+    Limit("pva_identity_addresses", 4_096, "names",
+          "server addresses remembered per PV name for those puts",
+          "the least recently used is searched again"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
@@ -166,6 +184,11 @@ HISTORY_ARRAY_BYTES = integer("history_array_bytes")
 # The most `history_array_max` may be: "small arrays" (a bucket holds three frames).
 HISTORY_ARRAY_LIMIT = 1_024
 SIM_MAX_COMPUTED_PER_S = number("sim_max_computed_per_s")
+PVA_IDENTITY_CONNECTIONS = integer("pva_identity_connections")
+PVA_IDENTITY_IDLE_S = number("pva_identity_idle_s")
+PVA_IDENTITY_CHANNELS = integer("pva_identity_channels")
+PVA_IDENTITY_MESSAGE_BYTES = integer("pva_identity_message_bytes")
+PVA_IDENTITY_ADDRESSES = integer("pva_identity_addresses")
 
 
 def shown(name: str) -> str:

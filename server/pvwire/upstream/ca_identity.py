@@ -47,7 +47,7 @@ from caproto._status import eca_value_to_status  # type: ignore[import-untyped]
 
 from ..errors import ChannelNotFound, ChannelTimeout, IocDenied, PutRejected, WriteDenied
 
-__all__ = ["Address", "IdentityCircuits"]
+__all__ = ["Address", "IdentityCircuits", "check_user_name"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ ECA_NORMAL = 1
 ECA_NOWTACCESS = 376  # caerr.h: DEFMSG(CA_K_WARNING, 47)
 
 
-def _check_name(user: str) -> None:
+def check_user_name(user: str) -> None:
     """Refuse a name the IOC would read as another: it stops at a NUL ("olga\\0x" is olga to the
     IOC), and no account name holds control characters or runs to hundreds of bytes."""
     if (
@@ -287,7 +287,7 @@ class IdentityCircuits:
         Raises IocDenied when the IOC's access security refuses, ChannelTimeout, PutRejected.
         """
         deadline = time.monotonic() + timeout
-        _check_name(user)
+        check_user_name(user)
         circuit = self._circuit(user, address)
         circuit.busy += 1
         try:
