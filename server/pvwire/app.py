@@ -57,7 +57,9 @@ def make_backends(settings: Settings) -> dict[str, Backend]:
 
     backends: dict[str, Backend] = {
         "ca": CaBackend(settings.forward_identity, settings.forward_host_name),
-        "pva": PvaBackend(settings.pva_queue_size),
+        "pva": PvaBackend(
+            settings.pva_queue_size, settings.forward_identity, settings.forward_host_name
+        ),
         "loc": LocBackend(),
     }
     if settings.sim_enabled:

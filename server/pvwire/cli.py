@@ -274,8 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--forward-identity",
             action="store_true",
-            help="CA puts of a signed-in user carry the user's name to the IOC, whose access "
-            "security then decides; anonymous CA puts are refused (PVWIRE_FORWARD_IDENTITY)",
+            help="CA and PVA puts of a signed-in user carry the user's name to the IOC, whose "
+            "access security then decides; anonymous CA and PVA puts are refused "
+            "(PVWIRE_FORWARD_IDENTITY)",
         )
         p.add_argument("--workers", type=int, default=1, help="worker processes (same port)")
         p.add_argument(

@@ -58,10 +58,10 @@ class Settings:
     trusted_proxies: list[str] = field(default_factory=list)  # CIDRs whose user header counts
     user_header: str = ""  # e.g. X-Remote-User, from trusted proxies only
     groups_header: str = ""  # comma-separated groups, from trusted proxies only
-    # CA puts by a signed-in user travel on a circuit carrying that user's name, so the IOC's own
-    # access security decides (docs/ACCESS.md); anonymous CA puts are then refused.
+    # CA and PVA puts by a signed-in user travel on a circuit or connection carrying that user's
+    # name, so the IOC's own access security decides (docs/ACCESS.md); anonymous ones are refused.
     forward_identity: bool = False
-    forward_host_name: str = ""  # host name sent on those circuits; empty: this machine's
+    forward_host_name: str = ""  # host name sent on those circuits and connections; empty: ours
     max_puts_per_s: float = number("max_puts_per_s")  # per identity, bursts of twice that
     max_cost_per_s: float = number("max_cost_per_s")  # GraphQL cost per identity per second
     max_connections_per_address: int = integer("max_connections_per_address")

@@ -26,6 +26,11 @@ __all__ = [
     "MAX_TOKEN_BYTES",
     "MAX_TOKEN_PAYLOAD_BYTES",
     "MIN_PIXELS",
+    "PVA_IDENTITY_ADDRESSES",
+    "PVA_IDENTITY_CHANNELS",
+    "PVA_IDENTITY_CONNECTIONS",
+    "PVA_IDENTITY_IDLE_S",
+    "PVA_IDENTITY_MESSAGE_BYTES",
     "SIM_MAX_COMPUTED_PER_S",
     "SIM_MAX_STORES",
     "Limit",
@@ -142,14 +147,30 @@ LIMITS: tuple[Limit, ...] = (
     Limit("oidc_min_interval_s", 10.0, "s",
           "between fetches of the issuer's keys for an unknown key id",
           "the token is refused without a fetch", setting=True),
-    Limit("identity_max_circuits", 256, "circuits",
-          "CA circuits carrying users' names (`--forward-identity`) open at once",
-          "the least recently used is closed"),
-    Limit("identity_circuit_idle_s", 30.0, "s", "an identity circuit unused", "closed"),
-    Limit("identity_circuit_max_channels", 64, "channels",
-          "channels kept open on one identity circuit", "the least recently used is cleared"),
-    Limit("identity_max_name_bytes", 255, "bytes",
-          "a user or host name sent on an identity circuit", "the put is refused"),
+    Limit("identity_name_bytes", 255, "bytes",
+          "a user name sent to an IOC (`--forward-identity`)", "the put is refused"),
+    Limit("ca_identity_circuits", 256, "circuits",
+          "CA circuits for puts as a user, one per (user, IOC) at once",
+          "the least recently used is closed (its puts in flight fail)"),
+    Limit("ca_identity_idle_s", 30.0, "s", "a CA circuit for puts as a user without a put",
+          "closed"),
+    Limit("ca_identity_channels", 64, "channels", "channels kept open on one such circuit",
+          "the least recently used is cleared"),
+    Limit("pva_identity_connections", 256, "connections",
+          "PVA connections held for puts as a user, one per (user, IOC server)",
+          "the least recently used is closed (its puts in flight fail)"),
+    Limit("pva_identity_idle_s", 30.0, "s", "a PVA connection for puts as a user without a put",
+          "closed"),
+    Limit("pva_identity_channels", 64, "channels", "channels kept open on one such connection",
+          "the least recently used is destroyed"),
+    Limit("pva_identity_message_bytes", _MIB, "bytes",
+          "one message from an IOC on such a connection", "the connection is closed"),
+    Limit("pva_identity_addresses", 4_096, "names",
+          "server addresses remembered per PV name for those puts",
+          "the least recently used is searched again"),
+    Limit("pva_identity_type_depth", 20, "levels",
+          "nesting of a type description from an IOC on such a connection",
+          "refused as malformed"),
     # --- recent history ---
     Limit("history_mb", 128.0, "MiB",
           "memory for every channel's recent history (0: none)",
@@ -244,6 +265,11 @@ MAX_BACKFILL_S = number("max_backfill_s")
 HISTORY_ARRAY_BYTES = integer("history_array_bytes")
 HISTORY_ARRAY_LIMIT = integer("history_array_limit")
 SIM_MAX_COMPUTED_PER_S = number("sim_max_computed_per_s")
+PVA_IDENTITY_CONNECTIONS = integer("pva_identity_connections")
+PVA_IDENTITY_IDLE_S = number("pva_identity_idle_s")
+PVA_IDENTITY_CHANNELS = integer("pva_identity_channels")
+PVA_IDENTITY_MESSAGE_BYTES = integer("pva_identity_message_bytes")
+PVA_IDENTITY_ADDRESSES = integer("pva_identity_addresses")
 
 
 def shown(name: str) -> str:
