@@ -27,14 +27,15 @@ from .access.ratelimit import RateLimiter
 from .access.refusals import RefusalLog
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
-from .api.limits import ValueBudget
 from .api.metrics import render_metrics
 from .api.mjpeg import MjpegEndpoint
 from .api.pvws import PvwsEndpoint
 from .api.pvws_js import router as pvws_js_router
+from .api.query_cost import ValueBudget
 from .api.stream import serve_stream
 from .config import Settings
 from .core.hub import Hub
+from .limits import number
 from .upstream.base import Backend
 from .wire.tokens import TokenSigner
 from .worker import WorkerIdentity
@@ -44,7 +45,8 @@ __all__ = ["create_app", "make_backends"]
 STATIC = Path(__file__).parent / "static"
 SETTINGS_ENV = "PVWIRE_SETTINGS_JSON"  # how `serve --workers N` hands settings to each worker
 WORKERS_ENV = "PVWIRE_WORKERS_STARTED"  # and how many workers it started
-MAX_LOOP_LAG_READY = 5.0  # seconds: a loop this late cannot serve anyone (DESIGN.md section 9)
+# A loop this late cannot serve anyone (DESIGN.md section 9).
+MAX_LOOP_LAG_READY = number("ready_max_loop_lag_s")
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
@@ -78,7 +80,7 @@ class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
         return offline_page() or super().graphql_ide_html
 
     def encode_json(self, data: object) -> bytes:
-        # orjson: arrays straight from numpy, ~10x the json module (api/limits.py has figures).
+        # orjson: arrays straight from numpy, ~10x json (api/query_cost.py has figures).
         return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
 
     def decode_json(self, data: str | bytes) -> object:

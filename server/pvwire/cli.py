@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .ioc import IocPorts, IocProcess, free_port
+from .limits import number
 from .logs import TEXT_FORMAT, logging_config
 from .loopback import apply_loopback_env
 
@@ -168,11 +169,11 @@ def serve(settings: Any, workers: int = 1) -> None:
         ws_per_message_deflate=False,
         ws_max_size=settings.max_in_bytes,
         ws_ping_interval=settings.ws_ping_interval_s,
-        ws_ping_timeout=20.0,
+        ws_ping_timeout=number("ws_ping_timeout_s"),
         log_level=settings.log_level,
         log_config=logging_config(settings.log_format, settings.log_level),
         access_log=False,
-        timeout_graceful_shutdown=3,
+        timeout_graceful_shutdown=round(number("shutdown_grace_s")),
     )
     if workers > 1:
         if not settings.token_keys:
