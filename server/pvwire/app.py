@@ -25,6 +25,7 @@ from . import __version__
 from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.ratelimit import RateLimiter
 from .access.refusals import RefusalLog
+from .api.body_limit import BodyLimit
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.metrics import render_metrics
@@ -137,6 +138,9 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
         )
+
+    # Added last, so outermost: no body beyond the bound reaches CORS, authentication or a route.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     authenticator = make_authenticator(settings, hub.refusals)
     app.state.authenticator = authenticator

@@ -80,6 +80,8 @@ class Settings:
     max_query_cost: int = integer("max_query_cost")  # fields (aliases count each) + list ids
     # Array elements in one GraphQL response; the stream has no such cap.
     max_graphql_elements: int = integer("max_graphql_elements")
+    # Any HTTP request body, refused (413) before it is read or authenticated.
+    max_request_bytes: int = integer("max_request_bytes")
     # Recent history (core/history.py): one memory budget for every channel's buffers, 47 KiB
     # each, so the default holds ~2,700 channels; 0 switches history off.
     history_mb: float = number("history_mb")
