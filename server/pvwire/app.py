@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from cross_web import HTTPException
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
@@ -88,9 +89,13 @@ class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
         # strawberry answers JSONDecodeError with 400 but lets UnicodeDecodeError through as a
         # 500: a body that is not UTF-8 is the client's error like any other unparsable body.
         try:
-            return super().decode_json(data)
+            decoded = super().decode_json(data)
         except UnicodeDecodeError as exc:
             raise json.JSONDecodeError(f"body is not UTF-8 ({exc.reason})", "", exc.start) from None
+        # Strawberry calls `.get` on what is not a list, so a body of `false` or `0` was a 500.
+        if not isinstance(decoded, dict | list):
+            raise HTTPException(400, "the body must be a JSON object: a GraphQL request")
+        return decoded
 
 
 def create_app(
