@@ -255,3 +255,20 @@ def test_keys_named_by_an_https_issuer_over_plain_http_are_refused() -> None:
     with pytest.raises(ValueError, match="plain http"):
         ProviderInfo.from_document(issuer, doc)
     assert ProviderInfo.from_document(issuer, doc, allow_http=True).jwks_uri == doc["jwks_uri"]
+
+
+async def test_a_token_with_no_audience_is_refused_as_the_wrong_audience(
+    provider: Provider,
+) -> None:
+    """As the provider issues them to a client without an audience mapper."""
+    now = int(time.time())
+    claims = {"sub": "s-1", "preferred_username": "olga", "iss": provider.issuer, "exp": now + 60}
+    token = jwt.encode(claims, provider.keys["k1"], "RS256", headers={"kid": "k1"})
+    auth = make(provider)
+    await auth.start()
+    try:
+        with pytest.raises(AuthError, match="no audience") as refused:
+            await auth.authenticate(bearer(token), "10.0.0.1")
+        assert refused.value.reason == "wrong_audience"
+    finally:
+        await auth.stop()

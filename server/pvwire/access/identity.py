@@ -275,6 +275,12 @@ class Authenticator:
             raise AuthError("token not valid yet (nbf)", "not_yet_valid") from None
         except jwt.InvalidAudienceError:
             raise AuthError(f"token audience is not {s.audience!r}", "wrong_audience") from None
+        except jwt.MissingRequiredClaimError as exc:
+            if exc.claim != "aud":
+                raise AuthError(f"token rejected: {exc}") from None
+            # Another client's token, as a provider issues them without an audience mapper.
+            raise AuthError(f"token names no audience, not {s.audience!r}",
+                            "wrong_audience") from None  # fmt: skip
         except jwt.InvalidIssuerError:
             raise AuthError(f"token issuer is not {s.expected_issuer!r}", "wrong_issuer") from None
         except jwt.InvalidAlgorithmError:
