@@ -25,6 +25,9 @@ from hypothesis_graphql import Mode, mutations, nodes, queries
 
 from tests.server_process import ServerProcess
 
+# The time bound of each test: its examples take ~20 s on a quiet machine of this kind.
+pytestmark = pytest.mark.timeout(300)
+
 SCHEMA = (Path(__file__).resolve().parents[1] / "protocol" / "schema.graphql").read_text()
 REQUEST_TIMEOUT_S = 60.0  # generous on a busy machine; no request here should take a second
 EXAMPLES = 150  # per test: each is one HTTP request
