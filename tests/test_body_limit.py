@@ -17,6 +17,7 @@ from typing import Any
 
 import jwt
 import pytest
+from pvwire.api.body_limit import BodyLimit
 from pvwire.limits import integer
 
 from tests.eventually import eventually
@@ -216,3 +217,59 @@ def test_a_body_of_exactly_the_bound_is_served(server: ServerProcess, chunked: b
     request = urllib.request.Request(f"{server.url}/graphql", data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=60) as r:
         assert json.loads(r.read()) == {"data": {"__typename": "Query"}}
+
+
+# --- the middleware alone, in memory ------------------------------------------------------------
+
+
+async def echo_length(scope: Any, receive: Any, send: Any) -> None:
+    """An application that reads the whole body and answers its length."""
+    size, more = 0, True
+    while more:
+        message = await receive()
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(size).encode()})
+
+
+async def call(length: bytes | None, chunks: list[bytes], bound: int = 10) -> list[Any]:
+    headers = [] if length is None else [(b"content-length", length)]
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers}
+    pending = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return pending.pop(0)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await BodyLimit(echo_length, bound)(scope, receive, send)
+    return sent
+
+
+@pytest.mark.parametrize(
+    "length", [b"11", b"0011", b"9" * 5000, b" 12 "], ids=["11", "zeros", "5000-digits", "spaces"]
+)
+async def test_a_declared_length_beyond_the_bound_is_answered_unread(length: bytes) -> None:
+    sent = await call(length, [b"never read"])
+    assert sent[0]["status"] == 413
+    assert [(k, v) for k, v in sent[0]["headers"] if k == b"connection"] == [
+        (b"connection", b"close")
+    ]
+
+
+async def test_within_the_bound_the_application_answers() -> None:
+    assert (await call(b"10", [b"12345", b"67890"]))[1]["body"] == b"10"
+    assert (await call(None, [b"12345", b"67890"]))[1]["body"] == b"10"
+
+
+@pytest.mark.parametrize("length", [None, b"\xb2", b"x"], ids=["none", "superscript", "x"])
+async def test_a_body_with_no_usable_length_is_counted(length: bytes | None) -> None:
+    sent = await call(length, [b"123456", b"789012", b"never read"])
+    assert [m.get("status") for m in sent] == [413, None]
+    assert b"max_request_bytes" in sent[1]["body"]
