@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from cross_web import HTTPException
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
@@ -25,6 +26,7 @@ from . import __version__
 from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.ratelimit import RateLimiter
 from .access.refusals import RefusalLog
+from .api.body_limit import BodyLimit
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.metrics import render_metrics
@@ -87,9 +89,13 @@ class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
         # strawberry answers JSONDecodeError with 400 but lets UnicodeDecodeError through as a
         # 500: a body that is not UTF-8 is the client's error like any other unparsable body.
         try:
-            return super().decode_json(data)
+            decoded = super().decode_json(data)
         except UnicodeDecodeError as exc:
             raise json.JSONDecodeError(f"body is not UTF-8 ({exc.reason})", "", exc.start) from None
+        # Strawberry calls `.get` on what is not a list, so a body of `false` or `0` was a 500.
+        if not isinstance(decoded, dict | list):
+            raise HTTPException(400, "the body must be a JSON object: a GraphQL request")
+        return decoded
 
 
 def create_app(
@@ -137,6 +143,9 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
         )
+
+    # Added last, so outermost: no body beyond the bound reaches CORS, authentication or a route.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     authenticator = make_authenticator(settings, hub.refusals)
     app.state.authenticator = authenticator
@@ -292,6 +301,8 @@ def make_authenticator(settings: Settings, refusals: RefusalLog | None = None) -
             oidc_min_interval_s=settings.oidc_min_interval_s,
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
+            authorized_parties=tuple(settings.jwt_authorized_parties),
+            oidc_allow_http=settings.oidc_allow_http,
             groups_claim=settings.jwt_groups_claim,
             user_claim=settings.jwt_user_claim,
             leeway_s=settings.jwt_leeway_s,

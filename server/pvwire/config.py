@@ -50,10 +50,17 @@ class Settings:
     oidc_client_id: str = ""  # the public client the page signs in with (PKCE)
     oidc_refresh_s: float = 600.0
     oidc_min_interval_s: float = number("oidc_min_interval_s")
+    # Plain http to an issuer off loopback: its keys could be replaced on the way.
+    oidc_allow_http: bool = False
     jwt_issuer: str = ""
+    # With an OIDC issuer, one of these two is required: the provider signs every client's
+    # tokens with the same keys, so only `aud` or `azp` says a token is meant for pvwire.
     jwt_audience: str = ""
+    jwt_authorized_parties: list[str] = field(default_factory=list)  # accepted `azp` values
     jwt_groups_claim: str = "groups"
-    jwt_user_claim: str = "preferred_username"  # falls back to `sub`
+    # The user name the rules, the audit file and (forward_identity) the IOC's ACF see; falls
+    # back to `sub`. docs/ACCESS.md says why it is preferred_username and when to change it.
+    jwt_user_claim: str = "preferred_username"
     jwt_leeway_s: float = number("jwt_leeway_s")  # clock skew allowed for exp and nbf
     trusted_proxies: list[str] = field(default_factory=list)  # CIDRs whose user header counts
     user_header: str = ""  # e.g. X-Remote-User, from trusted proxies only
@@ -80,6 +87,8 @@ class Settings:
     max_query_cost: int = integer("max_query_cost")  # fields (aliases count each) + list ids
     # Array elements in one GraphQL response; the stream has no such cap.
     max_graphql_elements: int = integer("max_graphql_elements")
+    # Any HTTP request body, refused (413) before it is read or authenticated.
+    max_request_bytes: int = integer("max_request_bytes")
     # Recent history (core/history.py): one memory budget for every channel's buffers, 47 KiB
     # each, so the default holds ~2,700 channels; 0 switches history off.
     history_mb: float = number("history_mb")

@@ -227,6 +227,13 @@ LIMITS: tuple[Limit, ...] = (
           "a failure of another one is logged each time"),
     Limit("ready_max_loop_lag_s", 5.0, "s", "the event loop's lag for `/readyz` to say ready",
           "`/readyz` answers 503"),
+    # --- HTTP request bodies (api/body_limit.py) ---
+    # 4 MiB: a `putMany` of `max_graphql_elements` float64 in their longest JSON form (~25
+    # bytes each, 2.5 MB) with room for the query; a GraphQL query itself needs a few KiB.
+    Limit("max_request_bytes", 4 * _MIB, "bytes",
+          "one HTTP request body (`/graphql` and every other route), on `Content-Length` "
+          "before reading it and while counting a chunked one, before authentication",
+          "HTTP 413, TOO_LARGE, connection closed", setting=True),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
