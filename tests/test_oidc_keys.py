@@ -15,7 +15,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pvwire.access.identity import Authenticator, AuthError, JwtSettings
-from pvwire.access.oidc import ProviderInfo
+from pvwire.access.oidc import ProviderInfo, discover
 from pvwire.access.refusals import RefusalLog
 
 AUD = "pvwire"
@@ -28,11 +28,21 @@ class Provider:
         self.keys: dict[str, Any] = {}  # kid -> private key
         self.jwks_requests = 0
         self.issuer_override: str | None = None
+        self.discovery_moved_to: str | None = None  # answered with a redirect there
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/realms/ctrl/.well-known/openid-configuration":
+                if self.path == "/realms/ctrl/.well-known/openid-configuration" and (
+                    provider.discovery_moved_to
+                ):
+                    self.send_response(302)
+                    self.send_header("Location", provider.discovery_moved_to)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.path in ("/realms/ctrl/.well-known/openid-configuration",
+                                 "/moved/openid-configuration"):  # fmt: skip
                     body: Any = {"issuer": provider.issuer_override or provider.issuer,
                                  "jwks_uri": f"{provider.issuer}/certs",
                                  "token_endpoint": f"{provider.issuer}/token"}  # fmt: skip
@@ -272,3 +282,15 @@ async def test_a_token_with_no_audience_is_refused_as_the_wrong_audience(
         assert refused.value.reason == "wrong_audience"
     finally:
         await auth.stop()
+
+
+def test_a_redirect_of_discovery_to_plain_http_off_loopback_is_refused(provider: Provider) -> None:
+    """Discovery moved elsewhere: followed on loopback (or https), refused before any request
+    to plain http on another machine, whose answer would name the keys."""
+    provider.discovery_moved_to = (
+        provider.issuer.rsplit("/realms", 1)[0] + "/moved/openid-configuration"
+    )
+    assert discover(provider.issuer, 10.0).jwks_uri == f"{provider.issuer}/certs"
+    provider.discovery_moved_to = "http://sso.example.invalid/realms/ctrl/openid-configuration"
+    with pytest.raises(ValueError, match=r"redirects to http://sso\.example\.invalid.*plain http"):
+        discover(provider.issuer, 10.0)

@@ -24,7 +24,8 @@ from typing import Any
 
 import jwt
 
-from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, check_issuer, usable_keys
+from ..limits import number
+from .oidc import ALGORITHMS, REFRESH_S, IssuerKeys, ProviderInfo, check_issuer, usable_keys
 from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
@@ -66,15 +67,17 @@ class JwtSettings:
     secret_file: str = ""  # HS256 shared secret
     jwks_file: str = ""  # RS256/ES256 public keys
     oidc_issuer: str = ""  # an OIDC provider whose keys are fetched and followed
-    oidc_refresh_s: float = 600.0  # keys fetched again this often
-    oidc_min_interval_s: float = 10.0  # and on an unknown key id, at most this often
+    oidc_refresh_s: float = REFRESH_S  # keys fetched again this often
+    oidc_min_interval_s: float = number(
+        "oidc_min_interval_s"
+    )  # and on an unknown key id, at most this often
     issuer: str = ""
     audience: str = ""
     authorized_parties: tuple[str, ...] = ()  # accepted `azp`s (the clients tokens are for)
     oidc_allow_http: bool = False  # an issuer (and its JWKS) over plain http off loopback
     groups_claim: str = "groups"
     user_claim: str = "preferred_username"  # falls back to `sub`
-    leeway_s: float = 60.0
+    leeway_s: float = number("jwt_leeway_s")
 
     @property
     def enabled(self) -> bool:
