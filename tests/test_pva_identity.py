@@ -6,6 +6,7 @@ to one connection. No pvxs client: the server's address comes from our own searc
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -172,6 +173,30 @@ async def test_search_finds_the_server_and_remembers_a_bounded_number_of_names(
         assert len(search) == 2
         with pytest.raises(ChannelNotFound, match="pva://ACF:NOBODY"):
             await search.find("ACF:NOBODY", 0.5)
+    finally:
+        search.close()
+
+
+async def test_a_host_name_in_the_address_list_is_resolved_once(
+    ioc: IocProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not once per search: a lookup blocks, and a slow name server would stall every client."""
+    lookups: list[str] = []
+    resolve = socket.gethostbyname
+
+    def counted(host: str) -> str:
+        lookups.append(host)
+        return resolve(host)
+
+    monkeypatch.setattr(socket, "gethostbyname", counted)
+    env = ioc.ports.client_env()
+    env["EPICS_PVA_ADDR_LIST"] = env["EPICS_PVA_ADDR_LIST"].replace("127.0.0.1", "localhost")
+    assert "localhost" in env["EPICS_PVA_ADDR_LIST"]
+    search = PvaSearch(env)
+    try:
+        for name in ("ACF:SP", "ACF:OPEN", "ACF:FLIP"):
+            assert await search.find(name, 30.0) == ("127.0.0.1", ioc.ports.pva_server)
+        assert lookups.count("localhost") == 1
     finally:
         search.close()
 

@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 Address = tuple[str, int]
 _READ_SIZE = 65536
 DEFAULT_BROADCAST_PORT = 5076
+_SEARCH_VARIABLES = ("EPICS_PVA_ADDR_LIST", "EPICS_PVA_AUTO_ADDR_LIST", "EPICS_PVA_BROADCAST_PORT")
 # Words in a refusal that mean the server's access security said no (QSRV: "Put not permitted").
 _DENIED = ("not permitted", "denied", "permission", "read-only", "no write access")
 
@@ -415,6 +416,7 @@ class PvaSearch:
         self.waiting: dict[int, asyncio.Future[Address]] = {}
         self._transport: asyncio.DatagramTransport | None = None
         self._next = 0
+        self._resolved: tuple[tuple[str | None, ...], list[tuple[Address, bool]]] | None = None
 
     def __len__(self) -> int:
         return len(self._known)
@@ -432,7 +434,7 @@ class PvaSearch:
             self._known.move_to_end(name)
             return known
         deadline = time.monotonic() + timeout
-        destinations = search_destinations(self._env if self._env is not None else os.environ)
+        destinations = await self._destinations()
         transport = await self._open(all(a[0].startswith("127.") for a, _ in destinations))
         port = transport.get_extra_info("sockname")[1]
         self._next = self._next % 0xFFFFFFFF + 1
@@ -456,6 +458,16 @@ class PvaSearch:
         while len(self._known) > self.max_names:
             self._known.popitem(last=False)
         return address
+
+    async def _destinations(self) -> list[tuple[Address, bool]]:
+        """search_destinations, resolved off the event loop and once per value of the
+        variables: a host name in EPICS_PVA_ADDR_LIST costs one DNS lookup, not one per search."""
+        env = self._env if self._env is not None else os.environ
+        values = tuple(env.get(name) for name in _SEARCH_VARIABLES)
+        if self._resolved is None or self._resolved[0] != values:
+            given = {n: v for n, v in zip(_SEARCH_VARIABLES, values, strict=True) if v is not None}
+            self._resolved = (values, await asyncio.to_thread(search_destinations, given))
+        return self._resolved[1]
 
     async def _open(self, loopback: bool) -> asyncio.DatagramTransport:
         """The socket searches go from and answers come to; on loopback only when every
