@@ -234,6 +234,12 @@ LIMITS: tuple[Limit, ...] = (
           "one HTTP request body (`/graphql` and every other route), on `Content-Length` "
           "before reading it and while counting a chunked one, before authentication",
           "HTTP 413, TOO_LARGE, connection closed", setting=True),
+    # --- the OIDC provider's keys (access/oidc.py) ---
+    Limit("oidc_refresh_s", 600.0, "s", "between scheduled fetches of the issuer's keys",
+          "the keys are fetched again", setting=True),
+    Limit("oidc_fetch_timeout_s", 10.0, "s",
+          "one request to the issuer (discovery document, JWKS)",
+          "the keys in hand stay; tried again after `oidc_min_interval_s`"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

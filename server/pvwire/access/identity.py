@@ -25,7 +25,7 @@ from typing import Any
 import jwt
 
 from ..limits import number
-from .oidc import ALGORITHMS, REFRESH_S, IssuerKeys, ProviderInfo, check_issuer, usable_keys
+from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, check_issuer, usable_keys
 from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
@@ -67,7 +67,7 @@ class JwtSettings:
     secret_file: str = ""  # HS256 shared secret
     jwks_file: str = ""  # RS256/ES256 public keys
     oidc_issuer: str = ""  # an OIDC provider whose keys are fetched and followed
-    oidc_refresh_s: float = REFRESH_S  # keys fetched again this often
+    oidc_refresh_s: float = number("oidc_refresh_s")  # keys fetched again this often
     oidc_min_interval_s: float = number(
         "oidc_min_interval_s"
     )  # and on an unknown key id, at most this often

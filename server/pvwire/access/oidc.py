@@ -33,13 +33,11 @@ import jwt
 
 from ..limits import number
 
-__all__ = ["ALGORITHMS", "REFRESH_S", "IssuerKeys", "ProviderInfo", "check_issuer", "usable_keys"]
+__all__ = ["ALGORITHMS", "IssuerKeys", "ProviderInfo", "check_issuer", "usable_keys"]
 
 log = logging.getLogger("pvwire.access")
 
 ALGORITHMS = ("RS256", "ES256")  # what a site's provider signs access tokens with
-REFRESH_S = 600.0  # the keys fetched again this often (`oidc_refresh_s`)
-FETCH_TIMEOUT_S = 10.0  # one request to the provider
 
 
 def check_issuer(issuer: str, audience: str, parties: Sequence[str], allow_http: bool) -> None:
@@ -165,9 +163,9 @@ class IssuerKeys:
     def __init__(
         self,
         issuer: str,
-        refresh_s: float = REFRESH_S,
+        refresh_s: float = number("oidc_refresh_s"),
         min_interval_s: float = number("oidc_min_interval_s"),
-        timeout_s: float = FETCH_TIMEOUT_S,
+        timeout_s: float = number("oidc_fetch_timeout_s"),
         clock: Callable[[], float] = time.monotonic,
         allow_http: bool = False,
     ) -> None:
