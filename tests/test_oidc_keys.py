@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pvwire.access.identity import Authenticator, AuthError, JwtSettings
-from pvwire.access.oidc import ProviderInfo, discover
+from pvwire.access.oidc import IssuerKeys, ProviderInfo, discover
 from pvwire.access.refusals import RefusalLog
 
 AUD = "pvwire"
@@ -294,3 +295,16 @@ def test_a_redirect_of_discovery_to_plain_http_off_loopback_is_refused(provider:
     provider.discovery_moved_to = "http://sso.example.invalid/realms/ctrl/openid-configuration"
     with pytest.raises(ValueError, match=r"redirects to http://sso\.example\.invalid.*plain http"):
         discover(provider.issuer, 10.0)
+
+
+async def test_a_provider_that_never_answers_costs_one_timeout_not_a_hang(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Beyond `oidc_fetch_timeout_s` the fetch gives up, logs why and keeps the keys in hand
+    (none here); the schedule tries again later."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+        issuer = f"http://127.0.0.1:{silent.getsockname()[1]}/realms/ctrl"
+        keys = IssuerKeys(issuer, timeout_s=0.5)
+        await keys.refresh()
+    assert keys.keys == {} and keys.provider is None and keys.fetches == 0
+    assert "cannot fetch the keys" in caplog.text and "timed out" in caplog.text
