@@ -104,11 +104,19 @@ async def test_the_host_qsrv_decides_with_is_the_peer_address(address: Address) 
 
 
 async def test_connections_are_bounded_and_closed_when_idle(address: Address) -> None:
-    connections = IdentityConnections("pvwire-host", max_connections=2, idle_s=0.5)
+    # Idle for an hour first: a put slower than a short idle time on a busy machine must not
+    # close u2's connection while u3's opens.
+    connections = IdentityConnections("pvwire-host", max_connections=2, idle_s=3600.0)
     try:
         for user in ("u1", "u2", "u3"):
             await connections.put(user, address, "ACF:OPEN", "value", 1.0, True, 30.0)
         assert len(connections) == 2  # u1's, the least recently used, was closed
+    finally:
+        connections.close()
+    connections = IdentityConnections("pvwire-host", idle_s=0.5)
+    try:
+        for user in ("u1", "u2"):
+            await connections.put(user, address, "ACF:OPEN", "value", 2.0, True, 30.0)
         await eventually_async(lambda: len(connections) == 0)  # nobody puts: all closed
         await connections.put("u1", address, "ACF:OPEN", "value", 4.0, True, 30.0)
         assert len(connections) == 1  # a new one on demand
