@@ -244,6 +244,7 @@ async def test_the_authorized_party_names_the_clients_whose_tokens_count(
             with pytest.raises(AuthError, match="issued to client") as refused:
                 await auth.authenticate(bearer(token), "10.0.0.1")
             assert refused.value.reason == "wrong_audience"
+            assert ("'grafana'" if claims else "no azp claim") in str(refused.value)
     finally:
         await auth.stop()
 

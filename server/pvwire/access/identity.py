@@ -294,10 +294,11 @@ class Authenticator:
             raise AuthError("token signature does not verify", "bad_signature") from None
         except jwt.PyJWTError as exc:
             raise AuthError(f"token rejected: {exc}") from None
-        if s.authorized_parties and claims.get("azp") not in s.authorized_parties:
+        if s.authorized_parties and (azp := claims.get("azp")) not in s.authorized_parties:
+            # Not 'None' for a token without `azp`: the user should see the claim is missing.
+            client = "(none named: no azp claim)" if azp is None else repr(str(azp)[:100])
             raise AuthError(
-                f"token was issued to client {str(claims.get('azp'))[:100]!r}, not one of "
-                f"{list(s.authorized_parties)}",
+                f"token was issued to client {client}, not one of {list(s.authorized_parties)}",
                 "wrong_audience",
             )
         user = str(claims.get(s.user_claim) or claims.get("sub") or "")
