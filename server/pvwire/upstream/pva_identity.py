@@ -52,12 +52,12 @@ from .pvaproto import (
     search_request,
     search_response,
 )
+from .user_links import Address, UserLinks
 
 __all__ = ["Address", "IdentityConnections", "PvaSearch", "Unreachable"]
 
 log = logging.getLogger(__name__)
 
-Address = tuple[str, int]
 _READ_SIZE = 65536
 DEFAULT_BROADCAST_PORT = 5076
 _SEARCH_VARIABLES = ("EPICS_PVA_ADDR_LIST", "EPICS_PVA_AUTO_ADDR_LIST", "EPICS_PVA_BROADCAST_PORT")
@@ -285,19 +285,19 @@ class IdentityConnections:
         max_channels: int = PVA_IDENTITY_CHANNELS,
     ) -> None:
         self.host_name = host_name
-        self.max_connections = max_connections
-        self.idle_s = idle_s
-        self.max_channels = max_channels
-        self._connections: OrderedDict[tuple[str, Address], _Connection] = OrderedDict()
-        self._sweep: asyncio.TimerHandle | None = None
+        self._connections: UserLinks[_Connection] = UserLinks(
+            lambda user, address: _Connection(user, address, host_name, max_channels),
+            max_connections,
+            idle_s,
+        )
 
     def __len__(self) -> int:
         """Connections open (one the server closed is dropped at the next sweep)."""
-        return sum(1 for c in self._connections.values() if not c.closed)
+        return len(self._connections)
 
     def channels(self) -> int:
         """Channels open over all connections."""
-        return sum(c.channels for c in self._connections.values())
+        return sum(c.channels for c in self._connections.links())
 
     async def put(
         self,
@@ -317,51 +317,11 @@ class IdentityConnections:
         """
         deadline = time.monotonic() + timeout
         check_user_name(user)
-        connection = self._connection(user, address)
-        connection.busy += 1
-        try:
+        with self._connections.using(user, address) as connection:
             await connection.put(name, path, value, wait, deadline)
-        finally:
-            connection.busy -= 1
-            connection.last_used = time.monotonic()
-
-    def _connection(self, user: str, address: Address) -> _Connection:
-        key = (user, address)
-        connection = self._connections.get(key)
-        if connection is not None and not connection.closed:
-            self._connections.move_to_end(key)
-            return connection
-        connection = self._connections[key] = _Connection(
-            user, address, self.host_name, self.max_channels
-        )
-        self._connections.move_to_end(key)
-        while len(self._connections) > self.max_connections:
-            self._connections.popitem(last=False)[1].close()
-        if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(self.idle_s / 2, self._expire)
-        return connection
-
-    def _expire(self) -> None:
-        self._sweep = None
-        now = time.monotonic()
-        for key, connection in list(self._connections.items()):
-            if connection.closed or (
-                connection.busy == 0 and now - connection.last_used > self.idle_s
-            ):
-                del self._connections[key]
-                connection.close()
-            else:
-                connection.keepalive()
-        if self._connections:
-            self._sweep = asyncio.get_running_loop().call_later(self.idle_s / 2, self._expire)
 
     def close(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
+        self._connections.close()
 
 
 # -- where a name is served ----------------------------------------------------------------------
