@@ -138,8 +138,9 @@ async def test_channels_per_connection_are_bounded(ioc: IocProcess, address: Add
 async def test_failures_stay_with_their_connection(address: Address) -> None:
     connections = IdentityConnections("pvwire-host")
     try:
-        with pytest.raises(PutRejected, match="no connection"):  # nothing listens there
+        with pytest.raises(PutRejected, match="no connection") as refused:  # nobody listens
             await connections.put("olga", ("127.0.0.1", free_port()), "X", "value", 1, True, 30.0)
+        assert str(refused.value).count("pva://X") == 1, refused.value  # the cause said once
         with pytest.raises(ChannelNotFound, match="pva://ACF:NO_SUCH_RECORD"):
             await connections.put("olga", address, "ACF:NO_SUCH_RECORD", "value", 1, True, 30.0)
         with pytest.raises(TypeMismatch, match="ACF:OPEN"):  # a string into a double

@@ -103,8 +103,10 @@ class _Connection:
         uri = f"pva://{name}"
         try:
             status = await self._wait(self._ready, deadline, f"{uri}: no connection")
-        except PutRejected as exc:
-            raise Unreachable(f"{uri}: no connection to {self._where()}: {exc}") from None
+        except PutRejected:
+            # The cause once, not "pva://X: no connection to ...: pva://X: no connection: ...".
+            why = self._failure or "connection closed"
+            raise Unreachable(f"{uri}: no connection to {self._where()}: {why}") from None
         if not status.ok:
             raise IocDenied(f"{uri}: the server refuses the name {self.user}: {status.message}")
         sid = await self._channel(name, deadline)
