@@ -127,6 +127,21 @@ LIMITS: tuple[Limit, ...] = (
     Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
           "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
           "BAD_CHANNEL_ID"),
+    # --- MJPEG (/mjpeg): options are rounded to a few levels, so these bound the work ---
+    Limit("mjpeg_max_viewers", 200, "viewers", "MJPEG viewers at once in one server process",
+          "HTTP 503"),
+    Limit("mjpeg_feeds_per_channel", 4, "feeds",
+          "distinct option sets (after rounding) encoded for one channel at once",
+          "HTTP 503 naming the option sets in use"),
+    Limit("mjpeg_feeds_per_address", 8, "feeds",
+          "feeds opened by one client address and open at once", "HTTP 429"),
+    Limit("mjpeg_encode_threads", 2, "threads",
+          "JPEG encodes running at once, in threads of their own (at most one more waits per "
+          "feed)", "a feed encodes only its newest image"),
+    Limit("mjpeg_first_frame_s", 10.0, "s", "a new MJPEG viewer's wait for its first picture",
+          "HTTP 504 with the reason"),
+    Limit("mjpeg_max_pixels", 1 << 24, "pixels", "MJPEG option `maxPixels`", "HTTP 400"),
+    Limit("mjpeg_max_fps", 50.0, "frames/s", "MJPEG option `fps`", "HTTP 400"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
