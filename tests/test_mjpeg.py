@@ -93,6 +93,13 @@ class Parts:
         return headers, jpeg
 
 
+async def refusal(client: httpx.AsyncClient, target: str) -> tuple[int, str]:
+    """The status and text of a request expected to be refused (a stream, were it served, is
+    left unread rather than read for ever)."""
+    async with client.stream("GET", target) as r:
+        return r.status_code, "" if r.status_code == 200 else (await r.aread()).decode()
+
+
 def decode(jpeg: bytes) -> Image.Image:
     image = Image.open(io.BytesIO(jpeg))
     image.load()
@@ -166,6 +173,8 @@ def test_options_bounds_are_named() -> None:
     for query, why in [
         ({"quality": "100"}, "quality must be an integer in [1, 95]"),
         ({"fps": "0"}, "fps must be a number in [0.1, 50]"),
+        ({"fps": "50.5"}, "fps must be a number in [0.1, 50]"),
+        ({"maxPixels": str((1 << 24) + 1)}, "maxPixels must be an integer in [1024, 16777216]"),
         ({"maxPixels": "12.5"}, "maxPixels must be an integer"),
         ({"fps": "fast"}, "is not a number"),
         ({"size": "1"}, "unknown option 'size'"),
@@ -276,6 +285,23 @@ async def test_a_url_built_as_cs_web_lib_builds_it_shows_the_image_at_once(
     assert picture.shape[:2] == (48, 64)
     expected = PVA_FRAMES[served][1].astype(np.int16)
     assert np.abs(picture - expected).mean() < 8
+
+
+async def test_a_still_image_is_complete_without_a_next_frame(pva_server: ServerProcess) -> None:
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("GET", url(pva_server.url, "pva://MJ:MONO")) as r,
+    ):
+        body = b""
+        # The picture never changes: its part must end (the next part's header block, the end a
+        # browser waits for) with nothing else to follow.
+        async with asyncio.timeout(30):
+            async for chunk in r.aiter_raw():
+                body += chunk
+                if body.count(BOUNDARY + PART_HEAD) == 2:
+                    break
+    assert body.startswith(BOUNDARY + PART_HEAD) and body.endswith(b"\r\n" + BOUNDARY + PART_HEAD)
+    decode(body[len(BOUNDARY + PART_HEAD) : -len(b"\r\n" + BOUNDARY + PART_HEAD)])
 
 
 @pytest.mark.parametrize(
@@ -447,9 +473,9 @@ async def test_a_channel_has_few_feeds_and_the_refusal_names_those_in_use(
                 client.stream("GET", url(base, channel, quality=quality))
             )
             assert r.status_code == 200
-        r = await client.get(url(base, channel, quality=QUALITY_LEVELS[cap]))
-        assert r.status_code == 503, r.text
-        assert f"at most {cap}" in r.text and "quality=5&fps=10" in r.text
+        status, text = await refusal(client, url(base, channel, quality=QUALITY_LEVELS[cap]))
+        assert status == 503, text
+        assert f"at most {cap}" in text and "quality=5&fps=10" in text
         assert len(endpoint.feeds) == cap
         # Options that round to a feed in use are served.
         async with client.stream("GET", url(base, channel, quality=26)) as ok:
@@ -465,10 +491,24 @@ async def test_one_address_opens_few_feeds(app_server: tuple[str, MjpegEndpoint]
             channel = f"sim://image?width={width}&height=32&rate=2"
             r = await stack.enter_async_context(client.stream("GET", url(base, channel)))
             assert r.status_code == 200
-        r = await client.get(url(base, f"sim://image?width={32 + cap}&height=32&rate=2"))
-        assert r.status_code == 429, r.text
-        assert f"127.0.0.1 has opened {cap} MJPEG feeds already" in r.text
+        status, text = await refusal(client, url(base, f"sim://image?width={32 + cap}&rate=2"))
+        assert status == 429, text
+        assert f"127.0.0.1 has opened {cap} MJPEG feeds already" in text
         assert len(endpoint.feeds) == cap
+
+
+async def test_a_server_serves_few_viewers(app_server: tuple[str, MjpegEndpoint]) -> None:
+    base, endpoint = app_server
+    assert endpoint.max_viewers == integer("mjpeg_max_viewers")
+    endpoint.max_viewers = 2  # the table's 200, made small enough to reach here
+    target = url(base, "sim://image?width=64&height=48&rate=5")
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+        for _ in range(2):
+            r = await stack.enter_async_context(client.stream("GET", target))
+            assert r.status_code == 200
+        status, text = await refusal(client, target)
+        assert status == 503 and "2 MJPEG viewers at most" in text, text
 
 
 async def test_feeds_encode_in_threads_of_their_own_and_are_not_connections() -> None:

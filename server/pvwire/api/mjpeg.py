@@ -87,9 +87,13 @@ def parse_options(query: Mapping[str, str]) -> MjpegOptions:
             raise BadOptions(f"{name}={text!r} is not a number") from None
         if not low <= value <= high or (name != "fps" and not value.is_integer()):
             kind = "a number" if name == "fps" else "an integer"
-            raise BadOptions(f"{name} must be {kind} in [{low:g}, {high:g}], got {text}")
+            raise BadOptions(f"{name} must be {kind} in [{_num(low)}, {_num(high)}], got {text}")
         values[name] = value
     return MjpegOptions(int(values["maxPixels"]), int(values["quality"]), values["fps"])
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def image_ids(name: str, image_scheme: str) -> list[str]:
