@@ -6,7 +6,8 @@ screens are pointed at): `multipart/x-mixed-replace;boundary=BOUNDARY`, the body
 block is sent right after the JPEG before it, not with the next frame: Chromium shows a part only
 once the next part's header block has come, so a still image would otherwise never appear and a
 live one would always be a frame late. The parts therefore carry no `Content-Length` (the next
-JPEG's size is not known yet); readers find the boundary, as Chromium, Firefox and ffmpeg do.
+JPEG's size is not known yet): readers find a part's end by the boundary, as Chromium does, and
+ffmpeg's `mpjpeg` reader for a part without a length.
 
 The name is what cs-web-lib 0.10's Image widget puts in its URL (`ENDPOINT/NAME`, `pva://` cut
 off and a trailing `:ARRAY` renamed `:OUTPUT`): a name without a scheme is an image channel of
