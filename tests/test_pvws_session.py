@@ -176,3 +176,81 @@ def test_held_errors_are_bounded() -> None:
     s.receive('{"type":"list"}')
     kinds = [json.loads(t)["type"] for t in drain(s)]
     assert kinds == ["error"] * MAX_HELD_ERRORS + ["list"]
+
+
+def test_a_subscribe_past_max_per_subscribe_is_refused_whole_and_others_go_on() -> None:
+    ch = FakeChannel()
+    s = PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None, max_per_subscribe=3
+    )
+    s.receive('{"type":"subscribe","pvs":["held","other"]}')
+    drain(s)
+    s.receive('{"type":"subscribe","pvs":["a","b","c","d"]}')
+    texts = [json.loads(t) for t in drain(s)]
+    assert texts == [
+        {
+            "type": "error",
+            "message": "Cannot subscribe to 4 PVs in one message: the most is 3 "
+            "(max_channels_per_subscription)",
+        }
+    ]
+    assert list(s.pvs) == ["held", "other"]
+    s.receive('{"type":"subscribe","pvs":["a","b","c"]}')  # at the bound: opened
+    assert list(s.pvs) == ["held", "other", "a", "b", "c"]
+
+
+def test_names_wait_for_the_opener_and_open_as_it_asks() -> None:
+    ch, calls = FakeChannel(), []
+    s = PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None, opener=calls.append
+    )
+    names = [f"n{i}" for i in range(25)]
+    s.receive(json.dumps({"type": "subscribe", "pvs": names}))
+    assert calls == [s] and s.opening == 25 and not s.pvs  # nothing opened in `receive`
+    assert s.open_pending(10) == 10
+    assert list(s.pvs) == names[:10] and s.opening == 15
+    assert [json.loads(t)["pv"] for t in drain(s)] == names[:10]  # answered as they open
+    s.receive('{"type":"clear","pvs":["n12"]}')  # cleared before it opened: never opens
+    s.receive('{"type":"list"}')
+    listed = json.loads(drain(s)[0])["pvs"]
+    assert listed == [n for n in names if n != "n12"]
+    assert s.open_pending(100) == 14 and s.opening == 0
+    assert list(s.pvs) == listed
+
+
+def test_waiting_names_count_toward_the_connection_s_pvs() -> None:
+    ch = FakeChannel()
+    s = PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(max_channels=2), lambda: None,
+        opener=lambda _: None,
+    )  # fmt: skip
+    s.receive('{"type":"echo"}')
+    s.receive('{"type":"subscribe","pvs":["a","b","c"]}')
+    errors = [json.loads(t)["message"] for t in drain(s) if '"error"' in t]
+    assert s.opening == 2 and len(errors) == 1 and errors[0].startswith("Cannot subscribe to c")
+
+
+def test_the_queue_and_bytes_sent_count_utf8_bytes_not_characters() -> None:
+    text = "température 25 °C, ΔT ≤ 0.5 ✓"
+    ch = FakeChannel(value=text, meta=Metadata("string", 1, "s"))
+    s = session(ch, PvwsEncoder())
+    s.receive('{"type":"subscribe","pvs":["s"]}')
+    update = s._flow._out._items[0]  # the one text queued
+    assert json.loads(update)["text"] == text
+    size = len(update.encode())
+    assert size > len(update)
+    assert s.queued_bytes == size
+    frames = s.next_frames()
+    assert frames is not None
+    s.frames_written(len(frames))
+    assert (s.bytes_sent, s.queued_bytes) == (size, 0)
+    # The same over the one-text-per-write path.
+    ch.set(text + "!")
+    s.collect(1, object())
+    s.flush_tick()
+    second = len(s._flow._out._items[0].encode())
+    assert s.queued_bytes == second
+    sent = s.next_text()
+    assert sent is not None and len(sent) < second
+    s.sent(len(sent))
+    assert (s.bytes_sent, s.queued_bytes) == (size + second, 0)

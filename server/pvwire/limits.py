@@ -77,8 +77,10 @@ LIMITS: tuple[Limit, ...] = (
           "oldest dropped; the serial counts them"),
     # --- registration (GraphQL subscribe) and tokens ---
     Limit("max_channels_per_subscription", 10_000, "ids",
-          "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`)",
-          "GraphQL error TOO_MANY_CHANNELS (none: BAD_REQUEST)", setting=True),
+          "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`); names "
+          "in one `/pvws/pv` `subscribe`",
+          "GraphQL error TOO_MANY_CHANNELS (none: BAD_REQUEST); pvws `error`, none opened",
+          setting=True),
     Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
     Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
           "BAD_REQUEST"),
@@ -127,6 +129,13 @@ LIMITS: tuple[Limit, ...] = (
     Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
           "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
           "BAD_CHANNEL_ID"),
+    # --- pvws (/pvws/pv) per connection ---
+    Limit("pvws_opens_per_pass", 50, "PVs",
+          "PVs of `/pvws/pv` subscribes opened per event-loop pass, over all connections",
+          "the rest open at the next passes (each PV answered as it opens)"),
+    Limit("pvws_writes_in_flight", 64, "writes",
+          "`write`s of one `/pvws/pv` connection not yet done",
+          "pvws `error` naming the limit; that write is not made"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from ..limits import integer
 from ..model import VALUE, ConnState, Metadata, Severity
 from .flow import FlowControl, FlowView
 from .session import SessionLimits
@@ -57,6 +58,7 @@ __all__ = [
     "PvwsSession",
     "PvwsType",
     "Write",
+    "utf8_size",
 ]
 
 log = logging.getLogger("pvwire.pvws")
@@ -430,6 +432,8 @@ class PvwsSession(FlowView[str]):
         rates: tuple[float, float] = (0.0, 0.0),
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        max_per_subscribe: int = integer("max_channels_per_subscription"),
+        opener: Callable[[PvwsSession], None] | None = None,
     ) -> None:
         self.number = number
         self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
@@ -452,8 +456,15 @@ class PvwsSession(FlowView[str]):
         self.channel_count = 0
         self._next_att = 1
         self._flow: FlowControl[str] = FlowControl(
-            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up
+            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up, utf8_size
         )
+        self.max_per_subscribe = max_per_subscribe
+        # Names subscribed but not opened yet, in order. Opening costs a resolve and a view per
+        # name: `opener` is told there are some and opens them a few per event-loop pass
+        # (`open_pending`), so a subscribe of thousands holds nobody; None opens them at once.
+        self._opening: dict[str, None] = {}
+        self._opener = opener
+        self._popped = 0  # UTF-8 bytes of the text `next_text` gave last
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
         self._reopen: list[_Pv] = []
@@ -498,23 +509,22 @@ class PvwsSession(FlowView[str]):
             for error in held:
                 self._queue_text(error)
         if kind in ("subscribe", "monitor"):
-            for name in _pvs(msg, text):
-                if name not in self.pvs:
-                    self._subscribe(name)
+            self._subscribe_all(_pvs(msg, text))
         elif kind == "clear":
             for name in _pvs(msg, text):
                 pv = self.pvs.pop(name, None)
                 if pv is not None:
                     self._release(pv)
+                self._opening.pop(name, None)
         elif kind == "list":
-            self._queue_text(_json({"type": "list", "pvs": list(self.pvs)}))
+            self._queue_text(_json({"type": "list", "pvs": [*self.pvs, *self._opening]}))
         elif kind == "write":
             if "pv" not in msg:
                 raise _BadMessage(f"Missing 'pv' in {_shorten(text)}")
             if "value" not in msg:
                 raise _BadMessage(f"Missing 'value' in {_shorten(text)}")
             name, value = _text(msg["pv"]), msg["value"]
-            if name not in self.pvs:
+            if name not in self.pvs and name not in self._opening:
                 self.write_failed(f"Cannot write unknown PV {name}")
                 return []
             is_number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -527,15 +537,52 @@ class PvwsSession(FlowView[str]):
             raise _BadMessage(f"Unknown message type: {_shorten(text)}")
         return []
 
-    def _subscribe(self, name: str) -> None:
-        if self.channel_count >= self.limits.max_channels:
-            # Each PV holds an upstream channel: without a bound one connection could open
-            # them until the server runs out of memory, for every other client too.
+    def _subscribe_all(self, names: list[str]) -> None:
+        if len(names) > self.max_per_subscribe:
+            # As GraphQL's `subscribe` refuses more ids: the names are what the client asks,
+            # refused whole before any work, and the PVs already held go on.
             self.write_failed(
-                f"Cannot subscribe to {name}: this connection holds {self.channel_count:,} PVs, "
-                "the most one may (max_channels_per_connection)"
+                f"Cannot subscribe to {len(names):,} PVs in one message: the most is "
+                f"{self.max_per_subscribe:,} (max_channels_per_subscription)"
             )
             return
+        for name in names:
+            if name in self.pvs or name in self._opening:
+                continue
+            held = self.channel_count + len(self._opening)
+            if held >= self.limits.max_channels:
+                # Each PV holds an upstream channel: without a bound one connection could open
+                # them until the server runs out of memory, for every other client too.
+                self.write_failed(
+                    f"Cannot subscribe to {name}: this connection holds {held:,} PVs, "
+                    "the most one may (max_channels_per_connection)"
+                )
+                continue
+            self._opening[name] = None
+        if not self._opening:
+            return
+        if self._opener is None:
+            self.open_pending(len(self._opening))
+        else:
+            self._opener(self)
+
+    @property
+    def opening(self) -> int:
+        """Names subscribed and not opened yet."""
+        return len(self._opening)
+
+    def open_pending(self, limit: int) -> int:
+        """Open up to `limit` of the names waiting, in subscription order; how many were
+        tried. Each is answered as it opens (its value if the channel has one, or an error)."""
+        tried = 0
+        while self._opening and tried < limit and not self.close_request:
+            name = next(iter(self._opening))
+            del self._opening[name]
+            tried += 1
+            self._subscribe(name)
+        return tried
+
+    def _subscribe(self, name: str) -> None:
         att = self._next_att
         try:
             opened = self._host.open(name, self, att, False)
@@ -643,7 +690,7 @@ class PvwsSession(FlowView[str]):
                 if update is not None:
                     append(update)
         if texts:
-            self._flow.extend(texts, sum(map(len, texts)))
+            self._flow.extend(texts, sum(map(utf8_size, texts)))
 
     def _update(self, pv: _Pv) -> str | None:
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
@@ -697,11 +744,16 @@ class PvwsSession(FlowView[str]):
     # --- outgoing -----------------------------------------------------------------------------
 
     def next_text(self) -> str | None:
-        return self._flow.pop()
+        text = self._flow.pop()
+        self._popped = utf8_size(text) if text is not None else 0
+        return text
 
     def sent(self, nbytes: int) -> None:
+        """The text of the last `next_text` is sent (`nbytes` is its length in characters, as
+        the socket pump measures a `str`: the queue counts its UTF-8 bytes)."""
         self.last_message_sent_ms = round(self._wall() * 1000)
-        self._flow.sent(nbytes)
+        self._flow.sent(self._popped)
+        self._popped = 0
 
     def next_frames(self, limit: int = WRITE_BATCH) -> bytes | None:
         """What `next_text` would give one by one, up to about `limit` bytes, as WebSocket text
@@ -733,6 +785,7 @@ class PvwsSession(FlowView[str]):
         self._flow.closing_slow(now)
 
     def close(self) -> None:
+        self._opening.clear()
         for pv in list(self.pvs.values()):
             self._release(pv)
         self.pvs.clear()
@@ -761,6 +814,12 @@ def _may_read_errors(count: int, kind: object, msg: dict[str, Any]) -> bool:
         return True
     pvs = msg.get("pvs")
     return not isinstance(pvs, list | dict) or len(pvs) != 1
+
+
+def utf8_size(text: str) -> int:
+    """The bytes `text` takes on the socket: pvws's messages are mostly ASCII, for which this
+    costs nothing (`isascii` reads a flag of the string)."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def _shorten(text: str) -> str:
