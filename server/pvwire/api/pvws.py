@@ -275,9 +275,13 @@ class PvwsEndpoint:
         task, and a client's burst of writes must not make one task per message."""
         in_flight = self._in_flight.get(session.number, 0)
         if in_flight >= WRITES_IN_FLIGHT:
-            session.write_failed(
+            message = (
                 f"Cannot write {command.pv}: {in_flight} writes of this connection are not done "
                 "yet, the most one may have (pvws_writes_in_flight)"
+            )
+            session.write_failed(message)
+            self.hub.control.refused_put(
+                command.pv, command.value, identity, "too_many_writes", message
             )
             return
         self._in_flight[session.number] = in_flight + 1

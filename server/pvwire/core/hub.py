@@ -109,6 +109,7 @@ class Hub:
         for backend in self.registry.backends.values():
             await backend.close()
         self.refusals.close()
+        self.control.put_refusals.close()
         self.audit.close()
 
     # --- the control plane --------------------------------------------------------------------
@@ -370,6 +371,7 @@ class Hub:
             channel_count=len(channels),
             history=self.history_store.stats(),
             auth_refusals=dict(self.refusals.counts),
+            put_refusals=dict(self.control.put_refusals.counts),
             upstream_channels={
                 scheme: backend.channel_counts()
                 for scheme, backend in sorted(self.registry.backends.items())
