@@ -254,3 +254,72 @@ def test_the_queue_and_bytes_sent_count_utf8_bytes_not_characters() -> None:
     assert sent is not None and len(sent) < second
     s.sent(len(sent))
     assert (s.bytes_sent, s.queued_bytes) == (size + second, 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def image_session(ch: FakeChannel, clock: Clock, rate: float) -> PvwsSession:
+    return PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None, clock=clock,
+        image_bytes_per_s=rate,
+    )  # fmt: skip
+
+
+def tick(s: PvwsSession) -> list[dict[str, object]]:
+    s.collect(1, object())
+    s.flush_tick()
+    return [json.loads(t) for t in drain(s)]
+
+
+def test_image_frames_are_paced_to_the_connection_s_budget_newest_first() -> None:
+    meta = Metadata("uint16", 64, "")
+    ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
+    s = image_session(ch, clock, rate=1000.0)
+    s.receive('{"type":"subscribe","pvs":["img"]}')
+    first = [json.loads(t) for t in drain(s)]
+    assert first[0]["vtype"] == "VUShortArray"
+    size = len(s._encoder.text("img", ch, True, True, True).encode())
+    assert size > 300  # a frame owes its bytes: the next waits size/rate s
+    for v in (1, 2, 3):  # frames come faster than the budget: held, the newest kept
+        ch.set(np.full((8, 8), v, np.uint16))
+        clock.now += 0.05
+        assert tick(s) == []
+    assert s.images_held == 2
+    clock.now += size / 1000.0  # paid off
+    ch.set(np.full((8, 8), 4, np.uint16))
+    sent = tick(s)
+    assert len(sent) == 1
+    pixels = np.frombuffer(base64.b64decode(str(sent[0]["b64int"])), "<i4")
+    assert pixels.tolist() == [4] * 64  # whole, and the newest
+
+
+def test_a_held_image_that_stops_changing_still_goes_out() -> None:
+    meta = Metadata("uint16", 64, "")
+    ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
+    s = image_session(ch, clock, rate=1000.0)
+    s.receive('{"type":"subscribe","pvs":["img"]}')
+    drain(s)
+    ch.set(np.full((8, 8), 7, np.uint16))
+    assert tick(s) == []  # held: the first frame is not paid off yet
+    clock.now += 10.0
+    s.housekeeping(clock.now)
+    sent = [json.loads(t) for t in drain(s)]
+    assert len(sent) == 1
+    assert np.frombuffer(base64.b64decode(str(sent[0]["b64int"])), "<i4").tolist() == [7] * 64
+
+
+def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
+    for value, rate in ((np.zeros((8, 8), np.uint16), 0.0), (np.zeros(64, np.uint16), 1.0)):
+        ch, clock = FakeChannel(value=value, meta=Metadata("uint16", 64, "")), Clock()
+        s = image_session(ch, clock, rate=rate)
+        s.receive('{"type":"subscribe","pvs":["a"]}')
+        drain(s)
+        for v in range(3):
+            ch.set(np.full(value.shape, v, np.uint16))
+            assert len(tick(s)) == 1

@@ -136,6 +136,11 @@ LIMITS: tuple[Limit, ...] = (
     Limit("pvws_writes_in_flight", 64, "writes",
           "`write`s of one `/pvws/pv` connection not yet done",
           "pvws `error` naming the limit; that write is not made"),
+    Limit("pvws_image_bytes_per_s", 1.5e6, "bytes/s",
+          "image frames (arrays of 2 or more dimensions) sent to one `/pvws/pv` connection, "
+          "over all its PVs (0: every frame)",
+          "a frame waits, replaced by newer ones, until the connection's budget has room"
+          , setting=True),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -239,6 +239,7 @@ class PvwsEndpoint:
             self.rates,
             max_per_subscribe=settings.max_channels_per_subscription,
             opener=self.opener,
+            image_bytes_per_s=settings.pvws_image_bytes_per_s,
         )
 
         def handle(message: Message) -> None:

@@ -392,6 +392,7 @@ class _Pv:
         "ch",
         "entry",
         "failure",
+        "image",
         "level",
         "meta",
         "name",
@@ -409,6 +410,7 @@ class _Pv:
         self.ch = opened.view.channels[0]  # the view's one channel, read at every update
         self.writes = opened.may_write
         self.array = False  # opened at the array rate
+        self.image = False  # its value is an image: sent within the connection's image budget
         self.shown = False  # the client has a value (not a disconnect) of it
         self.meta: Metadata | None = None  # metadata last sent; None: nothing sent yet
         self.severity = ""
@@ -434,6 +436,7 @@ class PvwsSession(FlowView[str]):
         wall: Callable[[], float] = time.time,
         max_per_subscribe: int = integer("max_channels_per_subscription"),
         opener: Callable[[PvwsSession], None] | None = None,
+        image_bytes_per_s: float = 0.0,
     ) -> None:
         self.number = number
         self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
@@ -465,6 +468,14 @@ class PvwsSession(FlowView[str]):
         self._opening: dict[str, None] = {}
         self._opener = opener
         self._popped = 0  # UTF-8 bytes of the text `next_text` gave last
+        # Images cost what a client can use: their frames are paced to `image_bytes_per_s`
+        # (each frame's bytes owed, then paid off at that rate before the next goes; no burst).
+        # A frame that comes while owing waits, and newer ones replace it.
+        self.image_bytes_per_s = image_bytes_per_s
+        self._image_tokens = 0.0  # bytes owed, as a negative number; 0: a frame may go
+        self._image_at = clock()
+        self._images_waiting: dict[int, None] = {}  # atts of images held back
+        self.images_held = 0  # image frames replaced while held back (never sent)
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
         self._reopen: list[_Pv] = []
@@ -601,10 +612,13 @@ class PvwsSession(FlowView[str]):
         # not wait for its next change.
         text = self._update(pv)
         if text is not None:
+            if pv.image and self.image_bytes_per_s > 0:
+                self._image_tokens -= utf8_size(text)  # a first frame is sent at once, counted
             self._queue_text(text)
 
     def _release(self, pv: _Pv) -> None:
         self._by_att.pop(pv.att, None)
+        self._images_waiting.pop(pv.att, None)
         self.attachments.pop(pv.att, None)
         self.claims.pop(pv.att, None)
         self._pending.pop(pv.att, None)
@@ -642,6 +656,10 @@ class PvwsSession(FlowView[str]):
         atts, self._tick = self._tick, []
         if self.close_request:
             return
+        if self._images_waiting and not self._flow.merging() and self._image_room():
+            # Images held back go first, in their current state, now that there is room.
+            waiting, self._images_waiting = list(self._images_waiting), {}
+            atts = waiting + [a for a in atts if a not in waiting]
         if self._flow.merging():
             pending = self._pending
             for att in atts:
@@ -668,6 +686,11 @@ class PvwsSession(FlowView[str]):
             if pv is None:
                 continue
             ch = pv.ch
+            if pv.image and self.image_bytes_per_s > 0:
+                image = self._image_text(pv)
+                if image is not None:
+                    append(image)
+                continue
             if (
                 pv.shown
                 and ch.meta is pv.meta
@@ -688,9 +711,32 @@ class PvwsSession(FlowView[str]):
             else:
                 update = self._update(pv)
                 if update is not None:
+                    if pv.image and self.image_bytes_per_s > 0:
+                        self._image_tokens -= utf8_size(update)  # a first frame, counted
                     append(update)
         if texts:
             self._flow.extend(texts, sum(map(utf8_size, texts)))
+
+    def _image_room(self) -> bool:
+        """Whether the image budget lets a frame out now: nothing is owed for earlier ones."""
+        now = self._clock()
+        rate = self.image_bytes_per_s
+        self._image_tokens = min(0.0, self._image_tokens + (now - self._image_at) * rate)
+        self._image_at = now
+        return self._image_tokens >= 0.0
+
+    def _image_text(self, pv: _Pv) -> str | None:
+        """`pv`'s update now if the image budget has room, else held back (its newest state is
+        sent once there is room: `flush_tick`, `housekeeping`)."""
+        if not self._image_room():
+            if pv.att in self._images_waiting:
+                self.images_held += 1
+            self._images_waiting[pv.att] = None
+            return None
+        text = self._update(pv)
+        if text is not None:
+            self._image_tokens -= utf8_size(text)
+        return text
 
     def _update(self, pv: _Pv) -> str | None:
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
@@ -719,6 +765,9 @@ class PvwsSession(FlowView[str]):
         arrays_differ = self.rates[1] != self.rates[0]
         if with_meta and not pv.array and arrays_differ and isinstance(ch.value, np.ndarray):
             self._reopen.append(pv)  # pvws re-subscribes an array at the array rate
+        if with_meta:
+            value = ch.value
+            pv.image = isinstance(value, np.ndarray) and value.ndim >= 2
         pv.shown = True
         pv.meta = meta
         pv.severity = severity
@@ -782,7 +831,12 @@ class PvwsSession(FlowView[str]):
         self._send_updates(pending)
 
     def housekeeping(self, now: float) -> None:
-        self._flow.closing_slow(now)
+        if self._flow.closing_slow(now):
+            return
+        if self._images_waiting and not self._flow.merging() and self._image_room():
+            # An image that stopped changing still gets its newest frame out.
+            waiting, self._images_waiting = list(self._images_waiting), {}
+            self._send_updates(waiting)
 
     def close(self) -> None:
         self._opening.clear()
