@@ -1,7 +1,7 @@
 """Images on `/pvws/pv` over the real server: frames paced to the connection's
 `pvws_image_bytes_per_s`, each whole (the array dbwr's image widget draws: `value.length /
 data_width` rows), and every frame with the setting at 0. The bytes per second are measured in
-bench/pvws_image.py (docs/PVWS.md)."""
+bench/pvws_bounds.py (docs/PVWS.md)."""
 
 from __future__ import annotations
 

@@ -210,11 +210,15 @@ def test_names_wait_for_the_opener_and_open_as_it_asks() -> None:
     assert s.open_pending(10) == 10
     assert list(s.pvs) == names[:10] and s.opening == 15
     assert [json.loads(t)["pv"] for t in drain(s)] == names[:10]  # answered as they open
+    s.receive('{"type":"write","pv":"n20","value":1}')  # a write opens its PV first
+    assert "n20" in s.pvs and s.opening == 14
     s.receive('{"type":"clear","pvs":["n12"]}')  # cleared before it opened: never opens
     s.receive('{"type":"list"}')
-    listed = json.loads(drain(s)[0])["pvs"]
-    assert listed == [n for n in names if n != "n12"]
-    assert s.open_pending(100) == 14 and s.opening == 0
+    texts = drain(s)
+    assert json.loads(texts[0])["pv"] == "n20"
+    listed = json.loads(texts[-1])["pvs"]
+    assert listed == [*names[:10], "n20", *(n for n in names[10:] if n not in ("n12", "n20"))]
+    assert s.open_pending(100) == 13 and s.opening == 0
     assert list(s.pvs) == listed
 
 

@@ -535,7 +535,12 @@ class PvwsSession(FlowView[str]):
             if "value" not in msg:
                 raise _BadMessage(f"Missing 'value' in {_shorten(text)}")
             name, value = _text(msg["pv"]), msg["value"]
-            if name not in self.pvs and name not in self._opening:
+            if name in self._opening:
+                # Opened now (one name): a write goes to a PV the access rules let it open, and
+                # one that cannot open is answered as unknown, as if it had been opened first.
+                del self._opening[name]
+                self._subscribe(name)
+            if name not in self.pvs:
                 self.write_failed(f"Cannot write unknown PV {name}")
                 return []
             is_number = isinstance(value, int | float) and not isinstance(value, bool)
