@@ -281,9 +281,7 @@ class PvwsEndpoint:
                 "yet, the most one may have (pvws_writes_in_flight)"
             )
             session.write_failed(message)
-            self.hub.control.refused_put(
-                command.pv, command.value, identity, "too_many_writes", message
-            )
+            self.hub.refused_put(command.pv, command.value, identity, "too_many_writes", message)
             return
         self._in_flight[session.number] = in_flight + 1
         # Not awaited here: a slow put must not hold this client's other messages.

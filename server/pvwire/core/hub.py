@@ -125,6 +125,13 @@ class Hub:
     ) -> str:
         return await self.control.put(channel_id, value, wait, timeout, identity)
 
+    def refused_put(
+        self, channel_id: str, value: Any, identity: Identity, reason: str, message: str
+    ) -> None:
+        """A put an endpoint refused before trying it (refusals.PUT_REASONS): counted and
+        audited as pvwire's other refusals are (control.py)."""
+        self.control.refused_put(channel_id, value, identity, reason, message)
+
     def search(self, pattern: str, limit: int, identity: Identity) -> list[str]:
         return self.control.search(pattern, limit, identity)
 
