@@ -327,3 +327,24 @@ def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
         for v in range(3):
             ch.set(np.full(value.shape, v, np.uint16))
             assert len(tick(s)) == 1
+
+
+def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
+    from pvwire.api.pvws import _Opener
+
+    opener = _Opener(per_pass=20, turn=10)
+    ch = FakeChannel()
+    big, small = (
+        PvwsSession(n, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
+                    opener=lambda _: None)
+        for n in (1, 2)
+    )  # fmt: skip
+    big.receive(json.dumps({"type": "subscribe", "pvs": [f"b{i}" for i in range(100)]}))
+    small.receive(json.dumps({"type": "subscribe", "pvs": [f"s{i}" for i in range(5)]}))
+    opener._waiting.extend((big, small))
+    opener._queued.update((1, 2))
+    opener.one_pass()
+    assert (len(big.pvs), len(small.pvs)) == (15, 5)  # 10, then the small one's 5, then 5
+    while big.opening:
+        opener.one_pass()
+    assert len(big.pvs) == 100 and not opener._waiting
