@@ -106,8 +106,10 @@ LIMITS: tuple[Limit, ...] = (
           "HTTP 504"),
     # --- registration (GraphQL subscribe) and tokens ---
     Limit("max_channels_per_subscription", 10_000, "ids",
-          "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`)",
-          "GraphQL error TOO_MANY_CHANNELS (none: BAD_REQUEST)", setting=True),
+          "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`); names "
+          "in one `/pvws/pv` `subscribe`",
+          "GraphQL error TOO_MANY_CHANNELS (none: BAD_REQUEST); pvws `error`, none opened",
+          setting=True),
     Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
     Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
           "BAD_REQUEST"),
@@ -245,6 +247,18 @@ LIMITS: tuple[Limit, ...] = (
           "feed)", "a feed encodes only its newest image"),
     Limit("mjpeg_max_pixels", 1 << 24, "pixels", "MJPEG option `maxPixels`", "HTTP 400"),
     Limit("mjpeg_max_fps", 50.0, "frames/s", "MJPEG option `fps`", "HTTP 400"),
+    # --- pvws (/pvws/pv) per connection ---
+    Limit("pvws_opens_per_pass", 50, "PVs",
+          "PVs of `/pvws/pv` subscribes opened per event-loop pass, over all connections",
+          "the rest open at the next passes (each PV answered as it opens)"),
+    Limit("pvws_writes_in_flight", 64, "writes",
+          "`write`s of one `/pvws/pv` connection not yet done",
+          "pvws `error` naming the limit; that write is not made"),
+    Limit("pvws_image_bytes_per_s", 1.5e6, "bytes/s",
+          "image frames (arrays of 2 or more dimensions) sent to one `/pvws/pv` connection, "
+          "over all its PVs (0: every frame)",
+          "a frame waits, replaced by newer ones, until the connection's budget has room"
+          , setting=True),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
