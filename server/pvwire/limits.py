@@ -13,8 +13,10 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_MODE_PER_CHANNEL",
     "ALL_MODE_PER_VIEW",
+    "BACKFILL_PASSES",
     "HISTORY_ARRAY_BYTES",
     "HISTORY_ARRAY_LIMIT",
+    "HISTORY_MESSAGE_ROWS",
     "LIMITS",
     "MAX_BACKFILL_S",
     "MAX_COLUMNS",
@@ -127,6 +129,14 @@ LIMITS: tuple[Limit, ...] = (
     Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
           "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
           "BAD_CHANNEL_ID"),
+    # --- backfill, produced under the send budget ---
+    Limit("history_message_rows", 512, "rows",
+          "one `HISTORY` message (an array channel's: rows x elements, at least one row)",
+          "the channel's past goes on in the next message"),
+    Limit("backfill_passes", 4, "passes",
+          "passes over an attachment's channels sending what they recorded while its "
+          "backfill was being read (section 2.8)",
+          "the next pass, and the snapshot, are queued whole"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
@@ -166,6 +176,8 @@ HISTORY_ARRAY_BYTES = integer("history_array_bytes")
 # The most `history_array_max` may be: "small arrays" (a bucket holds three frames).
 HISTORY_ARRAY_LIMIT = 1_024
 SIM_MAX_COMPUTED_PER_S = number("sim_max_computed_per_s")
+HISTORY_MESSAGE_ROWS = integer("history_message_rows")
+BACKFILL_PASSES = integer("backfill_passes")
 
 
 def shown(name: str) -> str:
