@@ -129,5 +129,23 @@ async def reads_everything(server: ServerProcess, ids: list[str]) -> None:
             assert list(np.diff(values)) == [1.0] * (len(values) - 1), e.sid
         live = await stream.next_data(timeout=60)  # then the stream as always
         assert {g.att for g in live.groups} == {1}
+        # Attached again saying what it holds (the snapshot's times): only the steps after.
+        held = {
+            e.sid: (e.seconds * 1_000_000_000 + e.nanoseconds, e.value) for e in snapshot.entries
+        }
+        await stream.send(
+            16, 2, backfill_token(server, ids), [held[sid][0] for sid in sorted(held)]
+        )
+        after: dict[int, list[float]] = {sid: [] for sid in range(len(ids))}
+        while True:
+            msg = await stream.recv(timeout=60)
+            if isinstance(msg, wire.History) and msg.att == 2:
+                assert msg.resolution == 0 and msg.t.min() > held[msg.sid][0]
+                after[msg.sid] += msg.value.tolist()
+            elif isinstance(msg, wire.Snapshot) and msg.att == 2:
+                break
+        for e in msg.entries:
+            values = [held[e.sid][1], *after[e.sid], float(e.value)]
+            assert list(np.diff(values)) == [1.0] * (len(values) - 1), e.sid
     finally:
         await stream.close()
