@@ -217,8 +217,8 @@ HISTORY_POINTS = (Path(__file__).parents[1] / "protocol/vectors/history_points.b
 
 
 async def test_backfill_yields_the_past_once_across_a_reconnect(fake_factory: Any) -> None:
-    # PROTOCOL.md section 2.8: every ATTACH of the token gets the backfill again; the reader
-    # must not see the rows it already had twice. The vector's HISTORY is att 1, sid 0: four
+    # PROTOCOL.md section 2.8: this server ignores `since` and sends the backfill again; the
+    # reader must not see the rows it already had twice. The vector's HISTORY is att 1, sid 0: four
     # rows, the third a gap, the last at 1700000004.0; the snapshots come after them.
     attaches: list[list[Any]] = []
 
