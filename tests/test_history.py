@@ -738,6 +738,29 @@ async def test_an_array_channel_s_backfill_is_2d_before_the_snapshot_with_no_dup
     np.testing.assert_array_equal(entry[2], frame(19))  # the snapshot carries the current one
 
 
+async def test_an_array_channel_s_backfill_counts_elements_against_the_message_bound(
+    backend: FakeBackend,
+) -> None:
+    settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=16)
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    hub.start()
+    try:
+        attach(HubClient(hub), hub, ["fake://a"])
+        now = int(time.time())
+        n = 3 * HISTORY_MESSAGE_ROWS // 16  # frames of 16 elements: three messages' worth
+        for i in range(n):
+            backend.update("a", frame(i), t=now - n + i)
+        msgs = attach_with_backfill(hub, ["fake://a"], 3600)
+    finally:
+        await hub.stop()
+    history = msgs[1:-1]
+    assert [m[0] for m in history] == [8] * 3 and msgs[-1][0] == 2
+    assert all(columns(m)[1].size <= HISTORY_MESSAGE_ROWS for m in history)  # rows x elements
+    t, value, *_ = joined(history)
+    np.testing.assert_array_equal(value, [frame(i) for i in range(n - 1)])
+    assert list(t) == [(now - n + i) * NS for i in range(n - 1)]
+
+
 def test_the_python_client_gives_an_array_channel_s_past_rows_as_arrays() -> None:
     store = array_store()
     h = store.attach("ca://W")

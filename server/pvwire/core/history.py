@@ -576,7 +576,7 @@ class ChannelHistory:
         sends its frames the same way."""
         self._sync()
         if self.arrays is not None:
-            return self.arrays.backfill(since)
+            return self.arrays.backfill(since, limit)
         self._aggregate()
         raw = self.points()
         if len(raw) and not raw["gap"][-1]:
