@@ -22,6 +22,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     default_scheme: str = "ca"
+    image_scheme: str = "pva"  # of a name without a scheme in /mjpeg/{name} (cs-web-lib's URLs)
     tick_ms: float = 20.0  # nominal interval between frames under load (DESIGN.md section 4)
     heartbeat_s: float = number("heartbeat_s")  # proxies drop sockets idle for ~60 s
     # WebSocket ping from the server on every connection, both endpoints (uvicorn's keepalive;

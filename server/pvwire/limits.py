@@ -236,6 +236,17 @@ LIMITS: tuple[Limit, ...] = (
           "one HTTP request body (`/graphql` and every other route), on `Content-Length` "
           "before reading it and while counting a chunked one, before authentication",
           "HTTP 413, TOO_LARGE, connection closed", setting=True),
+    # --- MJPEG feeds (/mjpeg): options are rounded to a few levels, so these bound the work ---
+    Limit("mjpeg_feeds_per_channel", 4, "feeds",
+          "distinct option sets (after rounding) encoded for one channel at once",
+          "HTTP 503 naming the option sets in use"),
+    Limit("mjpeg_feeds_per_address", 8, "feeds",
+          "feeds opened by one client address and open at once", "HTTP 429"),
+    Limit("mjpeg_encode_threads", 2, "threads",
+          "JPEG encodes running at once, in threads of their own (at most one more waits per "
+          "feed)", "a feed encodes only its newest image"),
+    Limit("mjpeg_max_pixels", 1 << 24, "pixels", "MJPEG option `maxPixels`", "HTTP 400"),
+    Limit("mjpeg_max_fps", 50.0, "frames/s", "MJPEG option `fps`", "HTTP 400"),
     # --- backfill, produced under the send budget ---
     Limit("history_message_rows", 512, "rows",
           "one `HISTORY` message (an array channel's: rows x elements, at least one row)",
