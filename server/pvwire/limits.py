@@ -13,8 +13,10 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_MODE_PER_CHANNEL",
     "ALL_MODE_PER_VIEW",
+    "BACKFILL_PASSES",
     "HISTORY_ARRAY_BYTES",
     "HISTORY_ARRAY_LIMIT",
+    "HISTORY_MESSAGE_ROWS",
     "LIMITS",
     "MAX_BACKFILL_S",
     "MAX_COLUMNS",
@@ -259,6 +261,14 @@ LIMITS: tuple[Limit, ...] = (
           "over all its PVs (0: every frame)",
           "a frame waits, replaced by newer ones, until the connection's budget has room"
           , setting=True),
+    # --- backfill, produced under the send budget ---
+    Limit("history_message_rows", 512, "rows",
+          "one `HISTORY` message (an array channel's: rows x elements, at least one row)",
+          "the channel's past goes on in the next message"),
+    Limit("backfill_passes", 4, "passes",
+          "passes over an attachment's channels sending what they recorded while its "
+          "backfill was being read (section 2.8)",
+          "the next pass, and the snapshot, are queued whole"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
@@ -302,6 +312,8 @@ PVA_IDENTITY_IDLE_S = number("pva_identity_idle_s")
 PVA_IDENTITY_CHANNELS = integer("pva_identity_channels")
 PVA_IDENTITY_MESSAGE_BYTES = integer("pva_identity_message_bytes")
 PVA_IDENTITY_ADDRESSES = integer("pva_identity_addresses")
+HISTORY_MESSAGE_ROWS = integer("history_message_rows")
+BACKFILL_PASSES = integer("backfill_passes")
 
 
 def shown(name: str) -> str:
