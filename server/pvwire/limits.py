@@ -217,7 +217,8 @@ LIMITS: tuple[Limit, ...] = (
           "BAD_CHANNEL_ID", setting=True),
     Limit("sim_max_stores", 10_000, "channels",
           "writable `sim://value/NAME` and `sim://string/NAME` instances kept",
-          "the least recently written that nobody monitors are forgotten"),
+          "the least recently written that nobody monitors are forgotten; "
+          "BAD_CHANNEL_ID for a new one when all are monitored"),
     Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
           "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
           "BAD_CHANNEL_ID"),
