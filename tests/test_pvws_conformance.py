@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from pvwire.ioc import IocProcess
 from pvwire.wire.pvws import CLIENT_MESSAGES
 from websockets.exceptions import ConnectionClosed
 
+from tests.eventually import eventually_async
 from tests.pvws_client import PingRecorder, PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
 
@@ -147,12 +148,6 @@ def summary(server: ServerProcess) -> list[dict[str, Any]]:
     return sockets
 
 
-async def until(cond: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await cond():
-            await asyncio.sleep(0.05)
-
-
 async def received_until_closed(c: PvwsClient) -> list[dict[str, Any]]:
     """Everything the server sent before the close handshake (TCP keeps the order)."""
     await c.ws.close()
@@ -177,7 +172,7 @@ async def test_grafana_live_proxy_gets_no_error(epics_env: IocProcess) -> None:
                 len(socks) == 1 and socks[0]["client_messages"] == 1 and (socks[0]["queued"] == 0)
             )
 
-        await until(handled)
+        await eventually_async(handled, lambda: f"the message handled: {summary(server)}")
         assert await received_until_closed(grafana) == []
 
 
