@@ -27,6 +27,7 @@ from pvwire_client import Client
 
 from tests.keycloak import Keycloak
 from tests.leaks import collect_after_each_module  # noqa: F401  (autouse: applies here)
+from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
 
 from . import hub_doubles
@@ -153,6 +154,16 @@ async def client(client_url: str) -> AsyncIterator[Client]:
     for a channel to connect: generous for a busy machine, as every test here needs."""
     async with Client(client_url, timeout=10) as c:
         yield c
+
+
+@pytest.fixture
+async def pvws_client(client_url: str) -> AsyncIterator[PvwsClient]:
+    """A pvws client (tests/pvws_client.py) of `client_url`, closed after the test."""
+    c = await PvwsClient.connect(client_url)
+    try:
+        yield c
+    finally:
+        await c.close()
 
 
 @pytest.fixture(scope="session")
