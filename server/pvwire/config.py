@@ -49,7 +49,7 @@ class Settings:
     # oidc_refresh_s and on a key id not held (at most every oidc_min_interval_s).
     oidc_issuer: str = ""
     oidc_client_id: str = ""  # the public client the page signs in with (PKCE)
-    oidc_refresh_s: float = 600.0
+    oidc_refresh_s: float = number("oidc_refresh_s")
     oidc_min_interval_s: float = number("oidc_min_interval_s")
     # Plain http to an issuer off loopback: its keys could be replaced on the way.
     oidc_allow_http: bool = False
@@ -71,6 +71,8 @@ class Settings:
     forward_identity: bool = False
     forward_host_name: str = ""  # host name sent on those circuits and connections; empty: ours
     max_puts_per_s: float = number("max_puts_per_s")  # per identity, bursts of twice that
+    # Image bytes per second to one /pvws/pv connection (docs/PVWS.md); 0: every frame whole.
+    pvws_image_bytes_per_s: float = number("pvws_image_bytes_per_s")
     max_cost_per_s: float = number("max_cost_per_s")  # GraphQL cost per identity per second
     max_connections_per_address: int = integer("max_connections_per_address")
     max_attachments_per_connection: int = integer("max_attachments_per_connection")

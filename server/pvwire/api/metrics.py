@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .. import __version__
-from ..access.refusals import REASONS
+from ..access.refusals import PUT_REASONS, REASONS
 from ..core.mjpeg import MjpegStats
 from ..core.stats import FAILURE_UNITS, HubSnapshot
 from ..core.tick import TICK_BUCKETS_MS
@@ -136,6 +136,12 @@ METRICS: tuple[Metric, ...] = (
            "headers), by reason.",
            lambda s: [("", (("reason", r),), s.snapshot.auth_refusals.get(r, 0)) for r in REASONS],
            {"reason": frozenset(REASONS)}),
+    Metric("put_refusals_total", "counter",
+           "Puts refused by pvwire (its rate limit, its rules), by reason: every one, also "
+           "those whose audit line a flood left out.",
+           lambda s: [("", (("reason", r),), s.snapshot.put_refusals.get(r, 0))
+                      for r in PUT_REASONS],
+           {"reason": frozenset(PUT_REASONS)}),
     Metric("event_loop_lag_seconds", "gauge", "Worst event loop lag in the last 10 s.",
            _one(lambda s: s.loop_lag)),
     Metric("tick_duration_seconds", "histogram", "Time to process one tick.", _tick_histogram),
