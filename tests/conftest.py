@@ -10,7 +10,7 @@ every module shares (tests/dbs/test.db). The IOC itself runs only once a test re
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,9 +23,11 @@ from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
 from pvwire.model import ConnState, Metadata, Value
 from pvwire.wire.tokens import TokenSigner
+from pvwire_client import Client
 
 from tests.keycloak import Keycloak
 from tests.leaks import collect_after_each_module  # noqa: F401  (autouse: applies here)
+from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
 
 from . import hub_doubles
@@ -137,6 +139,31 @@ def server(epics_env: IocProcess) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="session")
 def server_url(server: ServerProcess) -> str:
     return server.url
+
+
+@pytest.fixture
+def client_url(server_url: str) -> str:
+    """The server `client` connects to: the session's, unless a module overrides this with its
+    own server's."""
+    return server_url
+
+
+@pytest.fixture
+async def client(client_url: str) -> AsyncIterator[Client]:
+    """A pvwire Python client of `client_url`, closed after the test. Its `get` waits up to 10 s
+    for a channel to connect: generous for a busy machine, as every test here needs."""
+    async with Client(client_url, timeout=10) as c:
+        yield c
+
+
+@pytest.fixture
+async def pvws_client(client_url: str) -> AsyncIterator[PvwsClient]:
+    """A pvws client (tests/pvws_client.py) of `client_url`, closed after the test."""
+    c = await PvwsClient.connect(client_url)
+    try:
+        yield c
+    finally:
+        await c.close()
 
 
 @pytest.fixture(scope="session")

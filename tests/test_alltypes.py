@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,8 @@ def alltypes_server() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-async def client(alltypes_server: ServerProcess) -> AsyncIterator[Client]:
-    async with Client(alltypes_server.url, timeout=10) as c:
-        yield c
+def client_url(alltypes_server: ServerProcess) -> str:
+    return alltypes_server.url
 
 
 def expected(scheme: str, name: str) -> tuple[Any, str] | None:

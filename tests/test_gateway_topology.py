@@ -17,6 +17,7 @@ from pvwire.ioc import IocProcess
 from pvwire_client import Client
 from pvwire_client.state import CONNECTED
 
+from tests.eventually import eventually_async
 from tests.pva_gateway import PvaGateway, qsrv_monitors
 from tests.server_process import ServerProcess, server_args_for_tests
 
@@ -64,13 +65,15 @@ def per_pv(monitors: Counter[tuple[str, str]]) -> Counter[str]:
 
 async def wait_monitors(ioc: IocProcess, expected: dict[str, int]) -> Counter[tuple[str, str]]:
     """QSRV's report once it shows `expected` monitors per PV (monitors open asynchronously)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + BOUND
-    while True:
-        found = await asyncio.to_thread(qsrv_monitors, ioc)
-        if {pv: per_pv(found)[pv] for pv in PVS} == expected or loop.time() > deadline:
-            return found
-        await asyncio.sleep(0.5)
+    last: list[Counter[tuple[str, str]]] = []
+
+    async def report() -> Counter[tuple[str, str]] | None:
+        last[:] = [await asyncio.to_thread(qsrv_monitors, ioc)]
+        return last[0] if {pv: per_pv(last[0])[pv] for pv in PVS} == expected else None
+
+    return await eventually_async(
+        report, lambda: f"{expected} monitors; QSRV reports {last}", timeout=BOUND, interval=0.5
+    )
 
 
 async def test_the_ioc_serves_one_monitor_per_pv_whatever_the_number_of_replicas(

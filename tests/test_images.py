@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import bitshuffle
@@ -105,9 +105,8 @@ def image_server() -> Iterator[tuple[ServerProcess, dict[str, SharedPV]]]:
 
 
 @pytest.fixture
-async def client(image_server: tuple[ServerProcess, dict[str, SharedPV]]) -> AsyncIterator[Client]:
-    async with Client(image_server[0].url, timeout=10) as c:
-        yield c
+def client_url(image_server: tuple[ServerProcess, dict[str, SharedPV]]) -> str:
+    return image_server[0].url
 
 
 async def _until(client: Client, ids: list[str], done: Any) -> dict[str, ChannelState]:

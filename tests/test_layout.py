@@ -1,5 +1,7 @@
-"""The layout shows the path (DESIGN.md section 2): `api/`, the application and the command line
-ask the hub through its methods, and read no private attribute of another object or module."""
+"""The layout shows the path (DESIGN.md section 2): every import points down, api/ -> core/ ->
+upstream/ and wire/ -> model.py, by module path; `api/`, the application and the command line ask
+the hub through its methods, and read no private attribute of another object or module: no
+private name imported, and no import through a private module (`pvwire.core._x`, `uvicorn._y`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,15 @@ PACKAGE = Path(pvwire.__file__).parent
 OUTSIDE_CORE = [*sorted((PACKAGE / "api").glob("*.py")), PACKAGE / "app.py", PACKAGE / "cli.py"]
 # The hub's parts: the API asks the hub, which asks them.
 HUB_PARTS = {"registry", "control", "signer", "rules", "ticker", "audit", "sessions"}
+# Every import points down, api/ -> core/ -> upstream/ and wire/ -> model.py: what each of these
+# never imports (a module or package of pvwire, by its first name below `pvwire`).
+ABOVE = {
+    "api": {"upstream"},  # the API reaches the backends through the hub
+    "core": {"api", "app", "cli"},
+    "upstream": {"api", "app", "cli", "core", "wire"},
+    "wire": {"api", "app", "cli", "core", "upstream"},
+    "model": {"api", "app", "cli", "core", "upstream", "wire"},
+}
 
 
 def _name(node: ast.expr) -> str:
@@ -21,6 +32,12 @@ def _name(node: ast.expr) -> str:
     if isinstance(node, ast.Attribute):
         return node.attr
     return ""
+
+
+def _private_path(module: str) -> bool:
+    """A dotted module path through a private module or package (dunders such as `__future__`
+    are not private)."""
+    return any(p.startswith("_") and not p.startswith("__") for p in module.split("."))
 
 
 def reaches_around(tree: ast.AST) -> list[str]:
@@ -33,7 +50,13 @@ def reaches_around(tree: ast.AST) -> list[str]:
                 found.append(f"line {node.lineno}: {owner}.{node.attr}")
             if owner.lstrip("_") == "hub" and node.attr in HUB_PARTS:
                 found.append(f"line {node.lineno}: {owner}.{node.attr}")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"line {node.lineno}: import {a.name}" for a in node.names if _private_path(a.name)
+            ]
         elif isinstance(node, ast.ImportFrom) and node.level != 1:  # from outside api/
+            if node.module is not None and _private_path(node.module):
+                found.append(f"line {node.lineno}: from {node.module}")
             found += [
                 f"line {node.lineno}: import {a.name}"
                 for a in node.names
@@ -42,10 +65,68 @@ def reaches_around(tree: ast.AST) -> list[str]:
     return found
 
 
+def pvwire_imports(tree: ast.AST, package: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, first name below `pvwire`) of each import of pvwire in a module of `package`
+    (its path below `pvwire`), relative imports resolved."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            paths = [a.name.split(".") for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            paths = [(node.module or "").split(".")]
+        elif isinstance(node, ast.ImportFrom):
+            base = ["pvwire", *package[: len(package) - node.level + 1]]
+            below = node.module.split(".") if node.module else []
+            paths = [base + below] if below else [[*base, a.name] for a in node.names]
+        else:
+            continue
+        found += [(node.lineno, p[1]) for p in paths if len(p) > 1 and p[0] == "pvwire"]
+    return found
+
+
+def test_the_import_check_resolves_relative_imports() -> None:
+    code = (
+        "from ..core.hub import Hub\nfrom . import codec\nfrom .. import model\nimport pvwire.api\n"
+    )
+    assert pvwire_imports(ast.parse(code), ("wire",)) == [
+        (1, "core"),
+        (2, "wire"),
+        (3, "model"),
+        (4, "api"),
+    ]
+    assert pvwire_imports(ast.parse("from ...model import CONN"), ("core", "sub")) == [(1, "model")]
+    assert pvwire_imports(ast.parse("import os\nfrom typing import Any"), ("core",)) == []
+
+
+def test_every_import_points_down() -> None:
+    found = []
+    for unit, above in ABOVE.items():
+        paths = sorted((PACKAGE / unit).rglob("*.py")) or [PACKAGE / f"{unit}.py"]
+        for path in paths:
+            package = path.relative_to(PACKAGE).parent.parts
+            found += [
+                f"{path.relative_to(PACKAGE)} line {line}: imports pvwire.{name}"
+                for line, name in pvwire_imports(ast.parse(path.read_text()), package)
+                if name in above
+            ]
+    assert found == []
+
+
 def test_the_check_sees_what_it_looks_for() -> None:
     code = "hub.registry.channels\nself._hub.signer.sign()\nws._send\nfrom ..x import _y\n"
     assert len(reaches_around(ast.parse(code))) == 4
     assert reaches_around(ast.parse("self._x\nhub.subscribe()\nfrom .. import __version__")) == []
+
+
+def test_the_check_sees_private_module_paths() -> None:
+    code = "from uvicorn._types import Event\nimport pvwire.core._journal\nfrom .._x.y import z\n"
+    assert reaches_around(ast.parse(code)) == [
+        "line 1: from uvicorn._types",
+        "line 2: import pvwire.core._journal",
+        "line 3: from _x.y",
+    ]
+    public = "from __future__ import annotations\nimport os.path\nfrom ..core.hub import Hub\n"
+    assert reaches_around(ast.parse(public)) == []
 
 
 def test_api_app_and_cli_go_through_the_hub_and_read_nothing_private() -> None:

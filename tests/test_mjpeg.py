@@ -14,7 +14,7 @@ import socket
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from pvwire.upstream.loc import LocBackend
 from pvwire.upstream.sim import SimBackend
 from pvwire_client import wire
 
+from tests.eventually import eventually_async
 from tests.p4p_server import p4p_server
 from tests.server_process import ServerProcess, server_args_for_tests
 
@@ -331,7 +332,7 @@ async def in_process(**settings: Any) -> AsyncIterator[tuple[str, MjpegEndpoint]
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     )
     task = asyncio.create_task(server.serve())
-    await wait_for(lambda: server.started)
+    await eventually_async(lambda: server.started, "uvicorn started")
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}", app.state.mjpeg
@@ -344,12 +345,6 @@ async def in_process(**settings: Any) -> AsyncIterator[tuple[str, MjpegEndpoint]
 async def app_server() -> AsyncIterator[tuple[str, MjpegEndpoint]]:
     async with in_process() as served:
         yield served
-
-
-async def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 async def test_two_viewers_share_one_encoding(app_server: tuple[str, MjpegEndpoint]) -> None:
@@ -378,7 +373,7 @@ async def test_two_viewers_share_one_encoding(app_server: tuple[str, MjpegEndpoi
         async with b.stream("GET", url(base, channel, fps=20, quality=30)) as rc:
             await Parts(rc).next()
             assert len(endpoint.feeds) == 2, "another option set is another feed"
-    await wait_for(lambda: not endpoint.feeds)  # the last viewer gone, the feed is closed
+    await eventually_async(lambda: not endpoint.feeds, "the last viewer gone, the feed closed")
 
 
 async def test_a_viewer_that_stops_reading_does_not_stall_another(
@@ -395,7 +390,9 @@ async def test_a_viewer_that_stops_reading_does_not_stall_another(
     path = target.removeprefix(base)
     stalled.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
     try:
-        await wait_for(lambda: sum(f.viewers for f in endpoint.feeds.values()) == 1)
+        await eventually_async(
+            lambda: sum(f.viewers for f in endpoint.feeds.values()) == 1, "one viewer"
+        )
         async with httpx.AsyncClient(timeout=30) as client, client.stream("GET", target) as r:
             parts = Parts(r)
             (feed,) = endpoint.feeds.values()
@@ -434,7 +431,7 @@ async def test_read_access_is_checked_per_viewer_and_again_when_rules_change(
             with pytest.raises(StopAsyncIteration):
                 while True:
                     await asyncio.wait_for(parts.next(), 30)
-        await wait_for(lambda: not endpoint.feeds)
+        await eventually_async(lambda: not endpoint.feeds, "the feed closed")
 
 
 # --- bounds: few feeds per channel and per address, encodes in threads of their own -----------

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pvwire.access.identity import Authenticator, AuthError, JwtSettings
 from pvwire.access.oidc import IssuerKeys, ProviderInfo, discover
 from pvwire.access.refusals import RefusalLog
+
+from tests.eventually import eventually_async
 
 AUD = "pvwire"
 
@@ -117,14 +118,6 @@ def make(provider: Provider, **settings: Any) -> Authenticator:
     )
 
 
-async def until(what: str, condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.02)
-
-
 async def test_keys_come_from_discovery_and_tokens_are_checked(provider: Provider) -> None:
     auth = make(provider)
     await auth.start()
@@ -186,7 +179,7 @@ async def test_the_keys_are_fetched_again_on_a_schedule(provider: Provider) -> N
         provider.add_key("k3")
         keys = auth.issuer_keys
         assert keys is not None
-        await until("the schedule fetched k3", lambda: "k3" in keys.keys)
+        await eventually_async(lambda: "k3" in keys.keys, "the schedule fetched k3")
         # Found by the schedule, so the synchronous path (pvws) accepts it too.
         assert auth.identify(bearer(provider.token("k3")), "10.0.0.1").user == "olga"
     finally:
@@ -212,7 +205,9 @@ async def test_a_provider_down_at_start_is_tried_again(provider: Provider) -> No
     try:
         assert auth.issuer_keys is not None and not auth.issuer_keys.keys
         provider.keys = keys
-        await until("keys fetched again", lambda: bool(auth.issuer_keys and auth.issuer_keys.keys))
+        await eventually_async(
+            lambda: bool(auth.issuer_keys and auth.issuer_keys.keys), "keys fetched again"
+        )
         assert (await auth.authenticate(bearer(provider.token("k1")), "10.0.0.1")).user == "olga"
     finally:
         await auth.stop()

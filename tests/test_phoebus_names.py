@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from pvwire.model import ConnState
 
 from tests.pvws_client import PvwsClient, array_of
 from tests.server_process import ServerProcess
@@ -204,12 +205,23 @@ async def test_intermittent_disconnects_every_other_update_on_the_stream(
 ) -> None:
     sub = server.graphql(SUBSCRIBE, {"ids": ["sim://intermittent(0.05)"]})
     stream = await RawStream.connect(server.ws_url)
+    seen: list[tuple[int, str | None]] = []  # (ConnState, reason) as the stream tells them
     try:
         await stream.attach(sub["data"]["subscribe"]["token"])
-        states: list[int] = []
-        while not {1, 2} <= set(states):  # ConnState CONNECTED, DISCONNECTED
+        for _ in range(200):  # a bound: each update flips the state, so a few DATA suffice
             for e in (await stream.next_data()).groups[0].entries:
                 if e.state is not None:
-                    states.append(e.state)
+                    seen.append((e.state, e.reason))
+            if _reconnected([s for s, _ in seen]):
+                break
     finally:
         await stream.close()
+    assert _reconnected([s for s, _ in seen]), seen
+    reasons = [r or "" for s, r in seen if s == ConnState.DISCONNECTED]
+    assert all("every other update" in r for r in reasons), seen
+
+
+def _reconnected(states: list[int]) -> bool:
+    """A disconnect was told, then the channel came back."""
+    down = ConnState.DISCONNECTED
+    return down in states and ConnState.CONNECTED in states[states.index(down) :]

@@ -10,7 +10,7 @@ member's value, structure arrays as arrays of maps), and a later post reaches a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -111,11 +111,8 @@ def structures_server() -> Iterator[tuple[ServerProcess, dict[str, SharedPV]]]:
 
 
 @pytest.fixture
-async def client(
-    structures_server: tuple[ServerProcess, dict[str, SharedPV]],
-) -> AsyncIterator[Client]:
-    async with Client(structures_server[0].url, timeout=10) as c:
-        yield c
+def client_url(structures_server: tuple[ServerProcess, dict[str, SharedPV]]) -> str:
+    return structures_server[0].url
 
 
 async def test_graphql_reads_normative_types_and_structures(client: Client) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import json
 import re
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from pvwire.ioc import IocProcess
 from pvwire.wire.pvws import CLIENT_MESSAGES
 from websockets.exceptions import ConnectionClosed
 
+from tests.eventually import eventually_async
 from tests.pvws_client import PingRecorder, PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
 
@@ -56,12 +57,8 @@ def server(epics_env: IocProcess) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-async def client(server: ServerProcess) -> AsyncIterator[PvwsClient]:
-    c = await PvwsClient.connect(server.url)
-    try:
-        yield c
-    finally:
-        await c.close()
+def client_url(server: ServerProcess) -> str:
+    return server.url
 
 
 # --- section 2: client messages --------------------------------------------------------------
@@ -113,24 +110,24 @@ def test_the_table_lists_exactly_the_messages_the_server_handles() -> None:
 
 @pytest.mark.parametrize("row", doc_table("## 2. Client to server", "Message"), ids=lambda r: r[0])
 async def test_each_client_message_is_answered_as_the_table_says(
-    row: list[str], client: PvwsClient
+    row: list[str], pvws_client: PvwsClient
 ) -> None:
     kind, answer = names(row[0])[0], names(row[-1])[0]
-    assert await answer_of(kind, client) == answer
+    assert await answer_of(kind, pvws_client) == answer
 
 
 # --- section 3: update fields ----------------------------------------------------------------
 
 
-async def test_update_fields_are_the_documented_ones(client: PvwsClient) -> None:
+async def test_update_fields_are_the_documented_ones(pvws_client: PvwsClient) -> None:
     documented = {n for row in doc_table("### `update`", "Field") for n in names(row[0])}
     pvs = ["ca://PVW:AO", "ca://PVW:MBBO", "ca://PVW:STR", "ca://PVW:WF", "loc://cw_fields(1)"]
-    await client.subscribe(*pvs)
+    await pvws_client.subscribe(*pvs)
     seen: set[str] = set()
     firsts: set[str] = set()
     async with asyncio.timeout(20):
         while len(firsts) < len(pvs):
-            m = await client.next("update")
+            m = await pvws_client.next("update")
             firsts.add(m["pv"])
             seen |= set(m)
     assert seen <= documented
@@ -145,12 +142,6 @@ def summary(server: ServerProcess) -> list[dict[str, Any]]:
     with urllib.request.urlopen(server.url + "/pvws/summary", timeout=10) as r:
         sockets: list[dict[str, Any]] = json.loads(r.read())["sockets"]
     return sockets
-
-
-async def until(cond: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await cond():
-            await asyncio.sleep(0.05)
 
 
 async def received_until_closed(c: PvwsClient) -> list[dict[str, Any]]:
@@ -177,7 +168,7 @@ async def test_grafana_live_proxy_gets_no_error(epics_env: IocProcess) -> None:
                 len(socks) == 1 and socks[0]["client_messages"] == 1 and (socks[0]["queued"] == 0)
             )
 
-        await until(handled)
+        await eventually_async(handled, lambda: f"the message handled: {summary(server)}")
         assert await received_until_closed(grafana) == []
 
 

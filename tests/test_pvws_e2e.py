@@ -12,7 +12,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,8 @@ def pvws_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-async def client(pvws_server: ServerProcess) -> AsyncIterator[PvwsClient]:
-    c = await PvwsClient.connect(pvws_server.url)
-    try:
-        yield c
-    finally:
-        await c.close()
+def client_url(pvws_server: ServerProcess) -> str:
+    return pvws_server.url
 
 
 def http(url: str, method: str = "GET") -> Any:
@@ -67,9 +63,9 @@ def pvget(server: ServerProcess, name: str) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read())
 
 
-async def test_number_first_message_then_severity_only_on_change(client: PvwsClient) -> None:
-    await client.send(type="subscribe", pvs=["loc://wnum(0)", "ca://PVW:AO"])
-    first = await client.next("update", "ca://PVW:AO")
+async def test_number_first_message_then_severity_only_on_change(pvws_client: PvwsClient) -> None:
+    await pvws_client.send(type="subscribe", pvs=["loc://wnum(0)", "ca://PVW:AO"])
+    first = await pvws_client.next("update", "ca://PVW:AO")
     assert list(first) == NUMBER_META
     assert first["vtype"] == "VDouble"
     assert (first["units"], first["description"], first["precision"]) == ("mm", "Test output", 3)
@@ -82,10 +78,10 @@ async def test_number_first_message_then_severity_only_on_change(client: PvwsCli
 
     # Writes through the pvws socket itself: HIGH (70) is MINOR, then back to NONE.
     for value, severity in ((75.0, "MINOR"), (1.25, "NONE"), (2.5, None)):
-        await client.send(type="write", pv="ca://PVW:AO", value=value)
-        update = await client.next("update", "ca://PVW:AO")
+        await pvws_client.send(type="write", pv="ca://PVW:AO", value=value)
+        update = await pvws_client.next("update", "ca://PVW:AO")
         while update["value"] != value:
-            update = await client.next("update", "ca://PVW:AO")
+            update = await pvws_client.next("update", "ca://PVW:AO")
         expected = ["type", "pv", "value", "seconds", "nanos"]
         if severity:
             expected.insert(2, "severity")
@@ -93,12 +89,12 @@ async def test_number_first_message_then_severity_only_on_change(client: PvwsCli
         assert list(update) == expected
 
 
-async def test_integer_string_and_enum(client: PvwsClient) -> None:
-    await client.subscribe("ca://PVW:LONG", "ca://PVW:STR", "ca://PVW:MBBO")
+async def test_integer_string_and_enum(pvws_client: PvwsClient) -> None:
+    await pvws_client.subscribe("ca://PVW:LONG", "ca://PVW:STR", "ca://PVW:MBBO")
     got: dict[str, dict[str, Any]] = {}
     async with asyncio.timeout(10):
         while len(got) < 3:
-            m = await client.next("update")
+            m = await pvws_client.next("update")
             got.setdefault(m["pv"], m)
     long, text, enum = got["ca://PVW:LONG"], got["ca://PVW:STR"], got["ca://PVW:MBBO"]
     assert long["vtype"] == "VInt" and isinstance(long["value"], int)
@@ -113,9 +109,9 @@ async def test_integer_string_and_enum(client: PvwsClient) -> None:
     assert enum["text"] == enum["labels"][enum["value"]]
 
 
-async def test_double_array_as_base64(client: PvwsClient, pvws_server: ServerProcess) -> None:
-    await client.subscribe("ca://PVW:WF")
-    first = await client.next("update", "ca://PVW:WF")
+async def test_double_array_as_base64(pvws_client: PvwsClient, pvws_server: ServerProcess) -> None:
+    await pvws_client.subscribe("ca://PVW:WF")
+    first = await pvws_client.next("update", "ca://PVW:WF")
     assert first["vtype"] == "VDoubleArray" and first["units"] == "V"
     assert "value" not in first
     values = array_of(first)
@@ -126,15 +122,17 @@ async def test_double_array_as_base64(client: PvwsClient, pvws_server: ServerPro
 
 
 async def test_local_pvs_initial_values_and_writes_seen_by_others(
-    client: PvwsClient, pvws_server: ServerProcess
+    pvws_client: PvwsClient, pvws_server: ServerProcess
 ) -> None:
     other = await PvwsClient.connect(pvws_server.url)
     try:
-        await client.subscribe('loc://wtext("hello,world")', "loc://wpi(3.14)", "loc://warr(1,2)")
+        await pvws_client.subscribe(
+            'loc://wtext("hello,world")', "loc://wpi(3.14)", "loc://warr(1,2)"
+        )
         got: dict[str, dict[str, Any]] = {}
         async with asyncio.timeout(10):
             while len(got) < 3:
-                m = await client.next("update")
+                m = await pvws_client.next("update")
                 got[m["pv"]] = m
         assert got['loc://wtext("hello,world")']["text"] == "hello,world"
         assert got["loc://wpi(3.14)"]["value"] == 3.14
@@ -144,85 +142,85 @@ async def test_local_pvs_initial_values_and_writes_seen_by_others(
         # The same local PV under another initial value is the same PV (as in Phoebus).
         await other.subscribe("loc://wpi(7)")
         assert (await other.next("update", "loc://wpi(7)"))["value"] == 3.14
-        await client.send(type="write", pv="loc://wpi(3.14)", value=42)
+        await pvws_client.send(type="write", pv="loc://wpi(3.14)", value=42)
         assert (await other.next("update", "loc://wpi(7)"))["value"] == 42.0
-        await client.send(type="write", pv='loc://wtext("hello,world")', value="bye")
-        update = await client.next("update", 'loc://wtext("hello,world")')
+        await pvws_client.send(type="write", pv='loc://wtext("hello,world")', value="bye")
+        update = await pvws_client.next("update", 'loc://wtext("hello,world")')
         assert update["text"] == "bye"
     finally:
         await other.close()
 
 
-async def test_refused_and_unknown_writes_are_errors(client: PvwsClient) -> None:
-    await client.subscribe("loc://ro(1)")
-    first = await client.next("update", "loc://ro(1)")
+async def test_refused_and_unknown_writes_are_errors(pvws_client: PvwsClient) -> None:
+    await pvws_client.subscribe("loc://ro(1)")
+    first = await pvws_client.next("update", "loc://ro(1)")
     assert first["readonly"] is True  # no rule lets anyone write loc://ro
-    await client.send(type="write", pv="loc://ro(1)", value=2)
-    error = await client.next("error")
+    await pvws_client.send(type="write", pv="loc://ro(1)", value=2)
+    error = await pvws_client.next("error")
     assert list(error) == ["type", "message"] and "loc://ro" in error["message"]
-    await client.send(type="write", pv="loc://never-subscribed", value=2)
-    error = await client.next("error")
+    await pvws_client.send(type="write", pv="loc://never-subscribed", value=2)
+    error = await pvws_client.next("error")
     assert error["message"] == "Cannot write unknown PV loc://never-subscribed"
 
 
-async def test_clear_list_echo_and_bad_messages(client: PvwsClient) -> None:
-    await client.subscribe("sim://counter?rate=50", "loc://wkeep(1)")
-    await client.next("update", "sim://counter?rate=50")
-    await client.send(type="list")
-    listed = await client.next("list")
+async def test_clear_list_echo_and_bad_messages(pvws_client: PvwsClient) -> None:
+    await pvws_client.subscribe("sim://counter?rate=50", "loc://wkeep(1)")
+    await pvws_client.next("update", "sim://counter?rate=50")
+    await pvws_client.send(type="list")
+    listed = await pvws_client.next("list")
     assert listed == {"type": "list", "pvs": ["sim://counter?rate=50", "loc://wkeep(1)"]}
-    await client.send(type="clear", pvs=["sim://counter?rate=50"])
-    await client.send(type="list")
-    while (m := await client.recv())["type"] != "list":
+    await pvws_client.send(type="clear", pvs=["sim://counter?rate=50"])
+    await pvws_client.send(type="list")
+    while (m := await pvws_client.recv())["type"] != "list":
         pass  # counter updates queued before the clear took effect
     assert m["pvs"] == ["loc://wkeep(1)"]
 
     # Malformed and unknown messages get no answer, and the connection goes on.
     for bad in ("not json", '{"no": "type"}', '{"type": "bogus"}', '{"type": "subscribe"}'):
-        await client.ws.send(bad)
+        await pvws_client.ws.send(bad)
     echo = {"type": "echo", "body": "Hello, echo", "other": [1, 2]}
-    await client.send(**echo)
+    await pvws_client.send(**echo)
     # Nothing but the echo arrives: no counter update after the clear, no error for bad input.
-    assert await client.recv() == echo
+    assert await pvws_client.recv() == echo
 
 
-async def test_ping_is_served_by_the_keepalive(client: PvwsClient) -> None:
+async def test_ping_is_served_by_the_keepalive(pvws_client: PvwsClient) -> None:
     # pvws.js asks for a ping when its connection is idle, to keep proxies from dropping it: the
     # server pings every connection anyway (`ws_ping_interval_s`), idle or not, and `ping` is no
     # error and stops nothing.
-    await client.send(type="ping")
-    await client.send(type="echo", body="after ping")
-    assert await client.next("echo") == {"type": "echo", "body": "after ping"}
-    ws = client.ws
+    await pvws_client.send(type="ping")
+    await pvws_client.send(type="echo", body="after ping")
+    assert await pvws_client.next("echo") == {"type": "echo", "body": "after ping"}
+    ws = pvws_client.ws
     assert isinstance(ws, PingRecorder)
     await eventually_async(lambda: ws.pings >= 2)
 
 
-async def test_large_subscribe_message(client: PvwsClient) -> None:
+async def test_large_subscribe_message(pvws_client: PvwsClient) -> None:
     names = [f"loc://wbig{i:04d}({i})" for i in range(400)]
     message = json.dumps({"type": "subscribe", "pvs": names})
     assert len(message) > 8192  # pvws under Tomcat refuses this by default
-    await client.ws.send(message)
+    await pvws_client.ws.send(message)
     seen: set[str] = set()
     async with asyncio.timeout(20):
         while len(seen) < len(names):
-            seen.add((await client.next("update"))["pv"])
+            seen.add((await pvws_client.next("update"))["pv"])
     assert seen == set(names)
 
 
-async def test_flipflop_heartbeat_of_cs_web_lib(client: PvwsClient) -> None:
-    await client.subscribe("sim://flipflop(0.1)")
-    first = await client.next("update", "sim://flipflop(0.1)")
+async def test_flipflop_heartbeat_of_cs_web_lib(pvws_client: PvwsClient) -> None:
+    await pvws_client.subscribe("sim://flipflop(0.1)")
+    first = await pvws_client.next("update", "sim://flipflop(0.1)")
     assert first["vtype"] == "VEnum" and first["labels"] == ["false", "true"]
-    second = await client.next("update", "sim://flipflop(0.1)")
+    second = await pvws_client.next("update", "sim://flipflop(0.1)")
     assert second["text"] != first["text"] and "labels" not in second
 
 
-async def test_inspection_urls(client: PvwsClient, pvws_server: ServerProcess) -> None:
-    await client.subscribe("loc://winspect(5)", "ca://PVW:WF")
+async def test_inspection_urls(pvws_client: PvwsClient, pvws_server: ServerProcess) -> None:
+    await pvws_client.subscribe("loc://winspect(5)", "ca://PVW:WF")
     async with asyncio.timeout(10):
-        while len(client.merged) < 2:
-            await client.next("update")
+        while len(pvws_client.merged) < 2:
+            await pvws_client.next("update")
     base = pvws_server.url + "/pvws"
     info = http(base + "/info")
     assert set(info) == {"start_time", "jre"}
@@ -247,19 +245,19 @@ async def test_inspection_urls(client: PvwsClient, pvws_server: ServerProcess) -
     async with asyncio.timeout(10):
         while True:
             try:
-                await client.recv()
+                await pvws_client.recv()
             except Exception:
                 break
-    assert client.ws.close_code == 1000
+    assert pvws_client.ws.close_code == 1000
 
 
 async def test_one_upstream_monitor_for_both_endpoints(
-    client: PvwsClient, pvws_server: ServerProcess
+    pvws_client: PvwsClient, pvws_server: ServerProcess
 ) -> None:
     from pvwire_client import Client
 
-    await client.subscribe("ca://PVW:COUNTER")
-    await client.next("update", "ca://PVW:COUNTER")
+    await pvws_client.subscribe("ca://PVW:COUNTER")
+    await pvws_client.next("update", "ca://PVW:COUNTER")
     async with Client(pvws_server.url) as py:
         updates = py.monitor(["ca://PVW:COUNTER"])
         async with asyncio.timeout(10):
@@ -315,10 +313,10 @@ def test_inspection_needs_an_admin_but_info_is_for_everyone(epics_env: IocProces
 
 
 async def test_pvget_answers_with_the_first_update_of_a_subscriber(
-    client: PvwsClient, pvws_server: ServerProcess
+    pvws_client: PvwsClient, pvws_server: ServerProcess
 ) -> None:
-    await client.subscribe("ca://PVW:AO")
-    first = await client.next("update", "ca://PVW:AO")
+    await pvws_client.subscribe("ca://PVW:AO")
+    first = await pvws_client.next("update", "ca://PVW:AO")
     status, got = pvget(pvws_server, "ca://PVW:AO")
     assert status == 200 and list(got) == list(first) == NUMBER_META
     changing = ("value", "severity", "seconds", "nanos")  # other tests write this record

@@ -18,12 +18,6 @@ from pvwire_client.sync import SyncClient
 pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 
-@pytest.fixture
-async def client(server_url: str) -> AsyncIterator[Client]:
-    async with Client(server_url) as c:
-        yield c
-
-
 async def take(it: AsyncIterator[Update], n: int, timeout: float = 10) -> list[Update]:
     out: list[Update] = []
     async with asyncio.timeout(timeout):

@@ -27,6 +27,7 @@ from pvwire_client import wire
 from pvwire_client.transport import Connection, ConnectionClosed, HandshakeError, connect
 from websockets.asyncio.server import ServerConnection, serve
 
+from tests.eventually import eventually_async
 from tests.server_process import ServerProcess
 
 
@@ -214,9 +215,7 @@ async def test_close_codes_both_ways() -> None:
         ws = await _open(url)
         await ws.send(b"stay")
         await ws.close(4000, "client says bye")
-        async with asyncio.timeout(10):
-            while not seen:
-                await asyncio.sleep(0.01)
+        await eventually_async(lambda: seen, "the close at the server")
         assert seen == [(4000, "client says bye")]
 
 

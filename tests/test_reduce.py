@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -108,12 +108,6 @@ def test_tokens_carry_the_reduction_and_omit_it_when_off() -> None:
 
 
 # --- the real server, real sim channels -----------------------------------------------------
-
-
-@pytest.fixture
-async def client(server_url: str) -> AsyncIterator[Client]:
-    async with Client(server_url) as c:
-        yield c
 
 
 async def _by_serial(

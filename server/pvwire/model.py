@@ -5,7 +5,6 @@ Field bits and codes mirror protocol/PROTOCOL.md sections 3-5; change both toget
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, TypeAlias
@@ -129,10 +128,6 @@ class Metadata:
 def dtype_name(dtype: np.dtype[Any]) -> str:
     """Metadata `type` for a numpy dtype: int8 ... float64, bool."""
     return "bool" if dtype == np.bool_ else str(np.dtype(dtype).newbyteorder("=").name)
-
-
-def is_nan_limits(limits: Limits | None) -> bool:
-    return limits is None or all(math.isnan(x) for x in limits)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
@@ -33,7 +32,8 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         if scope is not None:
             scope["extensions"][FRAMES] = {}
 
-    async def send(self, message: ASGISendEvent) -> None:
+    # uvicorn names the message's type only in its private `uvicorn._types`.
+    async def send(self, message: Any) -> None:
         frames: Any = message.get(FRAMES) if message["type"] == "websocket.send" else None
         if frames is None:
             await super().send(message)

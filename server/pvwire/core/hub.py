@@ -25,7 +25,7 @@ from ..config import Settings
 from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
-from ..wire.codes import BAD_TOKEN
+from ..wire.codes import BAD_TOKEN, INTERNAL
 from ..wire.session import FORBIDDEN, AttachRefused, Source
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
 from .channel import FailureUnit
@@ -36,7 +36,7 @@ from .reduce import Reduction
 from .registry import Registry
 from .stats import ChannelSnapshot, ClientSnapshot, HubSnapshot
 from .subscribe import Registration, StreamOptions, register
-from .tick import INTERNAL_ERROR, Ticker
+from .tick import Ticker
 from .view import View, ViewKey
 
 __all__ = ["Hub"]
@@ -212,7 +212,7 @@ class Hub:
             except Exception:
                 log.exception("checking session %s against the new rules failed", session.number)
                 self.ticker.count_failure("session")
-                session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
+                session.request_close(INTERNAL, "internal error; reconnect to resume")
 
     def _denied(self, claims: Claims) -> str:
         """Why the identity of `claims` may not read them now, or ""."""
@@ -326,7 +326,7 @@ class Hub:
                 except Exception:
                     log.exception("housekeeping of session %s failed", session.number)
                     self.ticker.count_failure("session")
-                    session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
+                    session.request_close(INTERNAL, "internal error; reconnect to resume")
             self.registry.check_not_found(now)
             self.reload_rules()
             if self.control.poll_catalogue():

@@ -29,8 +29,6 @@ COLOR_MODES = ("mono", "Bayer", "RGB1", "RGB2", "RGB3", "YUV444", "YUV422", "YUV
 _ND_DTYPES = tuple(
     np.dtype(t) for t in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8")
 )
-# Where the colour axis of 3 is in NTNDArray order (fastest first) for each RGB mode.
-_RGB_AXIS = {"RGB1": 0, "RGB2": 1, "RGB3": 2}
 
 
 def _codec(v: Any) -> str:
