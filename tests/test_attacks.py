@@ -57,7 +57,7 @@ LOOP_LAG_BOUND_S = 3.0
 
 # (a) HTTP bodies: refused past the body limit, whatever the body says it is.
 BODY_SIZE = 128 * _MIB
-MAX_BODY = _MIB  # the largest body the server takes (a GraphQL request is far smaller)
+MAX_BODY = limits.integer("max_request_bytes")
 BODY_RSS_BOUND = 2 * MAX_BODY + SLACK
 
 # (b) Backfill read by nobody: at most a send budget per connection.
