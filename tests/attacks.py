@@ -418,6 +418,8 @@ class MjpegViewer:
 
 
 async def _view_mjpeg(port: int, path: str, viewer: MjpegViewer) -> None:
+    """Counts the frames of one multipart response: each JPEG ends where a boundary follows
+    (a part may or may not say its Content-Length)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
@@ -425,12 +427,16 @@ async def _view_mjpeg(port: int, path: str, viewer: MjpegViewer) -> None:
         viewer.status = int(head.split()[1])
         if viewer.status != 200:
             return
+        found = re.search(rb"boundary=(\S+)", head)
+        end = b"\r\n--" + (found[1] if found else b"BOUNDARY")
+        tail = b""
         while True:
-            part = await reader.readuntil(b"\r\n\r\n")
-            m = re.search(rb"Content-Length: (\d+)", part)
-            if m:
-                await reader.readexactly(int(m[1]))
-                viewer.frames += 1
+            data = await reader.read(1 << 16)
+            if not data:
+                return
+            seen = tail + data
+            viewer.frames += seen.count(end)
+            tail = seen[-(len(end) - 1) :]
     finally:
         writer.close()
 

@@ -229,15 +229,15 @@ async def _mjpeg_cpu(target: ServerProcess, fps: list[float], frames: int) -> fl
         await eventually_async(
             lambda: all(v.frames >= 2 for v in viewers) or any(v.task.done() for v in viewers),
             lambda: f"first frames: {[v.frames for v in viewers]}",
-            timeout=120,
+            timeout=40,
         )
         failed = [(v.status, v.task.exception()) for v in viewers if v.task.done()]
         assert not failed, f"viewers refused or ended: {failed[:3]}"
         cpu0, base = cpu_seconds(target.pid), [v.frames for v in viewers]
         await eventually_async(
             lambda: all(v.frames >= b + frames for v, b in zip(viewers, base, strict=True)),
-            "every viewer's frames",
-            timeout=120,
+            lambda: f"every viewer's frames: {[v.frames for v in viewers]}",
+            timeout=40,
         )
         return cpu_seconds(target.pid) - cpu0
     finally:
