@@ -110,8 +110,9 @@ class Cost:
 
 
 class Watch:
-    """Samples the server's RSS (every 20 ms) and its loop-lag metric (every 0.25 s) in a thread
-    of its own, from `with` to its end; `cost` holds the peaks."""
+    """Samples the server's RSS (every 20 ms) and its loop-lag metric (every second: the metric
+    is the worst of its last 10 s, and each scrape costs the server a walk over its clients) in
+    threads of their own, from `with` to its end; `cost` holds the peaks."""
 
     def __init__(self, server: ServerProcess) -> None:
         assert server.pid is not None, "the server is not running"
@@ -146,7 +147,7 @@ class Watch:
             self.cost.rss_peak = max(self.cost.rss_peak, rss_bytes(self.pid))
 
     def _sample_lag(self) -> None:
-        while not self._stop.wait(0.25):
+        while not self._stop.wait(1.0):
             self.cost.lag_peak = max(self.cost.lag_peak, self._lag())
 
     def __exit__(self, *exc: object) -> None:
@@ -529,7 +530,7 @@ async def reconnect_storm(
     await asyncio.gather(*(ws.close() for ws in clients))
     await eventually_async(
         lambda: asyncio.to_thread(lambda: _clients(server) <= base - connections),
-        "every dropped client gone", timeout=120,
+        "every dropped client gone", timeout=120, interval=0.5,
     )  # fmt: skip
     cpu1 = cpu_seconds(server.pid)
     clients = await asyncio.gather(*(_connect(url) for _ in range(connections)))

@@ -71,7 +71,9 @@ BACKFILL_RSS_BOUND = BACKFILL_SOCKETS * SEND_BUDGET + SLACK
 PVWS_MAX_NAMES = limits.integer("max_channels_per_subscription")
 PVWS_OVER = PVWS_MAX_NAMES + 1
 PVWS_CHANNEL_BYTES = 8 * 1024  # a sim value channel with its view and pvws state, generously
-PVWS_RSS_BOUND = PVWS_MAX_NAMES * PVWS_CHANNEL_BYTES + SLACK
+# Each channel opened also gets its recent history, from the server's one budget (--history-mb).
+HISTORY_BUDGET = 32 * _MIB
+PVWS_RSS_BOUND = HISTORY_BUDGET + PVWS_MAX_NAMES * PVWS_CHANNEL_BYTES + SLACK
 
 # (d) MJPEG: distinct `fps` values cost a few feeds, not one each.
 MJPEG_VIEWERS = 20
@@ -107,7 +109,7 @@ def target(epics_env: IocProcess, audit_file: Path) -> Iterator[ServerProcess]:
     connection that reads nothing is held open, as an attacker would), and an audit file."""
     args = server_args_for_tests(
         ["--stall-timeout", "120", "--send-budget", str(SEND_BUDGET),
-         "--audit-log", str(audit_file)]
+         "--history-mb", str(HISTORY_BUDGET // _MIB), "--audit-log", str(audit_file)]
     )  # fmt: skip
     with ServerProcess(*args) as proc:
         yield proc
@@ -277,6 +279,7 @@ async def test_e_a_burst_of_pvws_writes_is_audited_in_bounded_lines(
     try:
         await reader.subscribe(pv)
         await reader.next("update", pv)
+        puts_ok = metric(target, "pvwire_puts_total").get('{result="ok"}', 0.0)
         start = bystander.mark()
         t0 = time.monotonic()
         with Watch(target) as watch:
@@ -293,6 +296,9 @@ async def test_e_a_burst_of_pvws_writes_is_audited_in_bounded_lines(
             f"{WRITES} writes in {seconds:.1f} s left {len(lines)} audit lines ({len(ok)} "
             f"puts), bound {bound:.0f}"
         )
+        # Every put made is counted, exactly.
+        made = metric(target, "pvwire_puts_total").get('{result="ok"}', 0.0) - puts_ok
+        assert made == len(ok), f"{len(ok)} puts audited, {made:g} counted"
         # The reader sees the last put that was made.
         last = int(float(ok[-1].split('"new":', 1)[1].split(",", 1)[0]))
         async with asyncio.timeout(60):
