@@ -94,6 +94,7 @@ class Cost:
     lag_peak: float = 0.0
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    started: float = 0.0  # monotonic s
 
     @property
     def rss_growth(self) -> int:
@@ -134,6 +135,7 @@ class Watch:
         self.cost.rss_start = self.cost.rss_peak = rss_bytes(self.pid)
         self.cost.lag_start = self._lag()
         self._t0, self._cpu0 = time.monotonic(), cpu_seconds(self.pid)
+        self.cost.started = self._t0
         self._threads = [
             threading.Thread(target=self._sample_rss, daemon=True),
             threading.Thread(target=self._sample_lag, daemon=True),
@@ -338,6 +340,7 @@ async def record_history(server: ServerProcess, ids: Sequence[str], rows: int) -
         await eventually_async(recorded, f"{rows} updates recorded of {probe}", timeout=120)
     finally:
         draining.cancel()
+        await asyncio.gather(draining, return_exceptions=True)
     return reader
 
 
