@@ -186,29 +186,35 @@ def server_args(audit: Path, extra: list[str]) -> list[str]:
 
 
 def measure(name: str, sizes: Sizes = FULL, extra: list[str] | None = None) -> dict[str, Any]:
-    """Run attack `name` against a server of its own; its figures with the server's cost and
-    the bystander's gaps."""
+    """Run attack `name` against a server of its own (a clean RSS to start from)."""
     apply_loopback_env()
     with tempfile.TemporaryDirectory() as tmp:
         audit = Path(tmp) / "audit.jsonl"
         with ServerProcess(*server_args(audit, extra or [])) as server:
-            bystander = Bystander(server)
-            bystander.start()
-            try:
-                start = bystander.mark()
-                with Watch(server) as watch:
-                    figures = asyncio.run(ATTACKS[name](server, sizes))
-                end = bystander.mark()
-                # An attack that prepares first (backfill records) says what the attack cost.
-                cost = figures.pop("cost", watch.cost)
-                start = max(start, cost.started)
-                try:
-                    gaps: dict[str, Any] = bystander.check(start, end)
-                except AssertionError as exc:
-                    gaps = {"failed": str(exc)}
-            finally:
-                bystander.stop()
-            lines = audit.read_text().count("\n") if audit.exists() else 0
+            return attack(server, name, sizes, audit)
+
+
+def attack(server: ServerProcess, name: str, sizes: Sizes, audit: Path) -> dict[str, Any]:
+    """Run attack `name` against `server` (audit file `audit`) with a bystander beside it; its
+    figures with the server's cost and the bystander's gaps."""
+    lines_before = audit.read_text().count("\n") if audit.exists() else 0
+    bystander = Bystander(server)
+    bystander.start()
+    try:
+        start = bystander.mark()
+        with Watch(server) as watch:
+            figures = asyncio.run(ATTACKS[name](server, sizes))
+        end = bystander.mark()
+        # An attack that prepares first (backfill records) says what the attack cost.
+        cost = figures.pop("cost", watch.cost)
+        start = max(start, cost.started)
+        try:
+            gaps: dict[str, Any] = bystander.check(start, end)
+        except AssertionError as exc:
+            gaps = {"failed": str(exc)}
+    finally:
+        bystander.stop()
+    lines = audit.read_text().count("\n") - lines_before if audit.exists() else 0
     return {
         "attack": name, **figures, **cost.as_dict(),
         "bystander": gaps, "audit_lines": lines,
