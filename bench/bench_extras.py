@@ -211,7 +211,8 @@ def test_codecs(measure: Measure, quick: bool) -> None:
 
 
 def test_identity_puts(measure: Measure, quick: bool) -> None:
-    """CA puts through libca, on a user's new circuit and on that user's open one."""
+    """CA puts through libca, on a user's new circuit and on that user's open one; PVA puts
+    through p4p, on a user's new connection and on that user's open one."""
     puts, rounds = (5, 1) if quick else (30, 3)
     with own_environ():
         measure(lambda: identity_puts.measure(puts, rounds), flatten)

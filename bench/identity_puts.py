@@ -8,6 +8,13 @@ is already connected (as after a get or an earlier put), in one process, rounds 
 - `new circuit`: `put_as` by a user never seen before: TCP connect, version exchange, host and
   user name, channel creation, the put;
 - `open circuit`: `put_as` again by the same user, on that user's circuit.
+And the same over PVA (PvaBackend, QSRV in the same IOC), against p4p's own put on an open
+channel (p4p's asyncio Context, `get=False` as pvwire's put does; pvxs names pvwire's account):
+- `p4p`: p4p's put;
+- `new PVA connection`: `put_as` by a user never seen before: TCP connect, validation with the
+  user's name, channel creation, put INIT, the put (the server's address and the channel's type
+  already known, as after a first put);
+- `open PVA connection`: `put_as` again by the same user, on that user's connection.
 Prints the median and the 90th percentile of each, in milliseconds.
 """
 
@@ -37,6 +44,39 @@ async def timed(put: Callable[[int], Awaitable[None]], n: int) -> list[float]:
 
 
 async def run(puts: int, rounds: int) -> dict[str, list[float]]:
+    results = await run_ca(puts, rounds)
+    results.update(await run_pva(puts, rounds))
+    return results
+
+
+async def run_pva(puts: int, rounds: int) -> dict[str, list[float]]:
+    from p4p.client.asyncio import Context
+    from pvwire.upstream.pva import PvaBackend
+
+    backend = PvaBackend(forward_identity=True)
+    ctx = Context("pva")
+    kinds = ("p4p", "new PVA connection", "open PVA connection")
+    results: dict[str, list[float]] = {k: [] for k in kinds}
+    try:
+        await ctx.put("ACF:OPEN", 0.0, wait=True, get=False)  # connects p4p's channel
+        await backend.put_as("warm-up", "ACF:OPEN", 0.0, True, 10.0)  # search and type known
+        for r in range(rounds):
+            results["p4p"] += await timed(
+                lambda i: ctx.put("ACF:OPEN", float(i), wait=True, get=False), puts
+            )
+            results["new PVA connection"] += await timed(
+                lambda i, r=r: backend.put_as(f"user{r}-{i}", "ACF:OPEN", i, True, 10.0), puts
+            )
+            results["open PVA connection"] += await timed(
+                lambda i, r=r: backend.put_as(f"user{r}-0", "ACF:OPEN", i, True, 10.0), puts
+            )
+    finally:
+        ctx.close()
+        await backend.close()
+    return results
+
+
+async def run_ca(puts: int, rounds: int) -> dict[str, list[float]]:
     from pvwire.upstream.ca import CaBackend  # after the environment names the IOC
 
     backend = CaBackend(forward_identity=True)
@@ -77,9 +117,9 @@ def main() -> None:
     p.add_argument("--puts", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    print(f"{'put':<14} {'median ms':>10} {'p90 ms':>8}")
+    print(f"{'put':<20} {'median ms':>10} {'p90 ms':>8}")
     for name, figures in measure(args.puts, args.rounds).items():
-        print(f"{name:<14} {figures['median_ms']:>10.2f} {figures['p90_ms']:>8.2f}")
+        print(f"{name:<20} {figures['median_ms']:>10.2f} {figures['p90_ms']:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The workers pairs, failover, gateway, client and history measurements (in-process and over
-HTTP) of `make bench` once at a tiny size, so they cannot rot (`make test`).
+"""The workers pairs, failover, gateway, identity puts, client and history measurements
+(in-process and over HTTP) of `make bench` once at a tiny size, so they cannot rot (`make test`).
 
 No timing assertions: only that every part ran end to end on real processes and gave the
 numbers bench/bench_load.py and bench/bench_extras.py record. One test per part keeps each
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench import cli_monitor, client_cpu, failover, gateway, history, history_http
+from bench import cli_monitor, client_cpu, failover, gateway, history, history_http, identity_puts
 from bench.bench_extras import own_environ
 from bench.bench_load import sized
 from bench.conftest import flatten
@@ -48,6 +48,15 @@ def test_gateway_tiny(environ: None) -> None:
     got = gateway.measure(pvs=10, duration=2.0)
     assert got["direct"]["updates_per_s"] > 0 and got["gateway"]["updates_per_s"] > 0, got
     assert got["ratio"]["updates_per_s"] > 0 and got["gateway"]["gateway_cpu"] >= 0, got
+
+
+def test_identity_puts_tiny(environ: None) -> None:
+    got = identity_puts.measure(3, 1)
+    assert set(got) == {
+        "libca", "new circuit", "open circuit", "p4p", "new PVA connection", "open PVA connection"
+    }  # fmt: skip
+    for figures in got.values():
+        assert 0 < figures["median_ms"] <= figures["p90_ms"], got
 
 
 def test_clients_tiny() -> None:

@@ -95,7 +95,7 @@ STORM_ATTACHMENTS = 250  # per connection: 10,000 attachments of one view, inter
 # the view's list; what is below 50 ms counts as 50 ms (the clock's ticks are 10 ms).
 STORM_CPU_RATIO = 8.0
 STORM_CPU_FLOOR_S = 0.05
-# 10,000 ATTACHes arriving at once are that much work on the loop, linear or not: 2.8-4.3 s of
+# 10,000 ATTACHes arriving at once are that much work on the loop, linear or not: 3.4-4.3 s of
 # lag measured on a busy machine with the bounds in place (bench/README.md). The bound here is
 # on what scanning would add (each detach a scan of 10,000: seconds more), not on that work.
 STORM_LOOP_LAG_BOUND_S = 3 * LOOP_LAG_BOUND_S

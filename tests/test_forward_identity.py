@@ -153,19 +153,42 @@ async def test_without_forwarding_the_ioc_sees_pvwires_account(
     assert (line["user"], line["refused_by"]) == ("olga", "ioc")
 
 
-async def test_over_pva_the_ioc_sees_pvwires_account(forwarding: Path) -> None:
-    """pvxs sends one user name per client context, the process's account, and offers no way to
-    change it (docs/ACCESS.md): a PVA put by olga reaches the IOC as pvwire's, and is refused."""
+async def test_over_pva_too_the_ioc_lets_olga_write_and_refuses_vic(forwarding: Path) -> None:
+    """PVA puts travel on a connection that carries the user's name ("ca" authentication):
+    QSRV's access security decides with it, as the CA IOC does."""
     before = len(audit(forwarding))
+    target = round(random.uniform(-50, 50), 2)
     async with Client(url(forwarding), token=OLGA) as c:
-        with pytest.raises(ReadOnly):
-            await c.put("pva://ACF:SP", 1.0, wait=True)
+        assert (await c.put("pva://ACF:SP", target, wait=True)).ok
+        assert (await c.get("pva://ACF:SP")).value == target
+        await c.put("pva://ACF:MODE", "On", wait=True)  # an enum by label
+        assert (await c.get("ca://ACF:MODE")).value == 1
+        await c.put("pva://ACF:WAVE", [7, -8], wait=True)
+        assert np.array_equal(np.asarray((await c.get("ca://ACF:WAVE")).value), [7, -8])
+    async with Client(url(forwarding), token=VIC) as c:
+        with pytest.raises(ReadOnly, match="vic"):
+            await c.put("pva://ACF:SP", target + 1, wait=True)
+        with pytest.raises(ReadOnly, match="vic"):
+            await c.put("pva://ACF:SP", target + 2)
         # The host QSRV decides with is pvwire's address; over CA it is the host name sent.
         assert (await c.put("pva://ACF:PEER", 2.0, wait=True)).ok
         with pytest.raises(ReadOnly):
             await c.put("ca://ACF:PEER", 3.0, wait=True)
-    line = audit(forwarding)[before]
-    assert (line["user"], line["refused_by"], line["code"]) == ("olga", "ioc", "READ_ONLY")
+        assert (await c.get("ca://ACF:SP")).value == target
+    async with Client(url(forwarding)) as c:  # anonymous: refused by the forwarding rule
+        with pytest.raises(WriteDenied, match="anonymous"):
+            await c.put("pva://ACF:SP", 1.0, wait=True)
+    lines = audit(forwarding)[before:]
+    assert [(x["channel"], x["user"], x["refused_by"], x["code"]) for x in lines] == [
+        ("pva://ACF:SP", "olga", None, ""),
+        ("pva://ACF:MODE", "olga", None, ""),
+        ("pva://ACF:WAVE", "olga", None, ""),
+        ("pva://ACF:SP", "vic", "ioc", "READ_ONLY"),
+        ("pva://ACF:SP", "vic", "ioc", "READ_ONLY"),
+        ("pva://ACF:PEER", "vic", None, ""),
+        ("ca://ACF:PEER", "vic", "ioc", "READ_ONLY"),
+        ("pva://ACF:SP", None, "pvwire", "WRITE_DENIED"),
+    ]
 
 
 async def test_writable_is_not_pvwires_own_when_forwarding(forwarding: Path) -> None:

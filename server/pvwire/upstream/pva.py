@@ -1,10 +1,12 @@
 """PVAccess backend (`pva://NAME`), built on p4p's client with `nt=False` (raw `Value`s, no NT
 unwrapping per update).
 
-Gets and puts use p4p's asyncio client. Monitors are pvxs subscriptions of pvwire's own
-(pva_ingest.py, _pvaingest.cpp), drained in batches on the event loop: no coroutine, no GIL on
-pvxs's thread, no loop wake-up per update, and an ordinary update read in C++ (bench/README.md,
-"Per-update cost, fourth pass", has the figures against p4p's asyncio client).
+Gets and puts use p4p's asyncio client. With --forward-identity, `put_as` writes on a connection
+that carries the user's name (pva_identity.py), after the same type checks and value conversion.
+Monitors are pvxs subscriptions of pvwire's own (pva_ingest.py, _pvaingest.cpp), drained in
+batches on the event loop: no coroutine, no GIL on pvxs's thread, no loop wake-up per update, and
+an ordinary update read in C++ (bench/README.md, "Per-update cost, fourth pass", has the figures
+against p4p's asyncio client).
 
 A PVA update carries the whole structure, metadata included, with the set of fields that changed
 since the previous one. An ordinary update changes only value and time (`Value.changedSet()`);
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,10 +37,12 @@ from ..errors import (
     PutRejected,
     TypeMismatch,
 )
+from ..limits import integer
 from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value, dtype_name
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 from .ntndarray import color_mode, decode_ntndarray, frame_dtype
+from .pva_identity import IdentityConnections, PvaSearch, Unreachable
 from .pva_ingest import QUEUE_SIZE, UNAVAILABLE, PvaIngest
 from .values import CallbackGuard, long_string, wire_value
 
@@ -77,7 +82,7 @@ _META_FIELDS = ("display", "control", "valueAlarm")
 _SCALAR, _BOOL, _ARRAY, _BOOL_ARRAY, _ENUM, _NDARRAY, _TABLE, _STRUCT, _LONG_STRING = range(9)
 
 # Put types remembered per name (see PvaBackend._types).
-MAX_TYPES = 4096
+MAX_TYPES = integer("pva_max_types")
 
 # What an ordinary update changes (`Value.changedSet()`): value and time. Anything else (alarm,
 # metadata, enum labels) sends the update down the slow path that re-reads them (_pvaingest.cpp
@@ -426,8 +431,17 @@ class PvaBackend(Backend):
 
     scheme = "pva"
 
-    def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(
+        self, queue_size: int = QUEUE_SIZE, forward_identity: bool = False, host_name: str = ""
+    ) -> None:
+        """`forward_identity`: `put_as` writes on a connection carrying the user's name, with
+        `host_name` as the host sent there, by default this machine's (as pvxs sends it)."""
         self.unavailable = UNAVAILABLE
+        self.forwards_identity = forward_identity
+        self._connections = (
+            IdentityConnections(host_name or socket.gethostname()) if forward_identity else None
+        )
+        self._search = PvaSearch()
         if UNAVAILABLE is not None:
             log.error("pva:// channels are unavailable: %s", UNAVAILABLE)
         self._ctx: Context | None = None
@@ -509,10 +523,7 @@ class PvaBackend(Backend):
             meta=meta,
         )
 
-    async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
-        self._check_available(name)
-        deadline = time.monotonic() + timeout
-        uri = f"pva://{name}"
+    async def _put_type(self, name: str, value: object, timeout: float) -> _PutType:
         put_type = self._types.get(name)
         if put_type is None or (
             put_type.type_name == "enum"
@@ -522,6 +533,53 @@ class PvaBackend(Backend):
             # Unknown channel, or a label we do not know yet: learn the type (and labels) first.
             await self.get(name, timeout)
             put_type = self._types[name]
+        return put_type
+
+    async def put_as(self, user: str, name: str, value: object, wait: bool, timeout: float) -> None:
+        """Convert as `put` does, then write on `user`'s own connection to the server: only the
+        value of an NTScalar, NTScalarArray or NTEnum (the field the IOC's record holds)."""
+        if self._connections is None:
+            raise RuntimeError("puts as a user need PvaBackend(forward_identity=True)")
+        self._check_available(name)
+        deadline = time.monotonic() + timeout
+        uri = f"pva://{name}"
+        put_type = await self._put_type(name, value, timeout)
+        path, payload = "value", None
+        if put_type.type_name == "enum":
+            path = "value.index"
+            payload = coerce_put_value(uri, value, "enum", False, put_type.choices)
+        elif put_type.type_name in ("struct", "table", "ndarray"):
+            raise TypeMismatch(
+                f"cannot write {uri} ({put_type.type_name}) as a user: puts that carry the "
+                "user's name write scalars, strings, enums and numeric arrays (NTScalar, "
+                "NTEnum, NTScalarArray)"
+            )
+        else:
+            payload = coerce_put_value(uri, value, put_type.type_name, put_type.is_array, None)
+            if name.endswith("$") and put_type.type_name == "string":
+                payload = np.frombuffer(payload.encode() + b"\0", dtype=np.uint8)
+        remembered = self._search.known(name) is not None
+        for attempt in (1, 2):
+            address = await self._search.find(name, max(deadline - time.monotonic(), 0.001))
+            left = max(deadline - time.monotonic(), 0.001)
+            try:
+                await self._connections.put(user, address, name, path, payload, wait, left)
+                return
+            except Unreachable:
+                # A remembered server that is gone (an IOC restarted elsewhere): nothing was
+                # sent, so search again and put once more.
+                self._search.forget(name)
+                if attempt == 2 or not remembered:
+                    raise
+            except (ChannelNotFound, PutRejected, ChannelTimeout):
+                self._search.forget(name)  # the server may have moved: search again next time
+                raise
+
+    async def put(self, name: str, value: object, wait: bool, timeout: float) -> None:
+        self._check_available(name)
+        deadline = time.monotonic() + timeout
+        uri = f"pva://{name}"
+        put_type = await self._put_type(name, value, timeout)
         payload: Any
         if put_type.type_name == "enum":
             index = coerce_put_value(uri, value, "enum", False, put_type.choices)
@@ -545,6 +603,9 @@ class PvaBackend(Backend):
             self.release(name)
 
     async def close(self) -> None:
+        if self._connections is not None:
+            self._connections.close()
+        self._search.close()
         if self._ingest is not None:
             self._ingest.close()
             self._ingest = None

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
+from ..limits import integer
 from ..model import ALARM, CONN, META, TIME, VALUE, Value
 
 __all__ = [
@@ -125,7 +126,7 @@ PLAIN_TYPES = frozenset((float, int, str, type(None)))
 
 # PROTOCOL.md section 4: a value holds at most this many levels of arrays and maps; clients
 # refuse a deeper one (and would reconnect to meet it again), so the channel fails instead.
-MAX_VALUE_DEPTH = 64
+MAX_VALUE_DEPTH = integer("max_value_depth")
 
 
 def _value_parts(value: Value, parts: list[bytes | memoryview], level: int = 0) -> None:
@@ -461,6 +462,9 @@ class BadMessage(ValueError):
 class Attach:
     req: int
     token: str
+    # Per channel of the token, the time (ns) of the newest backfill row the client holds, 0
+    # for none (PROTOCOL.md section 2.8); None: not said, the whole backfill is sent.
+    since: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -523,7 +527,14 @@ def decode_client_message(data: bytes) -> ClientMessage:
     if kind == Kind.ATTACH:
         if not isinstance(msg[2], str):
             raise BadMessage("ATTACH is [16, req, token] with a string token", req)
-        return Attach(req, msg[2])
+        since = msg[3] if len(msg) > 3 else None
+        if since is None:
+            return Attach(req, msg[2])
+        if not isinstance(since, list) or not all(_is_uint(t) for t in since):
+            raise BadMessage(
+                "ATTACH's since is an array of unsigned integers, one per channel (or nil)", req
+            )
+        return Attach(req, msg[2], tuple(since))
     if not _is_uint(msg[2]):
         raise BadMessage("DETACH is [17, req, att] with an unsigned integer att", req)
     return Detach(req, msg[2])
