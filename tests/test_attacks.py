@@ -211,8 +211,12 @@ async def test_c_pvws_names_per_subscribe_are_bounded(
     start = bystander.mark()
     with Watch(target) as watch:
         over = [f"sim://counter/over{i}?rate=0.1" for i in range(PVWS_OVER)]
-        _opened, errors = await pvws_subscribe(target, over, expect_all=False)
-        assert errors, "a subscribe beyond the cap got no error"
+        opened, errors = await pvws_subscribe(target, over, expect_all=False)
+        # One error naming the cap, and none of the names opened.
+        assert errors and "max_channels_per_subscription" in errors[0], (
+            f"a subscribe of {PVWS_OVER} names: errors {errors[:2]}, {len(opened)} opened"
+        )
+        assert not opened, f"{len(opened)} of a refused subscribe's names were opened"
         assert metric(target, "pvwire_channels")[""] <= channels + PVWS_MAX_NAMES
         # The most a subscribe may name: all of them, without holding the loop.
         allowed = [f"sim://value/ok{i}" for i in range(PVWS_MAX_NAMES)]
@@ -297,6 +301,7 @@ async def test_e_a_burst_of_pvws_writes_is_audited_in_bounded_lines(
         # refusals as their log lets through (a burst, then a line a second, and summaries).
         allowed = 2 * PUTS_PER_S + PUTS_PER_S * (seconds + 1)
         bound = allowed + REFUSAL_LINES + 2 * (seconds + 10)
+        print(f"{WRITES} writes: {len(lines)} audit lines, {len(ok)} puts in {seconds:.1f} s")
         assert ok and len(lines) <= bound, (
             f"{WRITES} writes in {seconds:.1f} s left {len(lines)} audit lines ({len(ok)} "
             f"puts), bound {bound:.0f}"
