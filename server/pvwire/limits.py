@@ -269,6 +269,12 @@ LIMITS: tuple[Limit, ...] = (
           "passes over an attachment's channels sending what they recorded while its "
           "backfill was being read (section 2.8)",
           "the next pass, and the snapshot, are queued whole"),
+    # --- the OIDC provider's keys (access/oidc.py) ---
+    Limit("oidc_refresh_s", 600.0, "s", "between scheduled fetches of the issuer's keys",
+          "the keys are fetched again", setting=True),
+    Limit("oidc_fetch_timeout_s", 10.0, "s",
+          "one request to the issuer (discovery document, JWKS)",
+          "the keys in hand stay; tried again after `oidc_min_interval_s`"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
