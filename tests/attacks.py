@@ -337,7 +337,7 @@ async def record_history(server: ServerProcess, ids: Sequence[str], rows: int) -
 
     draining = asyncio.ensure_future(drain())
     try:
-        await eventually_async(recorded, f"{rows} updates recorded of {probe}", timeout=120)
+        await eventually_async(recorded, f"{rows} updates recorded of {probe}", timeout=60)
     finally:
         draining.cancel()
         await asyncio.gather(draining, return_exceptions=True)
@@ -352,7 +352,7 @@ async def read_backfill(server: ServerProcess, token: str) -> tuple[dict[int, in
         await s.send(ATTACH, 1, token)
         rows: dict[int, int] = {}
         while True:
-            msg = await s.recv(timeout=120)
+            msg = await s.recv(timeout=60)
             if isinstance(msg, wire.History):
                 if msg.resolution == 0:
                     rows[msg.sid] = rows.get(msg.sid, 0) + len(msg.t)
@@ -379,7 +379,7 @@ async def backfill_attack(server: ServerProcess, token: str, sockets: int) -> li
 
 def attachments_of(server: ServerProcess) -> list[dict[str, Any]]:
     """The server's stream clients (admin `server` query: allowed from this machine)."""
-    doc = server.graphql("{ server { clients { attachments queuedBytes endpoint } } }")
+    doc = server.graphql("{ server { clients { id attachments queuedBytes endpoint } } }")
     clients: list[dict[str, Any]] = doc["data"]["server"]["clients"]
     return clients
 

@@ -166,23 +166,22 @@ async def test_b_backfill_read_by_nobody_costs_a_send_budget(
     ids = [f"sim://counter/bf{i}?rate={BACKFILL_RATE_HZ}" for i in range(BACKFILL_CHANNELS)]
     recorder = await record_history(target, ids, BACKFILL_ROWS)
     token = stream_token(target, ids, backfill=60)
-    before = len(attachments_of(target))
+    before = {c["id"] for c in attachments_of(target)}
     start = bystander.mark()
     try:
         with Watch(target) as watch:
             attackers = await backfill_attack(target, token, BACKFILL_SOCKETS)
             try:
-                # Every ATTACH taken (the server lists their attachments) and its frames made
-                # as far as the server makes them for a client that reads nothing.
+                # Every ATTACH taken: its attachment listed or, while its backfill waits
+                # for a socket that reads nothing, its frames queued.
+                def taken() -> bool:
+                    new = [c for c in attachments_of(target) if c["id"] not in before]
+                    return sum(c["attachments"] > 0 or c["queuedBytes"] > 0 for c in new) >= (
+                        BACKFILL_SOCKETS
+                    )
+
                 await eventually_async(
-                    lambda: asyncio.to_thread(
-                        lambda: (
-                            sum(c["attachments"] > 0 for c in attachments_of(target))
-                            >= before + BACKFILL_SOCKETS
-                        )
-                    ),
-                    "every attacker attached",
-                    timeout=120,
+                    lambda: asyncio.to_thread(taken), "every attacker's ATTACH taken", timeout=60
                 )
                 # Meanwhile a client that reads gets every recorded row of every channel.
                 rows, snapshot = await read_backfill(target, token)
