@@ -1,0 +1,246 @@
+"""The attacks of tests/test_attacks.py at full size: `python -m bench.attacks [NAME ...]`.
+
+Each attack gets a server of its own (a clean RSS to start from) and a bystander reading a 50 Hz
+counter on another connection; printed as JSON: the attack's size, the server's RSS growth and
+worst loop lag (its own metric), its CPU, and the bystander's gaps (p99, max).
+
+    .venv/bin/python -m bench.attacks              # all of them, one after the other
+    .venv/bin/python -m bench.attacks body backfill
+    .venv/bin/python -m bench.attacks --list
+
+The sizes are the issue's (one address, no credentials): a 1 GiB POST (and 512 MiB chunked);
+20 sockets each ATTACHing a backfill of 1,000 channels recorded at 50 Hz for 25 s and reading
+nothing; one pvws `subscribe` of 20,000 names; 30 MJPEG viewers of a 1024 x 1024 image at 30
+`fps` values; 3,000 pvws writes at once; 10,000 attachments of one view dropped and re-made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pvwire.limits import integer
+from pvwire.loopback import apply_loopback_env
+
+from tests.attacks import (
+    Bystander,
+    Watch,
+    backfill_attack,
+    body_attack,
+    mjpeg_viewers,
+    pvws_subscribe,
+    pvws_write_burst,
+    read_backfill,
+    reconnect_storm,
+    record_history,
+    stream_token,
+)
+from tests.eventually import eventually_async
+from tests.server_process import ServerProcess
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    body: int = 1024 * _MIB
+    chunked_body: int = 512 * _MIB
+    backfill_sockets: int = 20
+    backfill_channels: int = 1_000
+    backfill_rate_hz: float = 50.0
+    backfill_rows: int = 1_000  # updates recorded per channel first (the raw ring holds 1,024)
+    pvws_names: int = 20_000
+    mjpeg_fps_values: int = 30
+    mjpeg_image: str = "sim://image/bench?width=1024&height=1024&rate=20"
+    mjpeg_frames: int = 40  # frames every viewer takes while measured
+    writes: int = 3_000
+    storm_connections: int = 40
+    storm_attachments: int = 250
+
+
+FULL = Sizes()
+# Small enough for `make test` (bench/test_attacks_smoke.py): that each attack runs end to end.
+TINY = Sizes(
+    body=4 * _MIB, chunked_body=4 * _MIB, backfill_sockets=2, backfill_channels=5,
+    backfill_rate_hz=50.0, backfill_rows=20, pvws_names=50, mjpeg_fps_values=3,
+    mjpeg_image="sim://image/bench?width=64&height=64&rate=10", mjpeg_frames=3, writes=30,
+    storm_connections=2, storm_attachments=5,
+)  # fmt: skip
+
+
+Attack = Callable[[ServerProcess, Sizes], Coroutine[Any, Any, dict[str, Any]]]
+
+
+async def body(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    status = await asyncio.to_thread(body_attack, server, sizes.body, False)
+    return {"size_mb": sizes.body // _MIB, "status": status}
+
+
+async def body_chunked(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    status = await asyncio.to_thread(body_attack, server, sizes.chunked_body, True)
+    return {"size_mb": sizes.chunked_body // _MIB, "status": status}
+
+
+async def backfill(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    rate = sizes.backfill_rate_hz
+    ids = [f"sim://counter/bf{i}?rate={rate:g}" for i in range(sizes.backfill_channels)]
+    recorder = await record_history(server, ids, sizes.backfill_rows)
+    try:
+        token = stream_token(server, ids, backfill=60)
+        # What the attack costs, not the recording before it (1,000 histories: 47 MiB).
+        with Watch(server) as watch:
+            attackers = await backfill_attack(server, token, sizes.backfill_sockets)
+            try:
+                t0 = time.monotonic()
+                rows, _ = await read_backfill(server, token)
+                read_s = time.monotonic() - t0
+            finally:
+                for ws in attackers:
+                    ws.transport.abort()
+    finally:
+        await recorder.close()
+    return {
+        "cost": watch.cost,
+        "sockets": sizes.backfill_sockets, "channels": sizes.backfill_channels,
+        "rows_per_channel": sizes.backfill_rows, "reader_rows": sum(rows.values()),
+        "reader_s": round(read_s, 2),
+    }  # fmt: skip
+
+
+async def pvws(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    names = [f"sim://value/pvws{i}" for i in range(sizes.pvws_names)]
+    t0 = time.monotonic()
+    # Past the cap the server answers with an `error`; up to it, with every name's update.
+    allowed = sizes.pvws_names <= integer("max_channels_per_subscription")
+    updated, errors = await pvws_subscribe(server, names, expect_all=allowed, timeout=300)
+    return {
+        "names": sizes.pvws_names, "updated": len(updated), "errors": len(errors),
+        "first_error": errors[0][:200] if errors else None, "s": round(time.monotonic() - t0, 2),
+    }  # fmt: skip
+
+
+async def mjpeg(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    fps = [20 + i / 100 for i in range(sizes.mjpeg_fps_values)]
+    viewers = await mjpeg_viewers(server, sizes.mjpeg_image, fps)
+    try:
+        await eventually_async(
+            lambda: (
+                all(v.frames >= sizes.mjpeg_frames for v in viewers)
+                or any(v.task is not None and v.task.done() for v in viewers)
+            ),
+            "every viewer's frames",
+            timeout=300,
+        )
+    finally:
+        for v in viewers:
+            assert v.task is not None
+            v.task.cancel()
+        await asyncio.gather(*(v.task for v in viewers if v.task), return_exceptions=True)
+    return {
+        "viewers": len(fps),
+        "image": sizes.mjpeg_image,
+        "frames": [v.frames for v in viewers],
+        "statuses": sorted({v.status for v in viewers}),
+    }
+
+
+async def writes(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    errors = await pvws_write_burst(server, "sim://value/bench_writes", sizes.writes)
+    return {"writes": sizes.writes, "errors": len(errors)}
+
+
+async def storm(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    token = stream_token(server, ["sim://counter/storm?rate=1"])
+    drop, back = await reconnect_storm(
+        server, token, sizes.storm_connections, sizes.storm_attachments
+    )
+    return {
+        "attachments": sizes.storm_connections * sizes.storm_attachments,
+        "drop_cpu_s": round(drop, 2), "return_cpu_s": round(back, 2),
+    }  # fmt: skip
+
+
+ATTACKS: dict[str, Attack] = {
+    "body": body,
+    "body-chunked": body_chunked,
+    "backfill": backfill,
+    "pvws": pvws,
+    "mjpeg": mjpeg,
+    "writes": writes,
+    "storm": storm,
+}
+
+
+def server_args(audit: Path, extra: list[str]) -> list[str]:
+    return [
+        "--write-rule", "sim://value*", "--audit-log", str(audit), "--log-level", "warning",
+        "--stall-timeout", "120", *extra,
+    ]  # fmt: skip
+
+
+def measure(name: str, sizes: Sizes = FULL, extra: list[str] | None = None) -> dict[str, Any]:
+    """Run attack `name` against a server of its own (a clean RSS to start from)."""
+    apply_loopback_env()
+    with tempfile.TemporaryDirectory() as tmp:
+        audit = Path(tmp) / "audit.jsonl"
+        with ServerProcess(*server_args(audit, extra or [])) as server:
+            return attack(server, name, sizes, audit)
+
+
+def attack(server: ServerProcess, name: str, sizes: Sizes, audit: Path) -> dict[str, Any]:
+    """Run attack `name` against `server` (audit file `audit`) with a bystander beside it; its
+    figures with the server's cost and the bystander's gaps."""
+    lines_before = audit.read_text().count("\n") if audit.exists() else 0
+    bystander = Bystander(server)
+    bystander.start()
+    try:
+        start = bystander.mark()
+        with Watch(server) as watch:
+            figures = asyncio.run(ATTACKS[name](server, sizes))
+        end = bystander.mark()
+        # An attack that prepares first (backfill records) says what the attack cost.
+        cost = figures.pop("cost", watch.cost)
+        start = max(start, cost.started)
+        try:
+            gaps: dict[str, Any] = bystander.check(start, end)
+        except AssertionError as exc:
+            gaps = {"failed": str(exc)}
+    finally:
+        bystander.stop()
+    lines = audit.read_text().count("\n") - lines_before if audit.exists() else 0
+    return {
+        "attack": name, **figures, **cost.as_dict(),
+        "bystander": gaps, "audit_lines": lines,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.attacks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("names", nargs="*", help=f"attacks (default all): {', '.join(ATTACKS)}")
+    p.add_argument("--list", action="store_true", help="list the attacks")
+    p.add_argument("--tiny", action="store_true", help="the smoke test's sizes")
+    p.add_argument("--backfill-channels", type=int, help="channels recorded for `backfill`")
+    a = p.parse_args(argv)
+    if a.list:
+        print("\n".join(ATTACKS))
+        return
+    unknown = [n for n in a.names if n not in ATTACKS]
+    if unknown:
+        p.error(f"unknown attack(s) {unknown}; known: {', '.join(ATTACKS)}")
+    sizes = TINY if a.tiny else FULL
+    if a.backfill_channels:
+        sizes = replace(sizes, backfill_channels=a.backfill_channels)
+    for name in a.names or list(ATTACKS):
+        print(json.dumps(measure(name, sizes), default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,547 @@
+"""What one anonymous address can make the server spend, tried as an attacker would: the attacks
+of tests/test_attacks.py (at a size that proves each bound) and bench/attacks.py (at full size).
+
+Each attack runs against a real server (tests/server_process.py) while a `Watch` samples the
+server process's resident memory (/proc/PID/status) and its own event-loop lag metric
+(`pvwire_event_loop_lag_seconds` in /metrics), and a `Bystander` on another connection reads a
+50 Hz counter, so what the attack costs everyone else is seen from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import re
+import select
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import msgpack
+import websockets
+from pvwire_client import wire
+
+from tests.eventually import eventually, eventually_async
+from tests.pvws_client import PvwsClient
+from tests.server_process import ServerProcess
+from tests.stream_client import RawStream
+
+__all__ = [
+    "Bystander",
+    "Cost",
+    "Watch",
+    "backfill_attack",
+    "body_attack",
+    "cpu_seconds",
+    "metric",
+    "mjpeg_viewers",
+    "pvws_subscribe",
+    "pvws_write_burst",
+    "reconnect_storm",
+    "rss_bytes",
+    "stream_token",
+]
+
+_MIB = 1 << 20
+ATTACH = 16  # the client's ATTACH message type (PROTOCOL.md section 2)
+
+
+# --- what the server spends -------------------------------------------------------------------
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory now (VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time the process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")
+
+
+def metric(server: ServerProcess, name: str) -> dict[str, float]:
+    """The samples of series `name` (labels as written -> value) from the server's /metrics."""
+    out: dict[str, float] = {}
+    for line in server.metrics().splitlines():
+        m = _SAMPLE.match(line)
+        if m and m[1] == name:
+            out[m[2] or ""] = float(m[3])
+    return out
+
+
+@dataclass
+class Cost:
+    """What the server spent while a `Watch` looked: memory and event-loop lag at their worst."""
+
+    rss_start: int = 0
+    rss_peak: int = 0
+    lag_start: float = 0.0  # s, the metric's value (worst of its last 10 s) when the watch began
+    lag_peak: float = 0.0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    started: float = 0.0  # monotonic s
+
+    @property
+    def rss_growth(self) -> int:
+        return max(0, self.rss_peak - self.rss_start)
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "rss_start_mb": round(self.rss_start / _MIB, 1),
+            "rss_growth_mb": round(self.rss_growth / _MIB, 1),
+            "loop_lag_peak_s": round(self.lag_peak, 3),
+            "server_cpu_s": round(self.cpu_s, 2),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+class Watch:
+    """Samples the server's RSS (every 20 ms) and its loop-lag metric (every second: the metric
+    is the worst of its last 10 s, and each scrape costs the server a walk over its clients) in
+    threads of their own, from `with` to its end; `cost` holds the peaks."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        assert server.pid is not None, "the server is not running"
+        self.server = server
+        self.pid = server.pid
+        self.cost = Cost()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._t0 = 0.0
+        self._cpu0 = 0.0
+
+    def _lag(self) -> float:
+        try:
+            return metric(self.server, "pvwire_event_loop_lag_seconds").get("", 0.0)
+        except OSError:  # no answer for 30 s (urllib's timeout): a loop lagging that long
+            return float("inf")
+
+    def __enter__(self) -> Watch:
+        self.cost.rss_start = self.cost.rss_peak = rss_bytes(self.pid)
+        self.cost.lag_start = self._lag()
+        self._t0, self._cpu0 = time.monotonic(), cpu_seconds(self.pid)
+        self.cost.started = self._t0
+        self._threads = [
+            threading.Thread(target=self._sample_rss, daemon=True),
+            threading.Thread(target=self._sample_lag, daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _sample_rss(self) -> None:
+        while not self._stop.wait(0.02):
+            self.cost.rss_peak = max(self.cost.rss_peak, rss_bytes(self.pid))
+
+    def _sample_lag(self) -> None:
+        while not self._stop.wait(1.0):
+            self.cost.lag_peak = max(self.cost.lag_peak, self._lag())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+        # The lag of what ran last shows at the next housekeeping pass (once a second).
+        self.cost.lag_peak = max(self.cost.lag_peak, self._lag())
+        self.cost.rss_peak = max(self.cost.rss_peak, rss_bytes(self.pid))
+        self.cost.cpu_s = cpu_seconds(self.pid) - self._cpu0
+        self.cost.wall_s = time.monotonic() - self._t0
+
+
+def stream_token(server: ServerProcess, ids: Sequence[str], **options: object) -> str:
+    """A GraphQL `subscribe` token for `ids` with `options` (GraphQL literals)."""
+    opts = ", ".join(f"{k}: {v}" for k, v in options.items())
+    doc = server.graphql(
+        "mutation($ids: [String!]!) { subscribe(ids: $ids"
+        + (f", options: {{{opts}}}" if opts else "")
+        + ") { token } }",
+        {"ids": list(ids)},
+    )
+    assert "errors" not in doc, doc
+    return str(doc["data"]["subscribe"]["token"])
+
+
+# --- the bystander ----------------------------------------------------------------------------
+
+
+@dataclass
+class Bystander:
+    """Another client of the same server, on a thread and event loop of its own: it reads a
+    50 Hz counter over `/stream` and records when each frame came and its sequence number."""
+
+    server: ServerProcess
+    channel: str = "sim://counter/bystander?rate=50"
+    frames: list[tuple[float, int]] = field(default_factory=list)  # (monotonic s, seq)
+    error: BaseException | None = None
+    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        token = stream_token(self.server, [self.channel])
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run(token)), daemon=True)
+        self._thread.start()
+        eventually(lambda: len(self.frames) >= 5 or self.error, "the bystander's first frames")
+        assert self.error is None, self.error
+
+    async def _run(self, token: str) -> None:
+        try:
+            s = await RawStream.connect(self.server.ws_url)
+            try:
+                _, snapshot = await s.attach(token)
+                self.frames.append((time.monotonic(), snapshot.seq))
+                while not self._stop.is_set():
+                    try:
+                        msg = await s.recv(timeout=0.5)
+                    except TimeoutError:
+                        continue  # only to look at `_stop`; a gap shows in `frames`
+                    if isinstance(msg, wire.Data):
+                        self.frames.append((time.monotonic(), msg.seq))
+            finally:
+                await s.close()
+        except BaseException as exc:
+            self.error = exc
+
+    def mark(self) -> float:
+        return time.monotonic()
+
+    def received_since(self, t: float) -> int:
+        return sum(1 for at, _ in self.frames if at > t)
+
+    def check(self, start: float, end: float, after: int = 5) -> dict[str, float]:
+        """That frames came while the attack ran (from `start` to `end`) and after it (waits
+        for `after` of them), with no sequence number missing; the gaps, for the record."""
+        eventually(
+            lambda: self.received_since(end) >= after or self.error,
+            lambda: f"the bystander's frames after the attack ({self.received_since(end)})",
+            timeout=60,
+        )
+        assert self.error is None, f"the bystander failed: {self.error!r}"
+        during = [at for at, _ in self.frames if start < at <= end]
+        assert during, "the bystander got no frame while the attack ran"
+        seqs = [seq for _, seq in self.frames]
+        missing = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
+        assert not missing, f"the bystander's frames skipped sequence numbers: {missing[:5]}"
+        times = [at for at, _ in self.frames if start <= at]
+        return gap_stats(times)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+
+def gap_stats(times: Sequence[float]) -> dict[str, float]:
+    gaps = sorted(b - a for a, b in itertools.pairwise(times))
+    if not gaps:
+        return {"frames": len(times), "gap_p99_s": 0.0, "gap_max_s": 0.0}
+    p99 = gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))]
+    return {"frames": len(times), "gap_p99_s": round(p99, 3), "gap_max_s": round(gaps[-1], 3)}
+
+
+# --- (a) a big HTTP body ----------------------------------------------------------------------
+
+
+def body_attack(server: ServerProcess, size: int, chunked: bool, path: str = "/graphql") -> int:
+    """POST `size` bytes to `path`, declared by Content-Length or sent chunked, sending no more
+    once the server answers; returns the status it answered with (0: none, the connection cut)."""
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Content-Type: application/json\r\n{framing}\r\n\r\n"
+    ).encode()
+    piece = b" " * _MIB  # JSON whitespace: nothing is wrong with it but its size
+    chunk = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.sendall(head)
+        reply = b""
+        sent = 0
+        out = memoryview(chunk)
+        while sent < size:
+            readable, writable, _ = select.select([sock], [sock], [], 120)
+            if readable:
+                break  # it answered: an attacker stops too, nothing more can come of it
+            if not writable:
+                raise AssertionError("the server neither read nor answered for 120 s")
+            try:
+                n = sock.send(out)
+            except OSError:
+                break  # it closed: read what it said
+            out = out[n:]
+            if not out:
+                out = memoryview(chunk)
+                sent += len(piece)
+        else:
+            if chunked:
+                sock.sendall(b"0\r\n\r\n")
+        try:
+            while b"\r\n" not in reply:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                reply += data
+        except OSError:
+            pass
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", reply)
+    return int(m[1]) if m else 0
+
+
+# --- (b) backfill, read by nobody ------------------------------------------------------------
+
+
+async def _quiet_socket(url: str) -> Any:
+    """A WebSocket whose TCP receive window is small, so that what the server sends it stays
+    in the server's memory rather than in the kernel's buffers of the two ends."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    sock.setblocking(False)
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    return await websockets.connect(
+        url, sock=sock, subprotocols=["pvwire.v1"], compression=None, max_size=None, max_queue=1
+    )
+
+
+async def record_history(server: ServerProcess, ids: Sequence[str], rows: int) -> RawStream:
+    """A reader attached to `ids` (which keeps them monitored, so recorded) once each has at
+    least `rows` updates recorded (sim counters count their own updates)."""
+    reader = await RawStream.connect(server.ws_url)
+    await reader.attach(stream_token(server, ids))
+    probe = [ids[0], ids[-1]]
+
+    async def recorded() -> bool:
+        doc = await asyncio.to_thread(
+            server.graphql, "query($ids: [String!]!) { channels(ids: $ids) { value } }",
+            {"ids": probe},
+        )  # fmt: skip
+        values = [c["value"] for c in doc.get("data", {}).get("channels", [])]
+        return len(values) == 2 and all(isinstance(v, int | float) and v >= rows for v in values)
+
+    async def drain() -> None:
+        while True:
+            await reader.recv(timeout=120)
+
+    draining = asyncio.ensure_future(drain())
+    try:
+        await eventually_async(recorded, f"{rows} updates recorded of {probe}", timeout=60)
+    finally:
+        draining.cancel()
+        await asyncio.gather(draining, return_exceptions=True)
+    return reader
+
+
+async def read_backfill(server: ServerProcess, token: str) -> tuple[dict[int, int], wire.Snapshot]:
+    """A client that reads all it asked for: ATTACH with backfill, then every HISTORY message
+    up to the SNAPSHOT; returns the rows of every-update resolution received per sid."""
+    s = await RawStream.connect(server.ws_url)
+    try:
+        await s.send(ATTACH, 1, token)
+        rows: dict[int, int] = {}
+        while True:
+            msg = await s.recv(timeout=60)
+            if isinstance(msg, wire.History):
+                if msg.resolution == 0:
+                    rows[msg.sid] = rows.get(msg.sid, 0) + len(msg.t)
+            elif isinstance(msg, wire.Snapshot):
+                await s.next_data(timeout=60)  # and the stream goes on after it
+                return rows, msg
+            elif isinstance(msg, wire.Error):
+                raise AssertionError(f"the reader's ATTACH was refused: {msg}")
+    finally:
+        await s.close()
+
+
+async def backfill_attack(server: ServerProcess, token: str, sockets: int) -> list[Any]:
+    """`sockets` connections, each ATTACHing `token` (with backfill) and reading nothing after
+    HELLO; returned open, for the caller to close."""
+    opened = []
+    for _ in range(sockets):
+        ws = await _quiet_socket(server.ws_url)
+        await asyncio.wait_for(ws.recv(), 30)  # HELLO
+        await ws.send(msgpack.packb([ATTACH, 1, token]))
+        opened.append(ws)
+    return opened
+
+
+def attachments_of(server: ServerProcess) -> list[dict[str, Any]]:
+    """The server's stream clients (admin `server` query: allowed from this machine)."""
+    doc = server.graphql("{ server { clients { id attachments queuedBytes endpoint } } }")
+    clients: list[dict[str, Any]] = doc["data"]["server"]["clients"]
+    return clients
+
+
+# --- (c) pvws: many names in one subscribe ----------------------------------------------------
+
+
+async def pvws_subscribe(
+    server: ServerProcess, names: Sequence[str], expect_all: bool, timeout: float = 120
+) -> tuple[set[str], list[str]]:
+    """One pvws `subscribe` naming `names`; reads until every name has an update (`expect_all`)
+    or an `error` came; returns the names updated and the errors."""
+    client = await PvwsClient.connect(server.url)
+    updated: set[str] = set()
+    errors: list[str] = []
+    try:
+        await client.subscribe(*names)
+        async with asyncio.timeout(timeout):
+            while (len(updated) < len(names)) if expect_all else not errors:
+                msg = await client.recv(timeout)
+                if msg.get("type") == "update":
+                    updated.add(msg["pv"])
+                elif msg.get("type") == "error":
+                    errors.append(str(msg.get("message")))
+                    if expect_all:
+                        break
+    finally:
+        await client.close()
+    return updated, errors
+
+
+# --- (d) MJPEG viewers ------------------------------------------------------------------------
+
+
+@dataclass
+class MjpegViewer:
+    frames: int = 0
+    status: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+async def _view_mjpeg(port: int, path: str, viewer: MjpegViewer) -> None:
+    """Counts the frames of one multipart response: each JPEG ends where a boundary follows
+    (a part may or may not say its Content-Length)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        viewer.status = int(head.split()[1])
+        if viewer.status != 200:
+            return
+        found = re.search(rb"boundary=(\S+)", head)
+        end = b"\r\n--" + (found[1] if found else b"BOUNDARY")
+        tail = b""
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                return
+            seen = tail + data
+            viewer.frames += seen.count(end)
+            tail = seen[-(len(end) - 1) :]
+    finally:
+        writer.close()
+
+
+async def mjpeg_viewers(server: ServerProcess, channel: str, fps: Sequence[float]) -> list[Any]:
+    """One viewer of `channel` per `fps` value, each reading every frame it gets."""
+    viewers = []
+    for f in fps:
+        v = MjpegViewer()
+        path = f"/mjpeg/{quote(channel, safe='')}?fps={f:g}"
+        v.task = asyncio.ensure_future(_view_mjpeg(server.port, path, v))
+        viewers.append(v)
+    return viewers
+
+
+# --- (e) a burst of pvws writes ---------------------------------------------------------------
+
+
+async def pvws_write_burst(server: ServerProcess, pv: str, writes: int) -> list[str]:
+    """`writes` pvws `write` messages to `pv` (values 1..writes) sent at once by a client that
+    subscribed it; returns the errors it was sent until its socket went quiet."""
+    client = await PvwsClient.connect(server.url)
+    errors: list[str] = []
+    try:
+        await client.subscribe(pv)
+        await client.next("update", pv)
+        text = [json.dumps({"type": "write", "pv": pv, "value": i}) for i in range(1, writes + 1)]
+        for t in text:
+            await client.ws.send(t)
+        await client.send(type="echo", body="done")  # answered after every write was read
+        while True:
+            msg = await client.recv(120)
+            if msg.get("type") == "error":
+                errors.append(str(msg.get("message")))
+            elif msg.get("type") == "echo":
+                break
+    finally:
+        await client.close()
+    return errors
+
+
+# --- (f) a reconnect storm --------------------------------------------------------------------
+
+
+async def _connect(url: str) -> Any:
+    ws = await websockets.connect(url, subprotocols=["pvwire.v1"], compression=None, max_size=None)
+    await ws.recv()  # HELLO
+    return ws
+
+
+async def _attach(ws: Any, token: str, count: int, req: int) -> None:
+    """`count` ATTACHes of `token` on `ws`, until each one's SNAPSHOT came."""
+    for i in range(count):
+        await ws.send(msgpack.packb([ATTACH, req + i, token]))
+    attached = 0
+    while attached < count:
+        msg = wire.decode_message(await asyncio.wait_for(ws.recv(), 120))
+        if isinstance(msg, wire.Snapshot):
+            attached += 1
+        elif isinstance(msg, wire.Error):
+            raise AssertionError(f"ATTACH refused: {msg}")
+
+
+async def _attach_interleaved(
+    url: str, token: str, connections: int, attachments: int
+) -> list[Any]:
+    """`connections` clients attaching `token` `attachments` times each, in rounds of
+    `STORM_ROUND` per client, so the view's attachments of one client lie all over its list
+    (as clients that came over time have them), not side by side."""
+    clients = await asyncio.gather(*(_connect(url) for _ in range(connections)))
+    for req in range(1, attachments + 1, STORM_ROUND):
+        n = min(STORM_ROUND, attachments + 1 - req)
+        await asyncio.gather(*(_attach(ws, token, n, req) for ws in clients))
+    return clients
+
+
+STORM_ROUND = 10
+
+
+async def reconnect_storm(
+    server: ServerProcess, token: str, connections: int, attachments: int
+) -> tuple[float, float]:
+    """`connections` clients each ATTACH `token` `attachments` times; all drop at once and all
+    come back at once. Returns the server's CPU seconds for the drop and for the return."""
+    assert server.pid is not None
+    url = server.ws_url
+    clients = await _attach_interleaved(url, token, connections, attachments)
+    base = _clients(server)
+    cpu0 = cpu_seconds(server.pid)
+    await asyncio.gather(*(ws.close() for ws in clients))
+    await eventually_async(
+        lambda: asyncio.to_thread(lambda: _clients(server) <= base - connections),
+        "every dropped client gone", timeout=120, interval=0.5,
+    )  # fmt: skip
+    cpu1 = cpu_seconds(server.pid)
+    clients = await asyncio.gather(*(_connect(url) for _ in range(connections)))
+    await asyncio.gather(*(_attach(ws, token, attachments, 1) for ws in clients))
+    cpu2 = cpu_seconds(server.pid)
+    await asyncio.gather(*(ws.close() for ws in clients))
+    return cpu1 - cpu0, cpu2 - cpu1
+
+
+def _clients(server: ServerProcess) -> int:
+    return int(metric(server, "pvwire_clients").get("", 0))
