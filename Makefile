@@ -183,11 +183,12 @@ tstest: venv ext node tsbuild graphiql chromium keycloak
 test: lint pytest tstest matrix
 
 # The unit tests: no IOC, server, browser or container; what `make matrix` runs on every Python.
-UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules backend_loc cli_identity close_codes \
-	codec_align control_put graphql_schema history hub_faults identity journal layout limits \
-	metrics names_once oidc_keys pvws_frames pvws_session pyclient_cases pyclient_control \
-	pyclient_errors pyclient_identity pyclient_msgview pyclient_session_fuzz pyclient_state \
-	pyclient_wire refusals roundtrip session_hub tick tokens vectors)
+UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules attach_failures backend_loc backfill_budget \
+	cli_identity close_codes codec_align connection control_put graphql_schema history hub_faults \
+	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
+	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
+	pyclient_session_fuzz pyclient_state pyclient_wire ratelimit reconnect_storm refusals roundtrip \
+	session_hub tick tokens vectors)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 
