@@ -52,9 +52,9 @@ def _setup(ticker: Ticker, k: int) -> tuple[list[Channel], View, Session]:
         channels.append(ch)
     view = View(ViewKey(tuple(c.id for c in channels), "LATEST", 0.0), channels)
     for sid, ch in enumerate(channels):
-        ch.views.append((view, sid))
+        ch.views[(view, sid)] = None
     session = _session(0)
-    view.attachments.append((session, 1))  # type: ignore[arg-type]
+    view.attachments[(session, 1)] = None  # type: ignore[arg-type]
     _tick(ticker, session)
     return channels, view, session
 

@@ -4,7 +4,10 @@ in dev mode on 127.0.0.1 with free ports, from the realm file beside this module
 Realm `pvwire-test`: users `operator` (group operators) and `visitor` (group visitors), a public
 client `pvwire-page` (code flow + PKCE, redirects to any 127.0.0.1 port), a public client
 `pvwire-cli` (device grant), a confidential client `pvwire-service` (client credentials, its
-service account in operators). Access tokens carry `aud: pvwire` and `groups`, and live 120 s.
+service account in operators). Their access tokens carry `aud: pvwire` and `groups`, and live
+120 s. `pvwire-other` is another application of the same realm (client credentials, service
+account in operators, no audience mapper): its tokens are signed with the same keys, but are not
+meant for pvwire.
 
 Costs measured on this machine (2 cores, shared with other jobs): ~500 MB of memory; 83-90 s to
 start the first time after `make keycloak` (it builds its configuration), then 34 s on a quiet
@@ -28,13 +31,14 @@ import httpx
 import jwt
 from pvwire.ioc import free_port
 
-__all__ = ["REALM", "Keycloak", "keycloak_home"]
+__all__ = ["OTHER", "OTHER_SECRET", "REALM", "Keycloak", "keycloak_home"]
 
 ROOT = Path(__file__).resolve().parent.parent
 REALM = "pvwire-test"
 REALM_FILE = Path(__file__).parent / "keycloak" / "realm-pvwire.json"
 ADMIN, ADMIN_PASSWORD = "admin", "admin-for-tests-only"
 SERVICE, SERVICE_SECRET = "pvwire-service", "pvwire-service-secret-for-tests"
+OTHER, OTHER_SECRET = "pvwire-other", "pvwire-other-secret-for-tests"
 USERS = {"operator": "operator-pass", "visitor": "visitor-pass"}
 
 
@@ -117,10 +121,11 @@ class Keycloak:
     def token_endpoint(self) -> str:
         return f"{self.issuer}/protocol/openid-connect/token"
 
-    def service_token(self) -> dict[str, Any]:
-        """Client credentials of `pvwire-service` (its service account is an operator)."""
-        form = {"grant_type": "client_credentials", "client_id": SERVICE,
-                "client_secret": SERVICE_SECRET}  # fmt: skip
+    def service_token(self, client: str = SERVICE, secret: str = SERVICE_SECRET) -> dict[str, Any]:
+        """Client credentials of `pvwire-service` (its service account is an operator), or of
+        another confidential client."""
+        form = {"grant_type": "client_credentials", "client_id": client,
+                "client_secret": secret}  # fmt: skip
         r = httpx.post(self.token_endpoint, data=form, timeout=30)
         r.raise_for_status()
         token: dict[str, Any] = r.json()

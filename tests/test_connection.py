@@ -7,18 +7,26 @@ The end-to-end side (real server, real sockets) is in tests/test_connection_life
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+import msgpack
 import pytest
 from pvwire.access.identity import Authenticator
 from pvwire.api.connection import refuse
 from pvwire.api.pvws import PvwsEndpoint
 from pvwire.api.stream import serve_stream
+from pvwire.config import Settings
 from pvwire.core.hub import Hub
+from pvwire.core.view import View
+from pvwire.wire.codec import Entries
+from pvwire.wire.session import Session
+from pvwire.wire.tokens import TokenSigner
 from starlette.websockets import WebSocket
 
 from tests.eventually import eventually_async
+from tests.hub_doubles import KEYS, FakeBackend
 
 Serve = Callable[[Hub, WebSocket], Awaitable[None]]
 
@@ -125,3 +133,71 @@ async def test_a_refusal_selects_the_first_offer_and_its_reason_fits_a_close_fra
         code == 1008 and len(reason.encode()) == 123 and reason.startswith("origin 'https://\u00e9")
     )
     assert hub.snapshot().closes_by_code == {1008: 1}
+
+
+class GatedSocket(FakeSocket):
+    """A socket whose sends wait for `gate`: a client that has stopped reading, for now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.gate.wait()
+        self.sent.append(data)
+
+
+async def test_a_fault_in_the_writers_catch_up_is_logged_counted_and_closed_with_1011(
+    backend: FakeBackend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A budget of 32 bytes: over HELLO (28) but under HELLO, ATTACHED and SNAPSHOT, so the
+    # session is behind from its first tick and catches up once the writer has sent it all.
+    settings = Settings(default_scheme="fake", linger_s=0.0, tick_ms=20, send_budget=32)
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    hub.start()
+    try:
+        ws = GatedSocket()
+        task = asyncio.create_task(stream(hub, cast(WebSocket, ws)))
+        await eventually_async(lambda: len(hub.sessions) == 1)
+        token = hub.signer.issue(["fake://a"]).token
+        await ws.incoming.put({"type": "websocket.receive", "bytes": msgpack.packb([16, 1, token])})
+        await eventually_async(lambda: "a" in backend.sinks)
+        backend.update("a", 2.0)
+        hub.ticker.tick()  # merged, not queued: the session is behind
+
+        def fault(self: View, masks: dict[int, int]) -> Entries:
+            raise ValueError("injected fault in the catch-up")
+
+        monkeypatch.setattr(View, "entries_for", fault)
+        with caplog.at_level(logging.ERROR, logger="pvwire.stream"):
+            ws.gate.set()  # the client reads again: the writer drains and runs the catch-up
+            await asyncio.wait_for(task, 30)
+        # Not 1006 with no log line and no count, as it once was.
+        assert ws.closes == [(1011, "internal error; reconnect to resume")]
+        assert not hub.sessions
+        snapshot = hub.snapshot()
+        assert snapshot.failures.get("session") == 1
+        assert snapshot.closes_by_code == {1011: 1}
+        logged = [r for r in caplog.records if "writer failed" in r.getMessage()]
+        assert len(logged) == 1 and "injected fault" in str(logged[0].exc_info)
+    finally:
+        await hub.stop()
+
+
+async def test_a_fault_in_the_reader_is_logged_counted_and_closed_with_1011(
+    hub: Hub, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fault(self: Session, data: bytes) -> None:
+        raise ValueError("injected fault in receive")
+
+    monkeypatch.setattr(Session, "receive", fault)
+    ws = FakeSocket()
+    task = asyncio.create_task(stream(hub, cast(WebSocket, ws)))
+    await eventually_async(lambda: len(hub.sessions) == 1)
+    with caplog.at_level(logging.ERROR, logger="pvwire.stream"):
+        await ws.incoming.put({"type": "websocket.receive", "bytes": b"\x91\x12"})
+        await asyncio.wait_for(task, 30)
+    assert ws.closes == [(1011, "internal error; reconnect to resume")]
+    snapshot = hub.snapshot()
+    assert snapshot.failures.get("session") == 1 and snapshot.closes_by_code == {1011: 1}
+    assert len([r for r in caplog.records if "reader failed" in r.getMessage()]) == 1

@@ -1,5 +1,6 @@
-"""pvwire following a real identity provider (Keycloak, tests/keycloak.py): tokens it issues are
-accepted by `--oidc-issuer`, and a key rotation at the provider is followed without a restart."""
+"""pvwire following a real identity provider (Keycloak, tests/keycloak.py): tokens it issues for
+pvwire are accepted by `--oidc-issuer`, those it issues to another of its clients are not, and a
+key rotation at the provider is followed without a restart."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 from pvwire_client import Client, Unauthenticated
 from pvwire_client.login import login, stored_token
 
-from tests.keycloak import SERVICE, SERVICE_SECRET, Keycloak, dump
+from tests.keycloak import OTHER, OTHER_SECRET, SERVICE, SERVICE_SECRET, Keycloak, dump
 from tests.server_process import ServerProcess
 
 # Keycloak's start (35-90 s here, tests/keycloak.py) counts against the first test that asks.
@@ -70,6 +71,40 @@ async def test_the_providers_tokens_name_the_user_and_groups(
     assert (claims["iss"], claims["groups"]) == (keycloak.issuer, ["operators"])
     assert "pvwire" in ([claims["aud"]] if isinstance(claims["aud"], str) else claims["aud"])
     await put(server, token)
+
+
+async def test_a_token_the_provider_issued_to_another_client_is_refused(
+    keycloak: Keycloak, server: ServerProcess
+) -> None:
+    """Signed with the realm's keys, naming an operator, but not meant for pvwire (its `aud`
+    lacks `pvwire`): refused, as a token of any other application of the realm."""
+    token = keycloak.service_token(OTHER, OTHER_SECRET)["access_token"]
+    claims = dump(token)
+    assert (claims["iss"], claims["azp"], claims["groups"]) == (
+        keycloak.issuer, OTHER, ["operators"],
+    )  # fmt: skip
+    audience = claims.get("aud") or []
+    assert "pvwire" not in ([audience] if isinstance(audience, str) else audience)
+    async with Client(server.url, token=token) as c:
+        with pytest.raises(Unauthenticated, match="audience"):
+            await c.put("loc://kc_other", 1.0)
+
+
+async def test_the_authorized_party_check_accepts_the_clients_it_names_only(
+    keycloak: Keycloak, tmp_path: Path
+) -> None:
+    """`--jwt-authorized-party` instead of an audience (no mapper needed at the provider): the
+    token's `azp`, the client it was issued to, must be one of those named."""
+    (tmp_path / "rules.toml").write_text(RULES)
+    with ServerProcess(
+        "--oidc-issuer", keycloak.issuer, "--jwt-authorized-party", SERVICE,
+        "--access-rules", str(tmp_path / "rules.toml"), "--log-level", "warning",
+    ) as server:  # fmt: skip
+        await put(server, keycloak.service_token()["access_token"])
+        other = keycloak.service_token(OTHER, OTHER_SECRET)["access_token"]
+        async with Client(server.url, token=other) as c:
+            with pytest.raises(Unauthenticated, match=f"issued to client '{OTHER}'"):
+                await c.put("loc://kc_rotation", 1.0)
 
 
 async def test_a_key_rotation_at_the_provider_is_followed_without_a_restart(

@@ -3,7 +3,9 @@ PROTOCOL.md's section 11 and the GraphQL schema's descriptions are generated fro
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import urllib.request
 from dataclasses import fields
 from pathlib import Path
@@ -39,11 +41,12 @@ def test_every_setting_limit_is_a_settings_default() -> None:
 
 def test_the_session_defaults_are_the_table_s() -> None:
     s = SessionLimits()
-    assert (s.max_attachments, s.max_channels, s.send_budget, s.stall_timeout) == (
+    assert (s.max_attachments, s.max_channels, s.send_budget, s.stall_timeout, s.heartbeat) == (
         limits.default("max_attachments_per_connection"),
         limits.default("max_channels_per_connection"),
         limits.default("send_budget"),
         limits.default("stall_timeout_s"),
+        limits.default("heartbeat_s"),
     )
 
 
@@ -79,3 +82,59 @@ async def test_the_attachment_limit_is_the_table_s_over_a_real_stream(
         assert (msg.req, msg.code) == (most + 1, 4413)
     finally:
         await s.close()
+
+
+# A module-level constant so named holds a bound; its number belongs in the table.
+BOUND_NAME = re.compile(r"^_?([A-Z0-9_]*_)?(MAX|MIN|LIMIT|TIMEOUT|BUDGET|IDLE)(_[A-Z0-9_]*)?(_S)?$")
+
+
+def _literal_number(node: ast.expr) -> bool:
+    """A number written out (`64`, `4 * 1024`, `256 << 20`), not read from the table."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int | float) and not isinstance(node.value, bool)
+    if isinstance(node, ast.BinOp):
+        return _literal_number(node.left) and _literal_number(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _literal_number(node.operand)
+    return False
+
+
+def _bounds_outside_the_table(path: Path) -> list[str]:
+    """`file:line NAME` of each bound `path` writes out: a module-level constant named as one,
+    or a default of a `...Limits` class (every field of one is a bound)."""
+    where = path.relative_to(ROOT)
+    found = []
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name) and BOUND_NAME.match(t.id)]
+            if names and _literal_number(node.value):
+                found += [f"{where}:{node.lineno} {name}" for name in names]
+        elif isinstance(node, ast.ClassDef) and node.name.endswith("Limits"):
+            found += [
+                f"{where}:{item.lineno} {node.name}"
+                for item in node.body
+                if isinstance(item, ast.AnnAssign)
+                and item.value is not None
+                and _literal_number(item.value)
+            ]
+    return found
+
+
+def test_no_module_defines_a_bound_outside_the_table() -> None:
+    package = ROOT / "server" / "pvwire"
+    found = [
+        hit
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "limits.py" or path.parent != package
+        for hit in _bounds_outside_the_table(path)
+    ]
+    assert not found, f"put in server/pvwire/limits.py's LIMITS and read from there: {found}"
+
+
+def test_the_rule_sees_a_bound_written_out() -> None:
+    assert BOUND_NAME.match("MAX_VIEWERS") and BOUND_NAME.match("CLOSE_TIMEOUT")
+    assert BOUND_NAME.match("_CACHE_BYTES") is None and BOUND_NAME.match("MAXIMUM") is None
+    tree = ast.parse("MAX_X = 4 * 1024\nMAX_Y = integer('max_y')\n")
+    assigned = [n for n in tree.body if isinstance(n, ast.Assign)]
+    assert [_literal_number(n.value) for n in assigned] == [True, False]

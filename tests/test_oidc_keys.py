@@ -15,6 +15,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pvwire.access.identity import Authenticator, AuthError, JwtSettings
+from pvwire.access.oidc import ProviderInfo
 from pvwire.access.refusals import RefusalLog
 
 AUD = "pvwire"
@@ -100,7 +101,7 @@ def bearer(token: str) -> dict[str, str]:
 
 def make(provider: Provider, **settings: Any) -> Authenticator:
     return Authenticator(
-        JwtSettings(oidc_issuer=provider.issuer, audience=AUD, **settings),
+        JwtSettings(**{"oidc_issuer": provider.issuer, "audience": AUD, **settings}),
         refusals=RefusalLog(),
     )
 
@@ -209,3 +210,65 @@ async def test_a_provider_down_at_start_is_tried_again(provider: Provider) -> No
 def test_an_issuer_must_be_an_http_url() -> None:
     with pytest.raises(ValueError, match="not an http"):
         Authenticator(JwtSettings(oidc_issuer="ftp://x"))
+
+
+def test_an_issuer_without_an_audience_or_authorized_party_is_refused(provider: Provider) -> None:
+    """The provider signs every client's tokens with the same keys: without `aud` or `azp`,
+    a token it issued to any other application would be accepted."""
+    with pytest.raises(ValueError, match=r"--jwt-audience.*--jwt-authorized-party"):
+        Authenticator(JwtSettings(oidc_issuer=provider.issuer))
+
+
+async def test_the_authorized_party_names_the_clients_whose_tokens_count(
+    provider: Provider,
+) -> None:
+    auth = make(provider, audience="", authorized_parties=("pvwire-page", "pvwire-cli"))
+    await auth.start()
+    try:
+        for client in ("pvwire-page", "pvwire-cli"):
+            token = provider.token("k1", azp=client, aud="account")
+            assert (await auth.authenticate(bearer(token), "10.0.0.1")).user == "olga"
+        for claims in ({"azp": "grafana"}, {}):
+            token = provider.token("k1", **claims)
+            with pytest.raises(AuthError, match="issued to client") as refused:
+                await auth.authenticate(bearer(token), "10.0.0.1")
+            assert refused.value.reason == "wrong_audience"
+    finally:
+        await auth.stop()
+
+
+@pytest.mark.parametrize(
+    "issuer", ["http://sso.example.org/realms/ctrl", "http://10.1.2.3:8080/realms/ctrl"]
+)
+def test_a_plain_http_issuer_off_loopback_is_refused_unless_allowed(issuer: str) -> None:
+    with pytest.raises(ValueError, match="--oidc-allow-http"):
+        Authenticator(JwtSettings(oidc_issuer=issuer, audience=AUD))
+    Authenticator(JwtSettings(oidc_issuer=issuer, audience=AUD, oidc_allow_http=True))
+    for local in ("http://127.0.0.1:8080/r", "http://localhost/r", "http://[::1]/r"):
+        Authenticator(JwtSettings(oidc_issuer=local, audience=AUD))
+    Authenticator(JwtSettings(oidc_issuer="https://sso.example.org/realms/ctrl", audience=AUD))
+
+
+def test_keys_named_by_an_https_issuer_over_plain_http_are_refused() -> None:
+    issuer = "https://sso.example.org/realms/ctrl"
+    doc = {"issuer": issuer, "jwks_uri": "http://sso.example.org/realms/ctrl/certs"}
+    with pytest.raises(ValueError, match="plain http"):
+        ProviderInfo.from_document(issuer, doc)
+    assert ProviderInfo.from_document(issuer, doc, allow_http=True).jwks_uri == doc["jwks_uri"]
+
+
+async def test_a_token_with_no_audience_is_refused_as_the_wrong_audience(
+    provider: Provider,
+) -> None:
+    """As the provider issues them to a client without an audience mapper."""
+    now = int(time.time())
+    claims = {"sub": "s-1", "preferred_username": "olga", "iss": provider.issuer, "exp": now + 60}
+    token = jwt.encode(claims, provider.keys["k1"], "RS256", headers={"kid": "k1"})
+    auth = make(provider)
+    await auth.start()
+    try:
+        with pytest.raises(AuthError, match="no audience") as refused:
+            await auth.authenticate(bearer(token), "10.0.0.1")
+        assert refused.value.reason == "wrong_audience"
+    finally:
+        await auth.stop()

@@ -68,3 +68,19 @@ def test_unreadable_catalogue_file_stops_the_server(tmp_path: Path) -> None:
     assert p.returncode == 1
     reason = f"[Errno 2] No such file or directory: '{missing}'"
     assert p.stderr.strip() == f"pvwire-server: catalogue file {missing}: {reason}"
+
+
+def test_an_oidc_issuer_without_an_audience_stops_the_server() -> None:
+    """Else any token the provider issued, to any of its clients, would be accepted."""
+    p = server_cli("serve", "--port", "0", "--oidc-issuer", "https://sso.example.org/realms/c")
+    assert p.returncode == 1
+    assert p.stderr.startswith("pvwire-server: --oidc-issuer https://sso.example.org/realms/c ")
+    assert "--jwt-audience" in p.stderr and "--jwt-authorized-party" in p.stderr
+
+
+def test_a_plain_http_issuer_off_loopback_stops_the_server() -> None:
+    issuer = "http://sso.example.org/realms/c"
+    p = server_cli("serve", "--port", "0", "--oidc-issuer", issuer, "--jwt-audience", "pvwire")
+    assert p.returncode == 1
+    assert p.stderr.startswith(f"pvwire-server: --oidc-issuer {issuer} is plain http")
+    assert "--oidc-allow-http" in p.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from cross_web import HTTPException
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
@@ -25,16 +26,18 @@ from . import __version__
 from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.ratelimit import RateLimiter
 from .access.refusals import RefusalLog
+from .api.body_limit import BodyLimit
 from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
-from .api.limits import ValueBudget
 from .api.metrics import render_metrics
 from .api.mjpeg import MjpegEndpoint
 from .api.pvws import PvwsEndpoint
 from .api.pvws_js import router as pvws_js_router
+from .api.query_cost import ValueBudget
 from .api.stream import serve_stream
 from .config import Settings
 from .core.hub import Hub
+from .limits import number
 from .upstream.base import Backend
 from .wire.tokens import TokenSigner
 from .worker import WorkerIdentity
@@ -44,7 +47,8 @@ __all__ = ["create_app", "make_backends"]
 STATIC = Path(__file__).parent / "static"
 SETTINGS_ENV = "PVWIRE_SETTINGS_JSON"  # how `serve --workers N` hands settings to each worker
 WORKERS_ENV = "PVWIRE_WORKERS_STARTED"  # and how many workers it started
-MAX_LOOP_LAG_READY = 5.0  # seconds: a loop this late cannot serve anyone (DESIGN.md section 9)
+# A loop this late cannot serve anyone (DESIGN.md section 9).
+MAX_LOOP_LAG_READY = number("ready_max_loop_lag_s")
 
 
 def make_backends(settings: Settings) -> dict[str, Backend]:
@@ -78,16 +82,20 @@ class OfflineGraphQLRouter(GraphQLRouter[Any, None]):
         return offline_page() or super().graphql_ide_html
 
     def encode_json(self, data: object) -> bytes:
-        # orjson: arrays straight from numpy, ~10x the json module (api/limits.py has figures).
+        # orjson: arrays straight from numpy, ~10x json (api/query_cost.py has figures).
         return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
 
     def decode_json(self, data: str | bytes) -> object:
         # strawberry answers JSONDecodeError with 400 but lets UnicodeDecodeError through as a
         # 500: a body that is not UTF-8 is the client's error like any other unparsable body.
         try:
-            return super().decode_json(data)
+            decoded = super().decode_json(data)
         except UnicodeDecodeError as exc:
             raise json.JSONDecodeError(f"body is not UTF-8 ({exc.reason})", "", exc.start) from None
+        # Strawberry calls `.get` on what is not a list, so a body of `false` or `0` was a 500.
+        if not isinstance(decoded, dict | list):
+            raise HTTPException(400, "the body must be a JSON object: a GraphQL request")
+        return decoded
 
 
 def create_app(
@@ -135,6 +143,9 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
         )
+
+    # Added last, so outermost: no body beyond the bound reaches CORS, authentication or a route.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     authenticator = make_authenticator(settings, hub.refusals)
     app.state.authenticator = authenticator
@@ -290,6 +301,8 @@ def make_authenticator(settings: Settings, refusals: RefusalLog | None = None) -
             oidc_min_interval_s=settings.oidc_min_interval_s,
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
+            authorized_parties=tuple(settings.jwt_authorized_parties),
+            oidc_allow_http=settings.oidc_allow_http,
             groups_claim=settings.jwt_groups_claim,
             user_claim=settings.jwt_user_claim,
             leeway_s=settings.jwt_leeway_s,

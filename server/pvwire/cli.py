@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .ioc import IocPorts, IocProcess, free_port
+from .limits import number
 from .logs import TEXT_FORMAT, logging_config
 from .loopback import apply_loopback_env
 
@@ -101,6 +102,13 @@ def _settings(args: argparse.Namespace) -> Any:
         settings.admin_groups = [*settings.admin_groups, *args.admin_group]
     if args.trusted_proxy:
         settings.trusted_proxies = [*settings.trusted_proxies, *args.trusted_proxy]
+    if args.jwt_authorized_party:
+        settings.jwt_authorized_parties = [
+            *settings.jwt_authorized_parties,
+            *args.jwt_authorized_party,
+        ]
+    if args.oidc_allow_http:
+        settings.oidc_allow_http = True
     if args.no_sim:
         settings.sim_enabled = False
     if args.forward_identity:
@@ -121,6 +129,23 @@ def _check_catalogue_file(settings: Any) -> None:
             read_catalogue(Path(settings.catalogue_file))
         except (OSError, UnicodeDecodeError) as exc:
             sys.exit(f"pvwire-server: catalogue file {settings.catalogue_file}: {exc}")
+
+
+def _check_issuer(settings: Any) -> None:
+    """An OIDC issuer that would accept any client's tokens, or fetch its keys in the clear,
+    stops the server at start with the option to set, not at the first token."""
+    from .access.oidc import check_issuer
+
+    if settings.oidc_issuer:
+        try:
+            check_issuer(
+                settings.oidc_issuer,
+                settings.jwt_audience,
+                settings.jwt_authorized_parties,
+                settings.oidc_allow_http,
+            )
+        except ValueError as exc:
+            sys.exit(f"pvwire-server: {exc}")
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -168,11 +193,11 @@ def serve(settings: Any, workers: int = 1) -> None:
         ws_per_message_deflate=False,
         ws_max_size=settings.max_in_bytes,
         ws_ping_interval=settings.ws_ping_interval_s,
-        ws_ping_timeout=20.0,
+        ws_ping_timeout=number("ws_ping_timeout_s"),
         log_level=settings.log_level,
         log_config=logging_config(settings.log_format, settings.log_level),
         access_log=False,
-        timeout_graceful_shutdown=3,
+        timeout_graceful_shutdown=round(number("shutdown_grace_s")),
     )
     if workers > 1:
         if not settings.token_keys:
@@ -262,10 +287,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--oidc-issuer", help="OIDC provider whose keys (discovered, refreshed "
                        "on rotation) check bearer JWTs; its URL is the required `iss`")  # fmt: skip
         p.add_argument("--oidc-client-id", help="public client the page signs in with (PKCE)")
+        p.add_argument("--oidc-allow-http", action="store_true", help="allow an http:// "
+                       "issuer off loopback (its keys travel unprotected)")  # fmt: skip
         p.add_argument("--jwt-issuer", help="required `iss` of bearer JWTs")
-        p.add_argument("--jwt-audience", help="required `aud` of bearer JWTs")
+        p.add_argument("--jwt-audience", help="required `aud` of bearer JWTs (with "
+                       "--oidc-issuer, this or --jwt-authorized-party is required)")  # fmt: skip
+        p.add_argument("--jwt-authorized-party", action="append", metavar="CLIENT_ID",
+                       help="client whose tokens are accepted, by `azp` (repeatable)")  # fmt: skip
         p.add_argument("--jwt-groups-claim", help="claim holding the groups (default groups)")
-        p.add_argument("--jwt-user-claim", help="claim naming the user (preferred_username)")
+        p.add_argument("--jwt-user-claim", help="claim naming the user, as the rules and the "
+                       "IOC see it (default preferred_username; docs/ACCESS.md)")  # fmt: skip
         p.add_argument("--trusted-proxy", action="append", help="CIDR of a proxy whose "
                        "--user-header is believed")  # fmt: skip
         p.add_argument("--user-header", help="header a trusted proxy puts the user name in")
@@ -328,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"pvwire-server: {exc}")
     _check_port_free(settings.host, settings.port)
     _check_catalogue_file(settings)
+    _check_issuer(settings)
     if args.command == "serve":
         serve(settings, args.workers)
         return

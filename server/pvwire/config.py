@@ -23,13 +23,13 @@ class Settings:
     port: int = 8080
     default_scheme: str = "ca"
     tick_ms: float = 20.0  # nominal interval between frames under load (DESIGN.md section 4)
-    heartbeat_s: float = 15.0  # proxies drop sockets idle for ~60 s
+    heartbeat_s: float = number("heartbeat_s")  # proxies drop sockets idle for ~60 s
     # WebSocket ping from the server on every connection, both endpoints (uvicorn's keepalive;
     # 20 s unanswered then ends it). It is also what a pvws client's `ping` asks for.
-    ws_ping_interval_s: float = 20.0
+    ws_ping_interval_s: float = number("ws_ping_interval_s")
     send_budget: int = integer("send_budget")  # per-connection queued bytes before conflation
     stall_timeout_s: float = number("stall_timeout_s")  # no send progress: 4008 SLOW
-    linger_s: float = 5.0  # an unwatched channel's monitor stays open this long
+    linger_s: float = number("linger_s")  # an unwatched channel's monitor stays open this long
     # Limits: their defaults and what they bound are pvwire/limits.py's table.
     max_in_bytes: int = integer("max_in_bytes")  # a 10,000-channel ATTACH fits
     max_channels_per_subscription: int = integer("max_channels_per_subscription")
@@ -49,12 +49,19 @@ class Settings:
     oidc_issuer: str = ""
     oidc_client_id: str = ""  # the public client the page signs in with (PKCE)
     oidc_refresh_s: float = 600.0
-    oidc_min_interval_s: float = 10.0
+    oidc_min_interval_s: float = number("oidc_min_interval_s")
+    # Plain http to an issuer off loopback: its keys could be replaced on the way.
+    oidc_allow_http: bool = False
     jwt_issuer: str = ""
+    # With an OIDC issuer, one of these two is required: the provider signs every client's
+    # tokens with the same keys, so only `aud` or `azp` says a token is meant for pvwire.
     jwt_audience: str = ""
+    jwt_authorized_parties: list[str] = field(default_factory=list)  # accepted `azp` values
     jwt_groups_claim: str = "groups"
-    jwt_user_claim: str = "preferred_username"  # falls back to `sub`
-    jwt_leeway_s: float = 60.0  # clock skew allowed for exp and nbf
+    # The user name the rules, the audit file and (forward_identity) the IOC's ACF see; falls
+    # back to `sub`. docs/ACCESS.md says why it is preferred_username and when to change it.
+    jwt_user_claim: str = "preferred_username"
+    jwt_leeway_s: float = number("jwt_leeway_s")  # clock skew allowed for exp and nbf
     trusted_proxies: list[str] = field(default_factory=list)  # CIDRs whose user header counts
     user_header: str = ""  # e.g. X-Remote-User, from trusted proxies only
     groups_header: str = ""  # comma-separated groups, from trusted proxies only
@@ -70,8 +77,9 @@ class Settings:
     catalogue_file: str = ""  # more ids, one per line; read again when it changes
     allowed_origins: list[str] = field(default_factory=list)  # empty: any origin
     cors_origins: list[str] = field(default_factory=list)
-    get_timeout_s: float = 3.0
-    pva_queue_size: int = 16  # updates pvxs queues per PVA monitor, here and at the IOC
+    get_timeout_s: float = number("get_timeout_s")
+    # Updates pvxs queues per PVA monitor, here and at the IOC.
+    pva_queue_size: int = integer("pva_queue_size")
     sim_enabled: bool = True  # sim:// channels (demo, tests, benchmarks); off at a facility
     sim_max_rate: float = number("sim_max_rate")  # Hz per sim channel
     sim_max_length: int = integer("sim_max_length")  # elements per sim waveform or image
@@ -79,15 +87,18 @@ class Settings:
     max_query_cost: int = integer("max_query_cost")  # fields (aliases count each) + list ids
     # Array elements in one GraphQL response; the stream has no such cap.
     max_graphql_elements: int = integer("max_graphql_elements")
+    # Any HTTP request body, refused (413) before it is read or authenticated.
+    max_request_bytes: int = integer("max_request_bytes")
     # Recent history (core/history.py): one memory budget for every channel's buffers, 47 KiB
     # each, so the default holds ~2,700 channels; 0 switches history off.
-    history_mb: float = 128.0
+    history_mb: float = number("history_mb")
     # Numeric arrays of at most this many elements get a history too, from the same budget
     # (larger per channel: core/history.py); 0: arrays get none.
     history_array_max: int = integer("history_array_max")
     # Ids (globs over the catalogue) whose history is recorded from start, with no subscriber.
     history_channels: list[str] = field(default_factory=list)
-    not_found_s: float = 5.0  # CONNECTING this long with no server answering: NOT_FOUND
+    # CONNECTING this long with no server answering: NOT_FOUND.
+    not_found_s: float = number("not_found_s")
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs
     log_level: str = "info"

@@ -44,7 +44,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    name: str  # the Settings field when `setting`, else the constant's name in lower case
+    name: str  # the Settings field when `setting`, else a name of its own in lower case
     value: int | float
     unit: str
     what: str  # what is bounded
@@ -55,14 +55,7 @@ class Limit:
 _MIB = 1 << 20
 
 LIMITS: tuple[Limit, ...] = (
-    # --- the stream (/stream) ---
-    Limit("max_in_bytes", _MIB, "bytes", "one client message on the stream (announced in HELLO)",
-          "close 1009 TOO_BIG", setting=True),
-    Limit("max_channels_per_connection", 100_000, "channels",
-          "channels over all attachments of one stream connection; PVs of one `/pvws/pv` "
-          "connection", "ERROR 4413; pvws `error`", setting=True),
-    Limit("max_attachments_per_connection", 1_000, "attachments",
-          "attachments of one stream connection at once", "ERROR 4413", setting=True),
+    # --- every WebSocket connection (/stream and /pvws/pv) ---
     Limit("max_connections_per_address", 100, "connections",
           "open WebSocket connections from one client address, `/stream` and `/pvws/pv` "
           "together", "close 1013 TRY_AGAIN",
@@ -71,15 +64,46 @@ LIMITS: tuple[Limit, ...] = (
           "pending changes merge instead (section 9)", setting=True),
     Limit("stall_timeout_s", 10.0, "s", "a connection's queue making no progress",
           "close 4008 SLOW", setting=True),
+    Limit("heartbeat_s", 15.0, "s", "the server's silence on a connection (`heartbeat_ms` in "
+          "HELLO)", "a `HEARTBEAT` is sent", setting=True),
+    Limit("ws_ping_interval_s", 20.0, "s", "between WebSocket pings", "", setting=True),
+    Limit("ws_ping_timeout_s", 20.0, "s", "a WebSocket ping waiting for its pong", "close 1011"),
+    Limit("close_timeout_s", 60.0, "s",
+          "a close frame waiting behind data the client has not read (the session is released "
+          "at once)", "the connection is dropped"),
+    Limit("shutdown_close_timeout_s", 1.0, "s", "a close frame when the server stops",
+          "the connection is dropped"),
+    Limit("shutdown_grace_s", 3.0, "s", "HTTP requests finishing when the server stops",
+          "they are cancelled"),
+    # --- the stream (/stream) ---
+    Limit("max_in_bytes", _MIB, "bytes", "one client message on the stream (announced in HELLO)",
+          "close 1009 TOO_BIG", setting=True),
+    Limit("max_channels_per_connection", 100_000, "channels",
+          "channels over all attachments of one stream connection; PVs of one `/pvws/pv` "
+          "connection", "ERROR 4413; pvws `error`", setting=True),
+    Limit("max_attachments_per_connection", 1_000, "attachments",
+          "attachments of one stream connection at once", "ERROR 4413", setting=True),
     Limit("max_token_bytes", _MIB, "bytes", "one token, in `ATTACH`", "ERROR 4401"),
     Limit("max_token_payload_bytes", 16 * _MIB, "bytes", "a token's payload once inflated",
           "ERROR 4401"),
+    Limit("max_value_depth", 64, "levels", "arrays and maps nested in one value (section 4)",
+          "the channel turns FAILED"),
     Limit("all_mode_per_channel", 1_000, "updates",
           "`ALL` mode: updates of one channel kept between two ticks",
           "later ones dropped; the serial counts them"),
     Limit("all_mode_per_view", 100_000, "entries",
           "`ALL` mode: entries of one subscription waiting for its next `DATA`",
           "oldest dropped; the serial counts them"),
+    # --- /pvws/pv ---
+    Limit("pvws_max_held_errors", 16, "messages",
+          "`error` messages kept for a pvws client not yet known to read them",
+          "later ones dropped"),
+    Limit("pvws_put_timeout_s", 5.0, "s", "a pvws `write`", "the write fails"),
+    # --- MJPEG ---
+    Limit("mjpeg_max_viewers", 200, "viewers", "MJPEG connections at once in one process",
+          "HTTP 503"),
+    Limit("mjpeg_first_frame_s", 10.0, "s", "a new MJPEG viewer waiting for its first picture",
+          "HTTP 504"),
     # --- registration (GraphQL subscribe) and tokens ---
     Limit("max_channels_per_subscription", 10_000, "ids",
           "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`)",
@@ -87,13 +111,6 @@ LIMITS: tuple[Limit, ...] = (
     Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
     Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
           "BAD_REQUEST"),
-    Limit("history_array_max", 0, "elements",
-          "a numeric array channel's length for the server to keep its recent history (0: "
-          "arrays keep none; at most 1,024)", "that channel's arrays are not kept (`history`: "
-          "NO_HISTORY, saying why)", setting=True),
-    Limit("history_array_bytes", 4 * _MIB, "bytes",
-          "one array channel's recent history (its rings hold fewer frames and buckets to fit)",
-          "fewer frames and buckets"),
     Limit("max_backfill_s", 86_400.0, "s", "`subscribe` option `backfill`", "BAD_REQUEST"),
     Limit("max_columns", 100_000, "columns",
           "`subscribe` option `maxColumns` (0 = whole arrays; `LATEST` mode only)",
@@ -118,7 +135,75 @@ LIMITS: tuple[Limit, ...] = (
     Limit("max_puts_per_s", 20.0, "puts/s", "puts per identity per second (bursts of twice it)",
           "RATE_LIMITED", setting=True),
     Limit("max_put_timeout_s", 60.0, "s", "a put's `timeout`", "clamped to it"),
+    Limit("get_timeout_s", 3.0, "s", "a `/pvws/pvget` read of a channel not monitored yet",
+          "HTTP 504", setting=True),
     Limit("max_search_results", 10_000, "ids", "`search`'s `limit`", "clamped to it"),
+    # --- identities ---
+    Limit("rate_limited_identities", 10_000, "identities",
+          "identities whose rates (puts, query cost) are tracked at once",
+          "the least recently seen is forgotten"),
+    Limit("jwt_leeway_s", 60.0, "s", "clock skew allowed for a JWT's `exp` and `nbf`",
+          "the JWT is refused", setting=True),
+    Limit("oidc_min_interval_s", 10.0, "s",
+          "between fetches of the issuer's keys for an unknown key id",
+          "the token is refused without a fetch", setting=True),
+    Limit("identity_name_bytes", 255, "bytes",
+          "a user name sent to an IOC (`--forward-identity`)", "the put is refused"),
+    Limit("ca_identity_circuits", 256, "circuits",
+          "CA circuits for puts as a user, one per (user, IOC) at once",
+          "the least recently used is closed (its puts in flight fail)"),
+    Limit("ca_identity_idle_s", 30.0, "s", "a CA circuit for puts as a user without a put",
+          "closed"),
+    Limit("ca_identity_channels", 64, "channels", "channels kept open on one such circuit",
+          "the least recently used is cleared"),
+    Limit("pva_identity_connections", 256, "connections",
+          "PVA connections held for puts as a user, one per (user, IOC server)",
+          "the least recently used is closed (its puts in flight fail)"),
+    Limit("pva_identity_idle_s", 30.0, "s", "a PVA connection for puts as a user without a put",
+          "closed"),
+    Limit("pva_identity_channels", 64, "channels", "channels kept open on one such connection",
+          "the least recently used is destroyed"),
+    Limit("pva_identity_message_bytes", _MIB, "bytes",
+          "one message from an IOC on such a connection", "the connection is closed"),
+    Limit("pva_identity_addresses", 4_096, "names",
+          "server addresses remembered per PV name for those puts",
+          "the least recently used is searched again"),
+    Limit("pva_identity_type_depth", 20, "levels",
+          "nesting of a type description from an IOC on such a connection",
+          "refused as malformed"),
+    # --- recent history ---
+    Limit("history_mb", 128.0, "MiB",
+          "memory for every channel's recent history (0: none)",
+          "channels beyond it record none until space is free", setting=True),
+    Limit("history_array_max", 0, "elements",
+          "a numeric array channel's length for the server to keep its recent history (0: "
+          "arrays keep none; at most `history_array_limit`)", "that channel's arrays are not "
+          "kept (`history`: NO_HISTORY, saying why)", setting=True),
+    Limit("history_array_limit", 1_024, "elements",
+          "the most `history_array_max` may be (a bucket holds three frames)",
+          "the server refuses to start"),
+    Limit("history_array_bytes", 4 * _MIB, "bytes",
+          "one array channel's recent history (its rings hold fewer frames and buckets to fit)",
+          "fewer frames and buckets"),
+    # --- upstream channels ---
+    Limit("linger_s", 5.0, "s", "an unwatched channel's monitor kept open",
+          "the monitor closes", setting=True),
+    Limit("not_found_s", 5.0, "s", "a channel searching with no server answering",
+          "the channel turns NOT_FOUND (and keeps searching)", setting=True),
+    Limit("pva_queue_size", 16, "updates",
+          "updates queued per PVA monitor, here and at the IOC", "merged into the last one",
+          setting=True),
+    Limit("pva_max_pops", 16, "updates",
+          "updates taken from one PVA monitor before the others get their turn",
+          "the rest wait for the next pass"),
+    Limit("pva_max_types", 4_096, "names", "PVA put types remembered",
+          "the least recently used is forgotten"),
+    Limit("ca_max_enum_choices", 4_096, "names", "CA enum labels remembered for puts",
+          "the least recently used is forgotten"),
+    Limit("ca_desc_timeout_s", 2.0, "s", "a CA monitor waiting for its `.DESC`",
+          "metadata is published without a description"),
+    Limit("loc_max_pvs", 10_000, "channels", "`loc://` PVs kept at once",
+          "the oldest nobody watches are forgotten"),
     # --- sim:// channels ---
     Limit("sim_max_rate", 1_000.0, "Hz", "a sim channel's `rate`", "BAD_CHANNEL_ID",
           setting=True),
@@ -132,19 +217,23 @@ LIMITS: tuple[Limit, ...] = (
     Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
           "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
           "BAD_CHANNEL_ID"),
-    # --- PVA puts under the user's name (--forward-identity) ---
-    Limit("pva_identity_connections", 256, "connections",
-          "PVA connections held for puts as a user, one per (user, IOC server)",
-          "the least recently used is closed (its puts in flight fail)"),
-    Limit("pva_identity_idle_s", 30.0, "s", "a PVA connection for puts as a user without a put",
-          "closed"),
-    Limit("pva_identity_channels", 64, "channels", "channels kept open on one such connection",
-          "the least recently used is destroyed"),
-    Limit("pva_identity_message_bytes", _MIB, "bytes",
-          "one message from an IOC on such a connection", "the connection is closed"),
-    Limit("pva_identity_addresses", 4_096, "names",
-          "server addresses remembered per PV name for those puts",
-          "the least recently used is searched again"),
+    Limit("sim_image_cache_bytes", 256 * _MIB, "bytes", "sim image patterns cached",
+          "the least recently used are dropped"),
+    Limit("sim_table_cache_bytes", 128 * _MIB, "bytes", "sim waveform tables cached",
+          "the least recently used are dropped"),
+    # --- the server ---
+    Limit("failures_logged_once", 10_000, "units",
+          "failing channels, views and sessions remembered so that each is logged once",
+          "a failure of another one is logged each time"),
+    Limit("ready_max_loop_lag_s", 5.0, "s", "the event loop's lag for `/readyz` to say ready",
+          "`/readyz` answers 503"),
+    # --- HTTP request bodies (api/body_limit.py) ---
+    # 4 MiB: a `putMany` of `max_graphql_elements` float64 in their longest JSON form (~25
+    # bytes each, 2.5 MB) with room for the query; a GraphQL query itself needs a few KiB.
+    Limit("max_request_bytes", 4 * _MIB, "bytes",
+          "one HTTP request body (`/graphql` and every other route), on `Content-Length` "
+          "before reading it and while counting a chunked one, before authentication",
+          "HTTP 413, TOO_LARGE, connection closed", setting=True),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
@@ -181,8 +270,7 @@ MAX_SEARCH_RESULTS = integer("max_search_results")
 SIM_MAX_STORES = integer("sim_max_stores")
 MAX_BACKFILL_S = number("max_backfill_s")
 HISTORY_ARRAY_BYTES = integer("history_array_bytes")
-# The most `history_array_max` may be: "small arrays" (a bucket holds three frames).
-HISTORY_ARRAY_LIMIT = 1_024
+HISTORY_ARRAY_LIMIT = integer("history_array_limit")
 SIM_MAX_COMPUTED_PER_S = number("sim_max_computed_per_s")
 PVA_IDENTITY_CONNECTIONS = integer("pva_identity_connections")
 PVA_IDENTITY_IDLE_S = number("pva_identity_idle_s")

@@ -24,7 +24,7 @@ from typing import Any
 
 import jwt
 
-from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, usable_keys
+from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, check_issuer, usable_keys
 from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
@@ -70,6 +70,8 @@ class JwtSettings:
     oidc_min_interval_s: float = 10.0  # and on an unknown key id, at most this often
     issuer: str = ""
     audience: str = ""
+    authorized_parties: tuple[str, ...] = ()  # accepted `azp`s (the clients tokens are for)
+    oidc_allow_http: bool = False  # an issuer (and its JWKS) over plain http off loopback
     groups_claim: str = "groups"
     user_claim: str = "preferred_username"  # falls back to `sub`
     leeway_s: float = 60.0
@@ -118,7 +120,11 @@ class Authenticator:
                 if key.algorithm_name not in self._algorithms:
                     self._algorithms.append(key.algorithm_name)
         if s.oidc_issuer:
-            self.issuer_keys = IssuerKeys(s.oidc_issuer, s.oidc_refresh_s, s.oidc_min_interval_s)
+            check_issuer(s.oidc_issuer, s.audience, s.authorized_parties, s.oidc_allow_http)
+            self.issuer_keys = IssuerKeys(
+                s.oidc_issuer, s.oidc_refresh_s, s.oidc_min_interval_s,
+                allow_http=s.oidc_allow_http,
+            )  # fmt: skip
             self._algorithms += [a for a in ALGORITHMS if a not in self._algorithms]
 
     @property
@@ -269,6 +275,12 @@ class Authenticator:
             raise AuthError("token not valid yet (nbf)", "not_yet_valid") from None
         except jwt.InvalidAudienceError:
             raise AuthError(f"token audience is not {s.audience!r}", "wrong_audience") from None
+        except jwt.MissingRequiredClaimError as exc:
+            if exc.claim != "aud":
+                raise AuthError(f"token rejected: {exc}") from None
+            # Another client's token, as a provider issues them without an audience mapper.
+            raise AuthError(f"token names no audience, not {s.audience!r}",
+                            "wrong_audience") from None  # fmt: skip
         except jwt.InvalidIssuerError:
             raise AuthError(f"token issuer is not {s.expected_issuer!r}", "wrong_issuer") from None
         except jwt.InvalidAlgorithmError:
@@ -279,6 +291,12 @@ class Authenticator:
             raise AuthError("token signature does not verify", "bad_signature") from None
         except jwt.PyJWTError as exc:
             raise AuthError(f"token rejected: {exc}") from None
+        if s.authorized_parties and claims.get("azp") not in s.authorized_parties:
+            raise AuthError(
+                f"token was issued to client {str(claims.get('azp'))[:100]!r}, not one of "
+                f"{list(s.authorized_parties)}",
+                "wrong_audience",
+            )
         user = str(claims.get(s.user_claim) or claims.get("sub") or "")
         if not user:
             raise AuthError(

@@ -17,21 +17,58 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jwt
 
-__all__ = ["ALGORITHMS", "IssuerKeys", "ProviderInfo", "usable_keys"]
+__all__ = ["ALGORITHMS", "IssuerKeys", "ProviderInfo", "check_issuer", "usable_keys"]
 
 log = logging.getLogger("pvwire.access")
 
 ALGORITHMS = ("RS256", "ES256")  # what a site's provider signs access tokens with
+
+
+def check_issuer(issuer: str, audience: str, parties: Sequence[str], allow_http: bool) -> None:
+    """Refuses, naming the option to set, an issuer configuration that would accept tokens not
+    meant for pvwire or verification keys fetched in the clear (ValueError)."""
+    if not issuer.startswith(("https://", "http://")):
+        raise ValueError(f"--oidc-issuer {issuer!r} is not an http(s) URL")
+    if not audience and not parties:
+        # A provider signs the tokens of all its clients with the same keys: the signature
+        # alone says the realm issued a token, not that it was issued for pvwire.
+        raise ValueError(
+            f"--oidc-issuer {issuer} needs --jwt-audience AUD (the `aud` the provider puts in "
+            "tokens meant for pvwire; Keycloak: an audience mapper, docs/ACCESS.md) or "
+            "--jwt-authorized-party CLIENT_ID (the clients whose tokens are accepted, by "
+            "`azp`): without one, a token the provider issued to any of its clients is accepted"
+        )
+    if in_clear(issuer, allow_http):
+        raise ValueError(
+            f"--oidc-issuer {issuer} is plain http off loopback: the keys that check every "
+            "token would travel unprotected, and anyone on the way could replace them. Use "
+            "https, or --oidc-allow-http on a network you trust"
+        )
+
+
+def in_clear(url: str, allow_http: bool) -> bool:
+    """`url` is plain http to another machine, and that is not allowed."""
+    if allow_http or not url.startswith("http://"):
+        return False
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name other than localhost may resolve anywhere
 
 
 def usable_keys(jwks: jwt.PyJWKSet) -> dict[str, jwt.PyJWK]:
@@ -56,13 +93,17 @@ class ProviderInfo:
     end_session_endpoint: str = ""
 
     @classmethod
-    def from_document(cls, issuer: str, doc: Mapping[str, Any]) -> ProviderInfo:
+    def from_document(
+        cls, issuer: str, doc: Mapping[str, Any], allow_http: bool = False
+    ) -> ProviderInfo:
         # OpenID Connect Discovery 1.0, section 4.3: the document's issuer must be the one asked
         # for, or a provider could vouch for another one's tokens.
         if doc.get("issuer") != issuer:
             raise ValueError(f"discovery names issuer {doc.get('issuer')!r}, not {issuer!r}")
         if not isinstance(doc.get("jwks_uri"), str):
             raise ValueError("discovery document has no jwks_uri")
+        if in_clear(doc["jwks_uri"], allow_http):
+            raise ValueError(f"jwks_uri {doc['jwks_uri']} is plain http off loopback")
 
         def text(name: str) -> str:
             value = doc.get(name, "")
@@ -78,14 +119,14 @@ class ProviderInfo:
         )
 
 
-def discover(issuer: str, timeout: float) -> ProviderInfo:
+def discover(issuer: str, timeout: float, allow_http: bool = False) -> ProviderInfo:
     """Blocking: the issuer's discovery document (run in a worker thread)."""
     url = issuer.rstrip("/") + "/.well-known/openid-configuration"
     with urllib.request.urlopen(url, timeout=timeout) as response:
         doc = json.load(response)
     if not isinstance(doc, dict):
         raise ValueError(f"{url} is not a JSON object")
-    return ProviderInfo.from_document(issuer, doc)
+    return ProviderInfo.from_document(issuer, doc, allow_http)
 
 
 class IssuerKeys:
@@ -98,10 +139,12 @@ class IssuerKeys:
         min_interval_s: float = 10.0,
         timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        allow_http: bool = False,
     ) -> None:
         if not issuer.startswith(("https://", "http://")):
             raise ValueError(f"--oidc-issuer {issuer!r} is not an http(s) URL")
         self.issuer = issuer
+        self.allow_http = allow_http  # the JWKS may be plain http off loopback too
         self.refresh_s, self.min_interval_s, self.timeout_s = refresh_s, min_interval_s, timeout_s
         self._clock = clock
         self.provider: ProviderInfo | None = None
@@ -144,7 +187,9 @@ class IssuerKeys:
         try:
             provider = self.provider
             if provider is None:
-                provider = await asyncio.to_thread(discover, self.issuer, self.timeout_s)
+                provider = await asyncio.to_thread(
+                    discover, self.issuer, self.timeout_s, self.allow_http
+                )
                 self.provider = provider
             client = jwt.PyJWKClient(provider.jwks_uri, cache_jwk_set=False,
                                      timeout=self.timeout_s)  # fmt: skip

@@ -6,9 +6,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..limits import integer
+
 __all__ = ["RateLimiter"]
 
-MAX_KEYS = 10_000  # identities tracked at once; the least recently seen is forgotten first
+MAX_KEYS = integer("rate_limited_identities")  # the least recently seen is forgotten first
 
 
 class RateLimiter:

@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.clients import Client
 from ..core.hub import Hub
+from ..limits import number
 from ..wire.codes import INTERNAL, NORMAL, RESTART
 
 __all__ = [
@@ -44,9 +45,9 @@ Message = Mapping[str, Any]  # an ASGI `websocket.receive` event
 # waited 5 s, after which a pvws client saw 1006 and could not tell it was too slow). The session
 # is released before the wait, so only the socket is kept meanwhile; uvicorn's keepalive (20 s
 # ping + 20 s timeout) ends a client that never resumes with 1011 before this.
-CLOSE_TIMEOUT = 60.0
+CLOSE_TIMEOUT = number("close_timeout_s")
 # Seconds for the close frame when the server is stopping: it must not hold the shutdown.
-SHUTDOWN_CLOSE_TIMEOUT = 1.0
+SHUTDOWN_CLOSE_TIMEOUT = number("shutdown_close_timeout_s")
 
 
 class Wakeup:
@@ -116,10 +117,18 @@ async def run_connection(
         if session.close_request:
             code, reason = session.close_request
             await _close(websocket, hub, session, (reader, writer), code, reason, CLOSE_TIMEOUT)
-        elif reader.done() and (exc := reader.exception()) is not None:
-            log.error("%s client %s: reader failed", session.endpoint, session.number, exc_info=exc)
+        elif failed := _failed(reader, "reader") or _failed(writer, "writer"):
+            # A fault in the session's own code on either side (the writer's is the catch-up run
+            # by `sent`): that session alone ends, logged once and counted as the tick's are.
+            side, exc = failed
+            log.error("%s client %s: %s failed", session.endpoint, session.number, side,
+                      exc_info=exc)  # fmt: skip
+            hub.count_failure("session")
             code = INTERNAL
-            await _close(websocket, hub, session, (writer,), code, "internal error", CLOSE_TIMEOUT)
+            await _close(
+                websocket, hub, session, (reader, writer), code,
+                "internal error; reconnect to resume", CLOSE_TIMEOUT,
+            )  # fmt: skip
         elif reader.done():
             code = reader.result()
         else:
@@ -168,6 +177,13 @@ async def _close(
         await asyncio.wait_for(websocket.close(code, reason), timeout)
 
 
+def _failed(task: asyncio.Task[Any], side: str) -> tuple[str, BaseException] | None:
+    """(`side`, the exception) when `task` ended by raising, else None."""
+    if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+        return side, exc
+    return None
+
+
 async def _read(websocket: WebSocket, session: Client, handle: Callable[[Message], None]) -> int:
     """Hand client messages to the endpoint; returns the client's close code, or the session's
     when the session asked to close."""
@@ -187,14 +203,18 @@ async def pump(
     wake: asyncio.Event,
 ) -> None:
     """A connection's writer: send what the session queued whenever it wakes; the only place
-    that awaits the client, so a client that stops reading blocks only itself."""
-    try:
-        while True:
-            await wake.wait()
-            wake.clear()
-            while (item := next_item()) is not None:
+    that awaits the client, so a client that stops reading blocks only itself.
+
+    Only `send` may fail because the client went away; a fault in the session's own code
+    (`next_item`, or `sent` and the catch-up it runs) raises out of here, for `run_connection`
+    to log, count and close with 1011 (it once ended such a connection as 1006, unseen)."""
+    while True:
+        await wake.wait()
+        wake.clear()
+        while (item := next_item()) is not None:
+            try:
                 await send(item)
-                sent(len(item))
-    except (WebSocketDisconnect, RuntimeError, OSError):
-        # The client went away mid-send; the reader sees the disconnect and ends the session.
-        return
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                # The client went away mid-send; the reader sees the disconnect and ends it.
+                return
+            sent(len(item))

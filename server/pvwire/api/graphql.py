@@ -45,7 +45,7 @@ from ..model import Limits as ModelLimits
 from ..model import Metadata as ModelMetadata
 from ..model import Reading, Severity, alarm_status_name
 from ..worker import WorkerIdentity
-from .limits import QueryCost, ValueBudget, ValueTooLarge
+from .query_cost import QueryCost, ValueBudget, ValueTooLarge
 
 __all__ = ["make_schema"]
 
@@ -740,7 +740,7 @@ def make_schema(max_depth: int, max_cost: int = integer("max_query_cost")) -> st
         query=Query,
         mutation=Mutation,
         extensions=[
-            # Bound the cost of any one request (DESIGN.md section 7; api/limits.py).
+            # Bound the cost of any one request (DESIGN.md section 7; api/query_cost.py).
             lambda: QueryDepthLimiter(max_depth=max_depth),
             lambda: MaxTokensLimiter(max_token_count=MAX_QUERY_TOKENS),
             cost,

@@ -28,6 +28,7 @@ from ..access.identity import Authenticator, AuthError, Identity
 from ..core.clients import Client
 from ..core.mjpeg import Frame, MjpegFeed, MjpegOptions
 from ..errors import PvwireError
+from ..limits import integer, number
 from ..wire.session import AttachRefused
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ __all__ = ["MAX_VIEWERS", "MjpegEndpoint", "parse_options"]
 
 log = logging.getLogger("pvwire.mjpeg")
 
-MAX_VIEWERS = 200  # MJPEG connections at once in one server process
-FIRST_FRAME_S = 10.0  # how long a new viewer waits for the first picture before a 504
+MAX_VIEWERS = integer("mjpeg_max_viewers")  # MJPEG connections at once in one process
+# How long a new viewer waits for the first picture before a 504.
+FIRST_FRAME_S = number("mjpeg_first_frame_s")
 BOUNDARY = b"BOUNDARY"  # ffmpegServer's
 
 # (default, low, high) per option; pixels from 1,024 (core/reduce.py's MIN_PIXELS) to a

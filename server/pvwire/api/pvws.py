@@ -36,6 +36,7 @@ from ..core.clients import Client
 from ..core.hub import Hub
 from ..core.view import View
 from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
+from ..limits import number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import NORMAL, POLICY, TRY_AGAIN
 from ..wire.pvws import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
@@ -49,7 +50,7 @@ __all__ = ["PvwsEndpoint", "throttle_rates"]
 
 log = logging.getLogger("pvwire.pvws")
 
-PUT_TIMEOUT = 5.0
+PUT_TIMEOUT = number("pvws_put_timeout_s")
 # pvget's answer to each error, by HTTP status.
 _STATUS = {BadChannelId: 400, Forbidden: 403, ChannelNotFound: 404, ChannelTimeout: 504}
 

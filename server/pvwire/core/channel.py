@@ -138,7 +138,9 @@ class Channel:
         self.known = CONN  # fields with data: a snapshot sends exactly these
         self.dirty = 0  # fields changed since the last tick
         self.refs = 0  # views holding this channel
-        self.views: list[tuple[ChangeSink, int]] = []  # (view, sid) pairs to notify at each tick
+        # (view, sid) -> None, to notify at each tick in the order the views came; a dict so that
+        # a view's going costs one lookup whatever the number of views of the channel.
+        self.views: dict[tuple[ChangeSink, int], None] = {}
         self.all_views = 0  # ALL-mode views: only then is `history` kept
         self.history: list[wire.EntryBody] = []
         # Keyed by mask, or (mask, reduction, writes) for the views that asked for a reduction

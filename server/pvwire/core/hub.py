@@ -25,8 +25,10 @@ from ..config import Settings
 from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
+from ..wire.codes import BAD_TOKEN
 from ..wire.session import FORBIDDEN, AttachRefused, Source
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
+from .channel import FailureUnit
 from .clients import Client
 from .control import Control
 from .history import HistorySlice, HistoryStore
@@ -61,6 +63,11 @@ class Hub:
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
         self.control = Control(self.registry, self.rules, self.audit, puts)
         self.sessions: set[Client] = set()  # of both endpoints
+        # Connections per client address, kept at add and remove: the admission check of every
+        # new connection is one lookup, not a scan of every session. Each session is counted
+        # under the address it had when added, whatever becomes of its `address`.
+        self._per_address: dict[str, int] = {}
+        self._counted_as: dict[Client, str] = {}
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
         self._lag_window: list[float] = []
@@ -226,19 +233,22 @@ class Hub:
         if Access.NONE in access:
             cid = claims.ids[access.index(Access.NONE)]
             raise AttachRefused(FORBIDDEN, f"{identity.describe()} may not read {cid}")
-        return self.registry.open_view(
-            ViewKey(
-                claims.ids,
-                claims.mode,
-                claims.max_rate,
-                Reduction(claims.max_columns, claims.max_pixels),
-                # Metadata's `writable` is the rules' answer for this identity AND the
-                # upstream's (PROTOCOL.md section 5): PVA exposes none, so there the rules decide.
-                bytes(a == Access.WRITE for a in access),
-            ),
-            session,
-            att,
+        key = ViewKey(
+            claims.ids,
+            claims.mode,
+            claims.max_rate,
+            Reduction(claims.max_columns, claims.max_pixels),
+            # Metadata's `writable` is the rules' answer for this identity AND the
+            # upstream's (PROTOCOL.md section 5): PVA exposes none, so there the rules decide.
+            bytes(a == Access.WRITE for a in access),
         )
+        try:
+            return self.registry.open_view(key, session, att)
+        except PvwireError as exc:
+            # A channel this server cannot open (an id its backends refuse, one gone from its
+            # catalogue, a scheme it lacks): a refused token, answered for that ATTACH only; the
+            # client registers again and `subscribe` names the cause (PROTOCOL.md section 6).
+            raise AttachRefused(BAD_TOKEN, f"{exc.code}: {exc}") from exc
 
     def close_view(self, view: Source, session: Client, att: int) -> None:
         own = cast(View, view)  # a session only ever holds the views `open_view` gave it
@@ -251,15 +261,23 @@ class Hub:
         return next(self._client_numbers)
 
     def connections_from(self, address: str) -> int:
-        return sum(1 for s in self.sessions if s.address == address)
+        return self._per_address.get(address, 0)
 
     def add_session(self, session: Client) -> None:
+        if session in self.sessions:
+            return
         self.sessions.add(session)
+        address = self._counted_as[session] = session.address
+        self._per_address[address] = self._per_address.get(address, 0) + 1
 
     def remove_session(self, session: Client) -> None:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
+        address = self._counted_as.pop(session)
+        left = self._per_address.pop(address, 1) - 1
+        if left > 0:
+            self._per_address[address] = left
         try:
             session.close()
         except Exception:
@@ -272,6 +290,11 @@ class Hub:
             bytes_sent=c.bytes_sent + session.bytes_sent,
             conflated=c.conflated + session.conflated,
         )
+
+    def count_failure(self, unit: FailureUnit) -> None:
+        """A contained failure outside the tick (e.g. a connection's writer), counted with the
+        tick's own in `failures_total`."""
+        self.ticker.count_failure(unit)
 
     def count_close(self, code: int) -> None:
         self._closes_by_code[code] = self._closes_by_code.get(code, 0) + 1

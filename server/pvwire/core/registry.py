@@ -76,8 +76,12 @@ class Registry:
             ch = Channel(canonical_id, backend, name, self._listener)
             self.channels[canonical_id] = ch
             self._searching[ch] = self.loop.time()
-            ch.record_into(self.history.attach(canonical_id))
-            ch.monitor = backend.monitor(name, ch)
+            try:
+                ch.record_into(self.history.attach(canonical_id))
+                ch.monitor = backend.monitor(name, ch)
+            except BaseException:
+                self._close_channel(ch)  # no ref taken: nothing of it stays behind
+                raise
         else:
             if handle := self._lingering.pop(canonical_id, None):
                 handle.cancel()
@@ -133,26 +137,37 @@ class Registry:
     # --- views --------------------------------------------------------------------------------
 
     def open_view(self, key: ViewKey, session: Client, att: int) -> View:
+        """Attach `session`'s `att` to the view of `key`, made on first use; raises the
+        PvwireError of a channel that cannot be opened, holding nothing then."""
         view = self.views.get(key)
         if view is None:
-            channels = [self.acquire(self.resolve(i)[0]) for i in key.ids]
+            channels: list[Channel] = []
+            try:
+                for i in key.ids:
+                    channels.append(self.acquire(self.resolve(i)[0]))
+            except BaseException:
+                # The channels acquired before the one that failed are let go again: kept, their
+                # monitors never closed, and each retry of the client held them once more.
+                for ch in channels:
+                    self.release(ch)
+                raise
             view = View(key, channels)
             for sid, ch in enumerate(channels):
-                ch.views.append((view, sid))
+                ch.views[(view, sid)] = None
                 if view.all_mode:
                     ch.all_views += 1
             self.views[key] = view
-        view.attachments.append((session, att))
+        view.attachments[(session, att)] = None
         return view
 
     def close_view(self, view: View, session: Client, att: int) -> bool:
         """Detach; True if that was the view's last attachment and it is gone."""
-        view.attachments.remove((session, att))
+        del view.attachments[(session, att)]
         if view.attachments:
             return False
         del self.views[view.key]
         for sid, ch in enumerate(view.channels):
-            ch.views.remove((view, sid))
+            del ch.views[(view, sid)]
             if view.all_mode:
                 ch.all_views -= 1
             self.release(ch)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..limits import integer
 from ..wire.codes import INTERNAL as INTERNAL_ERROR
 from .channel import Channel, FailureUnit, write_all_pending
 from .clients import Client
@@ -31,6 +32,7 @@ __all__ = ["INTERNAL_ERROR", "TICK_BUCKETS_MS", "TickStats", "Ticker"]
 
 log = logging.getLogger("pvwire.tick")
 
+LOGGED_ONCE = integer("failures_logged_once")
 TICK_BUCKETS_MS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 500.0)
 
 
@@ -185,7 +187,7 @@ class Ticker:
 
     def _once(self, what: object, message: str, *args: object) -> None:
         if what not in self._logged:
-            if len(self._logged) < 10_000:  # bounded: a flood of failures logs each unit once
+            if len(self._logged) < LOGGED_ONCE:  # bounded: a flood of failures logs each once
                 self._logged.add(what)
             log.error(message, *args)
 

@@ -77,7 +77,9 @@ class View:
         # ALL mode: (sid, body) of every entry in upstream order; bodies, not encoded entries, so
         # that emitting knows where their arrays lie (frames align them, codec.Entries).
         self.pending_all: list[tuple[int, wire.EntryBody]] = []
-        self.attachments: list[tuple[Client, int]] = []  # (client, att)
+        # (client, att) -> None: insertion-ordered as a list was, but a detach is one lookup, so
+        # a reconnect storm of N clients on one view costs N steps, not N squared.
+        self.attachments: dict[tuple[Client, int], None] = {}
         # What the last emission sent: read by sessions at the same tick.
         self.tick_entries = wire.Entries(0, b"\x90", b"")
         self.tick_masks: dict[int, int] = {}

@@ -44,6 +44,7 @@ from ..errors import (
     PutRejected,
     TypeMismatch,
 )
+from ..limits import integer, number
 from ..model import ConnState, Limits, Metadata, Reading, Value, alarm_status_name
 from .base import Backend, ChannelSink, Monitor
 from .ca_channel import CaChannel, CaSubscription, GetChannelPool, channel_counts
@@ -72,7 +73,7 @@ ECA_NOWTACCESS = 376
 
 # How long a monitor waits for NAME.DESC before it publishes metadata without a description:
 # DESC lives on the same IOC, so it normally answers within milliseconds.
-DESC_TIMEOUT = 2.0
+DESC_TIMEOUT = number("ca_desc_timeout_s")
 
 # Re-creating a monitor's channel after a disconnect. A new channel searches at once and then
 # backs off (gaps doubling from ~30 ms), so one re-creation finds an IOC that is back within
@@ -88,7 +89,7 @@ RENEW_SLOW_PERIOD = 30.0
 # RECREATE_AFTER, before it is re-created: a flapping server cannot make it spin.
 FLAP_WINDOW = 10.0
 # Enum labels kept for puts by label, per name (least recently used dropped beyond this).
-MAX_ENUM_CHOICES = 4096
+MAX_ENUM_CHOICES = integer("ca_max_enum_choices")
 
 
 def _has_field(name: str) -> bool:

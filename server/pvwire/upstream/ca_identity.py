@@ -46,6 +46,7 @@ from caproto import (  # type: ignore[import-untyped]
 from caproto._status import eca_value_to_status  # type: ignore[import-untyped]
 
 from ..errors import ChannelNotFound, ChannelTimeout, IocDenied, PutRejected, WriteDenied
+from ..limits import integer, number
 
 __all__ = ["Address", "IdentityCircuits", "check_user_name"]
 
@@ -56,15 +57,15 @@ Address = tuple[str, int]
 # Circuits held at once: one per user writing to an IOC. Beyond it the least recently used one
 # is closed (its puts in flight fail); the operators writing at once, times the IOCs each one
 # writes to, stay well below it.
-MAX_CIRCUITS = 256
+MAX_CIRCUITS = integer("ca_identity_circuits")
 # A circuit unused this long is closed: an operator's burst of puts reuses it, a user who went
 # home leaves no TCP connection at the IOC (each costs the IOC a client structure and a thread).
-IDLE_S = 30.0
+IDLE_S = number("ca_identity_idle_s")
 # Channels kept open per circuit (least recently used cleared first): a user's puts to the same
 # setpoints skip the channel creation round trip.
-MAX_CHANNELS = 64
+MAX_CHANNELS = integer("ca_identity_channels")
 _READ_SIZE = 65536
-MAX_NAME_BYTES = 255
+MAX_NAME_BYTES = integer("identity_name_bytes")
 ECA_NORMAL = 1
 ECA_NOWTACCESS = 376  # caerr.h: DEFMSG(CA_K_WARNING, 47)
 

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BadChannelId, TypeMismatch
+from ..limits import integer
 from ..model import ConnState, Metadata, Reading, Value
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
 
 __all__ = ["LocBackend", "LocValue", "parse_loc", "parse_value"]
 
-MAX_PVS = 10_000  # local PVs kept at once; the oldest unwatched go first beyond it
+MAX_PVS = integer("loc_max_pvs")  # local PVs kept at once; the oldest unwatched go first beyond it
 # The core name (no spaces, `(` or `<`), then what follows it: `<VType>`, `(initial)`, both.
 _NAME = re.compile(r"([^(<\s]+)(.*)", re.DOTALL)
 

@@ -37,6 +37,7 @@ from ..errors import (
     PutRejected,
     TypeMismatch,
 )
+from ..limits import integer
 from ..model import ALARM_STATUS_NAMES, ConnState, Limits, Metadata, Reading, Value, dtype_name
 from .base import Backend, ChannelSink, Monitor
 from .convert import coerce_put_value
@@ -81,7 +82,7 @@ _META_FIELDS = ("display", "control", "valueAlarm")
 _SCALAR, _BOOL, _ARRAY, _BOOL_ARRAY, _ENUM, _NDARRAY, _TABLE, _STRUCT, _LONG_STRING = range(9)
 
 # Put types remembered per name (see PvaBackend._types).
-MAX_TYPES = 4096
+MAX_TYPES = integer("pva_max_types")
 
 # What an ordinary update changes (`Value.changedSet()`): value and time. Anything else (alarm,
 # metadata, enum labels) sends the update down the slow path that re-reads them (_pvaingest.cpp

@@ -31,6 +31,8 @@ from typing import Any
 
 import p4p._p4p  # noqa: F401  # loads libpvxs, and p4p's C API that _pvaingest imports
 
+from ..limits import integer
+
 # Why PVA monitors cannot run here, or None. Without the compiled module (a source checkout
 # installed without `make ext`, or a wheel built for another platform) the server still serves
 # CA and sim: pva.py reports every pva:// channel as unavailable with this text instead.
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 POLL_PERIOD_S = 0.005
 
 # Updates popped from one subscription per drain before the others get their turn.
-MAX_POPS = 16
+MAX_POPS = integer("pva_max_pops")
 
 # Updates pvxs queues per subscription, at the IOC and here, before it merges the newest into the
 # last one (a missing update). pvxs's default is 4: 400 ms of a 10 Hz PV, less than a loaded
@@ -64,7 +66,7 @@ MAX_POPS = 16
 # with 16 up to a load average of 6, bench/README.md). The queue holds Values only while the loop
 # is behind; pvxs frees their arrays once popped. An IOC keeps as many per slow subscription
 # (setting `pva_queue_size`: a site whose PVA images are large may want fewer).
-QUEUE_SIZE = 16
+QUEUE_SIZE = integer("pva_queue_size")
 
 OnUpdate = Callable[[Any, int, int, int, int, str], None]
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ..limits import integer
+
 __all__ = [
     "ClientProtocol",
     "FieldDesc",
@@ -77,7 +79,8 @@ _SCALAR_FORMATS = {  # code: struct format of one element
     0x42: "f",
     0x43: "d",
 }
-MAX_TYPE_DEPTH = 20  # nesting of a type description: a deeper one is refused, not recursed into
+# Nesting of a type description: a deeper one is refused, not recursed into.
+MAX_TYPE_DEPTH = integer("pva_identity_type_depth")
 STATUS_OK, STATUS_WARNING, STATUS_ERROR, STATUS_FATAL = 0, 1, 2, 3
 
 

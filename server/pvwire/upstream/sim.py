@@ -392,7 +392,7 @@ def _waveform(p: dict[str, Any], t: float) -> np.ndarray[Any, np.dtype[np.float6
     return np.concatenate((table[shift:], table[:shift]))
 
 
-_TABLE_BYTES = 128 << 20  # bound on cached tables: 16 million float64
+_TABLE_BYTES = integer("sim_table_cache_bytes")  # 16 million float64
 _tables: dict[tuple[int, str], np.ndarray[Any, np.dtype[np.float64]]] = {}
 
 

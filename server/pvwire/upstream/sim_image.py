@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..limits import integer
 from ..model import Metadata
 
 __all__ = ["IMAGE_DTYPES", "image_frame", "image_metadata", "image_step"]
@@ -25,7 +26,7 @@ IMAGE_DTYPES: dict[str, tuple[float, float]] = {
     "float32": (0.0, 1.0),
     "float64": (0.0, 1.0),
 }
-_CACHE_BYTES = 256 << 20  # two 2048 x 2048 float64 patterns, doubled
+_CACHE_BYTES = integer("sim_image_cache_bytes")  # two 2048 x 2048 float64 patterns, doubled
 _patterns: dict[tuple[int, int, str, str], np.ndarray[Any, Any]] = {}
 
 

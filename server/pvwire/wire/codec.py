@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
+from ..limits import integer
 from ..model import ALARM, CONN, META, TIME, VALUE, Value
 
 __all__ = [
@@ -125,7 +126,7 @@ PLAIN_TYPES = frozenset((float, int, str, type(None)))
 
 # PROTOCOL.md section 4: a value holds at most this many levels of arrays and maps; clients
 # refuse a deeper one (and would reconnect to meet it again), so the channel fails instead.
-MAX_VALUE_DEPTH = 64
+MAX_VALUE_DEPTH = integer("max_value_depth")
 
 
 def _value_parts(value: Value, parts: list[bytes | memoryview], level: int = 0) -> None:

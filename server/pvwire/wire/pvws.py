@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from ..limits import integer
 from ..model import VALUE, ConnState, Metadata, Severity
 from .flow import FlowControl, FlowView
 from .session import SessionLimits
@@ -65,7 +66,8 @@ log = logging.getLogger("pvwire.pvws")
 SEVERITIES = tuple("NONE" if s == Severity.NO_ALARM else s.name for s in Severity)
 # The client messages pvws handles (WebSocket.java), all handled here too (docs/PVWS.md section 2).
 CLIENT_MESSAGES = ("subscribe", "monitor", "clear", "list", "write", "ping", "echo")
-MAX_HELD_ERRORS = 16  # errors kept for a client not yet known to read them (then dropped)
+# Errors kept for a client not yet known to read them (then dropped).
+MAX_HELD_ERRORS = integer("pvws_max_held_errors")
 # Most bytes of messages joined into one socket write (`next_frames`); caproto batches up to
 # 64 KiB too. A tick of 200 changed PVs is ~30 KB of JSON.
 WRITE_BATCH = 64 * 1024

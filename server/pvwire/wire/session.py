@@ -43,7 +43,7 @@ class AttachRefused(Exception):
 class SessionLimits:
     send_budget: int = integer("send_budget")  # bytes queued before merging instead
     stall_timeout: float = number("stall_timeout_s")  # no send progress: close with SLOW
-    heartbeat: float = 15.0  # seconds of silence before a HEARTBEAT
+    heartbeat: float = number("heartbeat_s")  # seconds of silence before a HEARTBEAT
     max_channels: int = integer("max_channels_per_connection")  # over all attachments
     max_attachments: int = integer("max_attachments_per_connection")  # at once
 
