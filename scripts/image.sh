@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/scripts/containers.conf}
 
 IMAGE=${1:-pvwire:0.1.0}
-NODE_IMAGE=${NODE_IMAGE:-docker.io/library/node:20-bookworm-slim}
-PYTHON_IMAGE=${PYTHON_IMAGE:-docker.io/library/python:3.11-slim}
+NODE_IMAGE=${NODE_IMAGE:-docker.io/library/node:22-trixie-slim}
+PYTHON_IMAGE=${PYTHON_IMAGE:-docker.io/library/python:3.13-slim-trixie}
 
 log() { printf '%s image: %s\n' "$(date +%T)" "$*" >&2; }
 

@@ -1,6 +1,6 @@
 """Write requirements-runtime.lock: pyproject's runtime dependencies, resolved at the versions of
-the development environment (requirements.lock, plus the venv's own setuptools, which
-epicscorelibs and setuptools_dso need at run time and the dev lock leaves to the venv).
+the development environment (requirements.lock, setuptools included: epicscorelibs and
+setuptools_dso need it at run time, and Python 3.12's venvs no longer bring it).
 
 Run as `make runtime-lock` after changing pyproject's dependencies or requirements.lock; it asks
 pip to resolve (`--dry-run`, nothing installed), so it needs the package index.

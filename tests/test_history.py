@@ -25,7 +25,7 @@ from pvwire.core.history import (
     array_sizes,
 )
 from pvwire.core.hub import Hub
-from pvwire.limits import HISTORY_ARRAY_BYTES, HISTORY_ARRAY_LIMIT
+from pvwire.limits import HISTORY_ARRAY_BYTES, HISTORY_ARRAY_LIMIT, HISTORY_MESSAGE_ROWS
 from pvwire.model import ConnState
 from pvwire.wire import codec as wire
 from pvwire.wire.tokens import TokenSigner
@@ -438,6 +438,12 @@ def columns(msg: list[object]) -> list[np.ndarray]:
     return cols
 
 
+def joined(msgs: list[list[object]]) -> list[np.ndarray]:
+    """The columns of several HISTORY messages of one channel, end to end."""
+    parts = [columns(m) for m in msgs]
+    return [np.concatenate([p[k] for p in parts]) for k in range(7)]
+
+
 def attach_with_backfill(hub: Hub, ids: list[str], seconds: float) -> list[list[object]]:
     client = HubClient(hub)
     client.send(16, 1, hub.signer.issue(ids, backfill=seconds).token)
@@ -483,11 +489,15 @@ async def test_backfill_reaches_past_the_raw_ring_with_whole_buckets_first(
     for i in range(n):
         backend.update("a", float(i), t=now - n + i)
     msgs = attach_with_backfill(hub, ["fake://a"], 3600)
-    assert [m[0] for m in msgs] == [1, 8, 8, 2]
+    kinds = [m[0] for m in msgs]
+    assert kinds[0] == 1 and kinds[-1] == 2 and set(kinds[1:-1]) == {8}
     width = TIERS[0][0]
-    assert msgs[1][3] == width and msgs[2][3] == 0
-    bt, _, blow, bhigh, *_ = columns(msgs[1])
-    pt, pvalue, *_ = columns(msgs[2])
+    # The buckets first, then the points; several messages, none over HISTORY_MESSAGE_ROWS.
+    resolutions = [m[3] for m in msgs[1:-1]]
+    assert resolutions == sorted(resolutions, reverse=True) and resolutions[0] == width
+    assert all(len(columns(m)[0]) <= HISTORY_MESSAGE_ROWS for m in msgs[1:-1])
+    bt, _, blow, bhigh, *_ = joined([m for m in msgs[1:-1] if m[3] == width])
+    pt, pvalue, *_ = joined([m for m in msgs[1:-1] if m[3] == 0])
     assert bt[-1] + width <= pt[0]  # whole buckets, ending before the first point
     assert list(pvalue) == [float(i) for i in range(RAW_POINTS, n - 1)]
     assert bhigh[-1] < pvalue[0] and blow[0] == 0.0
@@ -726,6 +736,29 @@ async def test_an_array_channel_s_backfill_is_2d_before_the_snapshot_with_no_dup
     assert list(t) == [(now - 20 + i) * NS for i in range(19)]
     (entry,) = msgs[2][3]
     np.testing.assert_array_equal(entry[2], frame(19))  # the snapshot carries the current one
+
+
+async def test_an_array_channel_s_backfill_counts_elements_against_the_message_bound(
+    backend: FakeBackend,
+) -> None:
+    settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=16)
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    hub.start()
+    try:
+        attach(HubClient(hub), hub, ["fake://a"])
+        now = int(time.time())
+        n = 3 * HISTORY_MESSAGE_ROWS // 16  # frames of 16 elements: three messages' worth
+        for i in range(n):
+            backend.update("a", frame(i), t=now - n + i)
+        msgs = attach_with_backfill(hub, ["fake://a"], 3600)
+    finally:
+        await hub.stop()
+    history = msgs[1:-1]
+    assert [m[0] for m in history] == [8] * 3 and msgs[-1][0] == 2
+    assert all(columns(m)[1].size <= HISTORY_MESSAGE_ROWS for m in history)  # rows x elements
+    t, value, *_ = joined(history)
+    np.testing.assert_array_equal(value, [frame(i) for i in range(n - 1)])
+    assert list(t) == [(now - n + i) * NS for i in range(n - 1)]
 
 
 def test_the_python_client_gives_an_array_channel_s_past_rows_as_arrays() -> None:

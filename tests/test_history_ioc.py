@@ -19,6 +19,7 @@ import psutil
 import pytest
 from pvwire.core.history import CHANNEL_BYTES, array_bytes
 from pvwire.ioc import IocProcess
+from pvwire.limits import HISTORY_MESSAGE_ROWS
 from pvwire_client import Client, wire
 
 from tests.eventually import eventually_async
@@ -517,11 +518,14 @@ async def test_array_backfill_comes_before_the_snapshot_with_no_duplicate_at_the
         _, histories, snapshot = await backfill_after_30(stream, array_server, WAVE16)
     finally:
         await stream.close()
-    points = histories[-1]
-    assert points.resolution == 0 and points.value.ndim == 2 and points.value.shape[1] == 16
-    assert points.min.shape == points.max.shape == points.value.shape
-    after_gap = int(np.flatnonzero(points.gap)[-1]) + 1 if points.gap.any() else 0
-    frames = points.value[after_gap:]
+    # The frames may come in several messages, each of at most HISTORY_MESSAGE_ROWS values.
+    parts = [h for h in histories if h.resolution == 0]
+    assert all(h.value.size <= HISTORY_MESSAGE_ROWS for h in parts)
+    assert all(h.value.ndim == 2 and h.value.shape[1] == 16 for h in parts)
+    assert all(h.min.shape == h.max.shape == h.value.shape for h in parts)
+    value, gap = np.concatenate([h.value for h in parts]), np.concatenate([h.gap for h in parts])
+    after_gap = int(np.flatnonzero(gap)[-1]) + 1 if gap.any() else 0
+    frames = value[after_gap:]
     assert len(frames) >= 29
     newest = frames[:, -1]  # each frame ends with the counter's value at its step
     assert list(np.diff(newest)) == [1.0] * (len(newest) - 1)  # every step
@@ -531,7 +535,7 @@ async def test_array_backfill_comes_before_the_snapshot_with_no_duplicate_at_the
     # The join: the snapshot's frame is the next step after the last HISTORY row.
     assert entry.value[-1] == newest[-1] + 1
     np.testing.assert_array_equal(entry.value[:-1], frames[-1][1:])
-    assert points.t[-1] < entry.seconds * 1_000_000_000 + (entry.nanoseconds or 0)
+    assert parts[-1].t[-1] < entry.seconds * 1_000_000_000 + (entry.nanoseconds or 0)
 
 
 async def test_the_python_client_yields_an_array_channel_s_past_as_arrays(

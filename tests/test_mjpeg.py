@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import re
 import socket
+import threading
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,20 +22,24 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+import websockets
 from p4p.nt import NTNDArray
 from p4p.server.thread import SharedPV
 from PIL import Image
-from pvwire.api.mjpeg import MjpegEndpoint, parse_options
+from pvwire.api.mjpeg import MjpegEndpoint, image_ids, parse_options
 from pvwire.app import create_app
 from pvwire.config import Settings
-from pvwire.core.mjpeg import MjpegOptions, NotAnImage, to_8bit
+from pvwire.core.mjpeg import QUALITY_LEVELS, MjpegOptions, NotAnImage, to_8bit
+from pvwire.limits import integer
 from pvwire.upstream.loc import LocBackend
 from pvwire.upstream.sim import SimBackend
+from pvwire_client import wire
 
 from tests.p4p_server import p4p_server
 from tests.server_process import ServerProcess, server_args_for_tests
 
 BOUNDARY = b"--BOUNDARY\r\n"
+PART_HEAD = b"Content-Type: image/jpeg\r\n\r\n"
 
 
 def url(base: str, channel: str, **query: object) -> str:
@@ -41,13 +47,28 @@ def url(base: str, channel: str, **query: object) -> str:
     return f"{base}/mjpeg/{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
 
 
+def build_mjpg_pv_urls(endpoints: list[str | None] | None, pv_name: str) -> list[str]:
+    """cs-web-lib 0.10.24's `buildMjpgPvUrls` (src/ui/widgets/DynamicImage/demoImage.tsx), step
+    by step: no encoding, `pva://` cut off, a trailing `:ARRAY` renamed `:OUTPUT`, then its
+    fallback picture last."""
+    if not pv_name or not endpoints:
+        return []
+    trimmed = re.sub(r":ARRAY$", ":OUTPUT", re.sub(r"^pva://", "", pv_name))
+    return [f"{e}/{trimmed}" for e in endpoints if e is not None] + [
+        "/images/disconnectedImage.svg"
+    ]
+
+
 class Parts:
-    """The JPEG parts of one multipart/x-mixed-replace response, as ffmpegServer frames them."""
+    """The JPEG parts of one multipart/x-mixed-replace response, read as a browser reads them:
+    a part is complete when the next part's header block has come (the JPEG ends at the
+    boundary; the parts carry no Content-Length)."""
 
     def __init__(self, response: httpx.Response) -> None:
         self._chunks = response.aiter_raw()
         self._buf = b""
         self._opened = False
+        self._head = b""
 
     async def _need(self, n: int) -> None:
         while len(self._buf) < n:
@@ -65,14 +86,18 @@ class Parts:
             assert self._buf.startswith(BOUNDARY), self._buf[:40]
             self._buf = self._buf[len(BOUNDARY) :]
             self._opened = True
-        head = await self._until(b"\r\n\r\n")
-        headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n"))
-        size = int(headers["Content-Length"])
-        await self._need(size + 2 + len(BOUNDARY))
-        jpeg, rest = self._buf[:size], self._buf[size:]
-        assert rest.startswith(b"\r\n" + BOUNDARY), rest[:40]
-        self._buf = rest[2 + len(BOUNDARY) :]
+            self._head = await self._until(b"\r\n\r\n")
+        headers = dict(line.split(": ", 1) for line in self._head.decode().split("\r\n"))
+        jpeg = await self._until(b"\r\n" + BOUNDARY)
+        self._head = await self._until(b"\r\n\r\n")  # the next part's, sent with this JPEG
         return headers, jpeg
+
+
+async def refusal(client: httpx.AsyncClient, target: str) -> tuple[int, str]:
+    """The status and text of a request expected to be refused (a stream, were it served, is
+    left unread rather than read for ever)."""
+    async with client.stream("GET", target) as r:
+        return r.status_code, "" if r.status_code == 200 else (await r.aread()).decode()
 
 
 def decode(jpeg: bytes) -> Image.Image:
@@ -114,6 +139,32 @@ def test_what_is_not_an_image_is_refused(value: Any, why: str) -> None:
         to_8bit(value, None)
 
 
+def test_options_are_rounded_to_a_few_levels_never_above_what_was_asked() -> None:
+    asked = [MjpegOptions(1 << 20, 75, 20.0 + i / 100) for i in range(30)]
+    assert {o.rounded() for o in asked} == {MjpegOptions(1 << 20, 75, 20.0)}
+    assert MjpegOptions(1_000_000, 77, 49.9).rounded() == MjpegOptions(1 << 19, 75, 30.0)
+    assert MjpegOptions(1024, 1, 0.1).rounded() == MjpegOptions(1024, 5, 0.1)
+    every = {
+        MjpegOptions(p, q, f / 10).rounded()
+        for p in range(1024, 1 << 24, 99_991)
+        for q in range(1, 96, 7)
+        for f in range(1, 501, 13)
+    }
+    assert len({o.fps for o in every}) <= 11 and len({o.quality for o in every}) <= 6
+    assert len({o.max_pixels for o in every}) <= 15
+
+
+def test_names_as_cs_web_lib_and_plain_urls_carry_them() -> None:
+    assert image_ids("BL:DET:IMAGE", "pva") == ["pva://BL:DET:IMAGE"]
+    assert image_ids("BL:DET:OUTPUT", "pva") == ["pva://BL:DET:ARRAY", "pva://BL:DET:OUTPUT"]
+    assert image_ids("sim://image?width=8", "pva") == ["sim://image?width=8"]
+    assert image_ids("ca://BL:DET:OUTPUT", "pva") == ["ca://BL:DET:ARRAY", "ca://BL:DET:OUTPUT"]
+    assert build_mjpg_pv_urls(["http://h/mjpeg"], "pva://BL:DET:ARRAY") == [
+        "http://h/mjpeg/BL:DET:OUTPUT",
+        "/images/disconnectedImage.svg",
+    ]
+
+
 def test_options_bounds_are_named() -> None:
     assert parse_options({}) == MjpegOptions(1 << 20, 75, 10.0)
     assert parse_options({"maxPixels": "4096", "quality": "50", "fps": "2.5"}) == MjpegOptions(
@@ -122,6 +173,8 @@ def test_options_bounds_are_named() -> None:
     for query, why in [
         ({"quality": "100"}, "quality must be an integer in [1, 95]"),
         ({"fps": "0"}, "fps must be a number in [0.1, 50]"),
+        ({"fps": "50.5"}, "fps must be a number in [0.1, 50]"),
+        ({"maxPixels": str((1 << 24) + 1)}, "maxPixels must be an integer in [1024, 16777216]"),
         ({"maxPixels": "12.5"}, "maxPixels must be an integer"),
         ({"fps": "fast"}, "is not a number"),
         ({"size": "1"}, "unknown option 'size'"),
@@ -147,11 +200,13 @@ async def test_frames_of_a_sim_image_decode_at_their_size(server: ServerProcess)
             headers, jpeg = await parts.next()
             assert headers["Content-Type"] == "image/jpeg"
             frames.append(decode(jpeg))
-        # The feed is a client of the server like any other: listed, counted, measured.
-        clients = server.graphql("{ server { clients { endpoint channels } } }")
-        assert {"endpoint": "mjpeg", "channels": 1} in clients["data"]["server"]["clients"]
-        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as m:
-            assert m.status == 200
+        # A feed is counted as what it is, not as a stream client (this server is shared with
+        # other tests' clients: see test_feeds_..._are_not_connections for exact counts).
+        clients = server.graphql("{ server { clients { endpoint } } }")
+        assert {"endpoint": "mjpeg"} not in clients["data"]["server"]["clients"]
+        metrics = await asyncio.to_thread(server.metrics)
+        encodes = re.search(r"^pvwire_mjpeg_encodes_total (\d+)$", metrics, re.MULTILINE)
+        assert encodes is not None and int(encodes.group(1)) >= 4
     assert all(f.size == (160, 120) and f.mode == "L" for f in frames)
     assert len({f.tobytes() for f in frames}) > 1, "the pattern moves"
 
@@ -160,11 +215,12 @@ async def test_rgb_and_max_pixels(server: ServerProcess) -> None:
     channel = "sim://image?width=320&height=240&dtype=uint8&color=RGB1&rate=10"
     async with (
         httpx.AsyncClient(timeout=30) as client,
-        client.stream("GET", url(server.url, channel, maxPixels=19200)) as r,
+        client.stream("GET", url(server.url, channel, maxPixels=30000)) as r,
     ):
         _, jpeg = await Parts(r).next()
     image = decode(jpeg)
-    assert image.mode == "RGB" and image.size == (160, 120)  # every 2nd row and column
+    # 30,000 rounds down to 16,384 pixels: every 3rd row and column of 320 x 240.
+    assert image.mode == "RGB" and image.size == (107, 80)
     # The sim pattern's colour planes differ (grey, a sine, 1 - grey): a colour picture.
     pixels = np.asarray(image, dtype=np.int16)
     assert np.abs(pixels[..., 0] - pixels[..., 2]).mean() > 20
@@ -180,6 +236,7 @@ PVA_FRAMES = {
     "MJ:RGB1": (RGB, RGB),
     "MJ:RGB2": (RGB.transpose(0, 2, 1).copy(), RGB),
     "MJ:RGB3": (RGB.transpose(2, 0, 1).copy(), RGB),
+    "MJ:CAM:ARRAY": (RGB[..., 1].copy(), RGB[..., 1]),  # an areaDetector-style name
 }
 
 
@@ -207,6 +264,43 @@ async def test_pva_ntndarray_colour_modes_as_the_page_shows_them(
     expected = PVA_FRAMES[name][1].astype(np.int16)
     assert picture.shape == expected.shape
     assert np.abs(picture - expected).mean() < 4, "the same picture, but for JPEG's loss"
+
+
+@pytest.mark.parametrize(
+    ("pv", "served"), [("pva://MJ:CAM:ARRAY", "MJ:CAM:ARRAY"), ("MJ:RGB1", "MJ:RGB1")]
+)
+async def test_a_url_built_as_cs_web_lib_builds_it_shows_the_image_at_once(
+    pva_server: ServerProcess, pv: str, served: str
+) -> None:
+    # The name carries no scheme (an image channel: PVA) and `:ARRAY` renamed `:OUTPUT`.
+    src = build_mjpg_pv_urls([f"{pva_server.url}/mjpeg"], pv)[0]
+    async with httpx.AsyncClient(timeout=30) as client, client.stream("GET", src) as r:
+        assert r.status_code == 200, await r.aread()
+        # These images never change: the JPEG is complete for a browser only because the
+        # next part's header block comes with it, not with a next frame.
+        headers, jpeg = await asyncio.wait_for(Parts(r).next(), 30)
+    assert headers == {"Content-Type": "image/jpeg"}
+    picture = np.asarray(decode(jpeg), dtype=np.int16)
+    assert picture.shape[:2] == (48, 64)
+    expected = PVA_FRAMES[served][1].astype(np.int16)
+    assert np.abs(picture - expected).mean() < 8
+
+
+async def test_a_still_image_is_complete_without_a_next_frame(pva_server: ServerProcess) -> None:
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("GET", url(pva_server.url, "pva://MJ:MONO")) as r,
+    ):
+        body = b""
+        # The picture never changes: its part must end (the next part's header block, the end a
+        # browser waits for) with nothing else to follow.
+        async with asyncio.timeout(30):
+            async for chunk in r.aiter_raw():
+                body += chunk
+                if body.count(BOUNDARY + PART_HEAD) == 2:
+                    break
+    assert body.startswith(BOUNDARY + PART_HEAD) and body.endswith(b"\r\n" + BOUNDARY + PART_HEAD)
+    decode(body[len(BOUNDARY + PART_HEAD) : -len(b"\r\n" + BOUNDARY + PART_HEAD)])
 
 
 @pytest.mark.parametrize(
@@ -341,3 +435,97 @@ async def test_read_access_is_checked_per_viewer_and_again_when_rules_change(
                 while True:
                     await asyncio.wait_for(parts.next(), 30)
         await wait_for(lambda: not endpoint.feeds)
+
+
+# --- bounds: few feeds per channel and per address, encodes in threads of their own -----------
+
+
+async def test_viewers_asking_nearly_the_same_options_share_one_feed(
+    app_server: tuple[str, MjpegEndpoint],
+) -> None:
+    base, endpoint = app_server
+    channel = "sim://image?width=64&height=48&rate=20"
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+        viewers = [
+            Parts(await stack.enter_async_context(
+                client.stream("GET", url(base, channel, fps=f"{20 + i / 100:.2f}"))
+            ))
+            for i in range(30)
+        ]  # fmt: skip
+        await asyncio.gather(*(v.next() for v in viewers))
+        assert len(endpoint.feeds) == 1, "30 fps values from 20.00 to 20.29: one feed"
+        ((_, options),) = endpoint.feeds
+        assert options.fps == 20.0 and endpoint.stats().viewers == 30
+
+
+async def test_a_channel_has_few_feeds_and_the_refusal_names_those_in_use(
+    app_server: tuple[str, MjpegEndpoint],
+) -> None:
+    base, endpoint = app_server
+    channel = "sim://image?width=64&height=48&rate=5"
+    cap = integer("mjpeg_feeds_per_channel")
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+        for quality in QUALITY_LEVELS[:cap]:
+            r = await stack.enter_async_context(
+                client.stream("GET", url(base, channel, quality=quality))
+            )
+            assert r.status_code == 200
+        status, text = await refusal(client, url(base, channel, quality=QUALITY_LEVELS[cap]))
+        assert status == 503, text
+        assert f"at most {cap}" in text and "quality=5&fps=10" in text
+        assert len(endpoint.feeds) == cap
+        # Options that round to a feed in use are served.
+        async with client.stream("GET", url(base, channel, quality=26)) as ok:
+            assert ok.status_code == 200
+
+
+async def test_one_address_opens_few_feeds(app_server: tuple[str, MjpegEndpoint]) -> None:
+    base, endpoint = app_server
+    cap = integer("mjpeg_feeds_per_address")
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+        for width in range(32, 32 + cap):
+            channel = f"sim://image?width={width}&height=32&rate=2"
+            r = await stack.enter_async_context(client.stream("GET", url(base, channel)))
+            assert r.status_code == 200
+        status, text = await refusal(client, url(base, f"sim://image?width={32 + cap}&rate=2"))
+        assert status == 429, text
+        assert f"127.0.0.1 has opened {cap} MJPEG feeds already" in text
+        assert len(endpoint.feeds) == cap
+
+
+async def test_a_server_serves_few_viewers(app_server: tuple[str, MjpegEndpoint]) -> None:
+    base, endpoint = app_server
+    assert endpoint.max_viewers == integer("mjpeg_max_viewers")
+    endpoint.max_viewers = 2  # the table's 200, made small enough to reach here
+    target = url(base, "sim://image?width=64&height=48&rate=5")
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+        for _ in range(2):
+            r = await stack.enter_async_context(client.stream("GET", target))
+            assert r.status_code == 200
+        status, text = await refusal(client, target)
+        assert status == 503 and "2 MJPEG viewers at most" in text, text
+
+
+async def test_feeds_encode_in_threads_of_their_own_and_are_not_connections() -> None:
+    # One connection per address: a feed counted as one would refuse the stream client.
+    async with (
+        in_process(max_connections_per_address=1) as (base, endpoint),
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("GET", url(base, "sim://image?width=64&height=48&rate=5")) as r,
+    ):
+        await Parts(r).next()
+        async with httpx.AsyncClient(timeout=30) as scraper:
+            metrics = (await scraper.get(base + "/metrics")).text.splitlines()
+        for line in ("pvwire_clients 0", "pvwire_mjpeg_feeds 1", "pvwire_mjpeg_viewers 1"):
+            assert line in metrics, line
+        names = {t.name for t in threading.enumerate()}
+        assert any(n.startswith("pvwire-mjpeg") for n in names), names
+        assert endpoint.executor._max_workers == integer("mjpeg_encode_threads")
+        ws_url = base.replace("http://", "ws://") + "/stream"
+        async with websockets.connect(ws_url) as ws:
+            hello = wire.decode_message(await asyncio.wait_for(ws.recv(), 30))
+            assert isinstance(hello, wire.Hello), "admitted beside the MJPEG viewer"

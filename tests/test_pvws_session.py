@@ -176,3 +176,175 @@ def test_held_errors_are_bounded() -> None:
     s.receive('{"type":"list"}')
     kinds = [json.loads(t)["type"] for t in drain(s)]
     assert kinds == ["error"] * MAX_HELD_ERRORS + ["list"]
+
+
+def test_a_subscribe_past_max_per_subscribe_is_refused_whole_and_others_go_on() -> None:
+    ch = FakeChannel()
+    s = PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None, max_per_subscribe=3
+    )
+    s.receive('{"type":"subscribe","pvs":["held","other"]}')
+    drain(s)
+    s.receive('{"type":"subscribe","pvs":["a","b","c","d"]}')
+    texts = [json.loads(t) for t in drain(s)]
+    assert texts == [
+        {
+            "type": "error",
+            "message": "Cannot subscribe to 4 PVs in one message: the most is 3 "
+            "(max_channels_per_subscription)",
+        }
+    ]
+    assert list(s.pvs) == ["held", "other"]
+    s.receive('{"type":"subscribe","pvs":["a","b","c"]}')  # at the bound: opened
+    assert list(s.pvs) == ["held", "other", "a", "b", "c"]
+
+
+def test_names_wait_for_the_opener_and_open_as_it_asks() -> None:
+    ch, calls = FakeChannel(), []
+    s = PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None, opener=calls.append
+    )
+    names = [f"n{i}" for i in range(25)]
+    s.receive(json.dumps({"type": "subscribe", "pvs": names}))
+    assert calls == [s] and s.opening == 25 and not s.pvs  # nothing opened in `receive`
+    assert s.open_pending(10) == 10
+    assert list(s.pvs) == names[:10] and s.opening == 15
+    assert [json.loads(t)["pv"] for t in drain(s)] == names[:10]  # answered as they open
+    s.receive('{"type":"write","pv":"n20","value":1}')  # a write opens its PV first
+    assert "n20" in s.pvs and s.opening == 14
+    s.receive('{"type":"clear","pvs":["n12"]}')  # cleared before it opened: never opens
+    s.receive('{"type":"list"}')
+    texts = drain(s)
+    assert json.loads(texts[0])["pv"] == "n20"
+    listed = json.loads(texts[-1])["pvs"]
+    assert listed == [*names[:10], "n20", *(n for n in names[10:] if n not in ("n12", "n20"))]
+    assert s.open_pending(100) == 13 and s.opening == 0
+    assert list(s.pvs) == listed
+
+
+def test_waiting_names_count_toward_the_connection_s_pvs() -> None:
+    ch = FakeChannel()
+    s = PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(max_channels=2), lambda: None,
+        opener=lambda _: None,
+    )  # fmt: skip
+    s.receive('{"type":"echo"}')
+    s.receive('{"type":"subscribe","pvs":["a","b","c"]}')
+    errors = [json.loads(t)["message"] for t in drain(s) if '"error"' in t]
+    assert s.opening == 2 and len(errors) == 1 and errors[0].startswith("Cannot subscribe to c")
+
+
+def test_the_queue_and_bytes_sent_count_utf8_bytes_not_characters() -> None:
+    text = "température 25 °C, ΔT ≤ 0.5 ✓"
+    ch = FakeChannel(value=text, meta=Metadata("string", 1, "s"))
+    s = session(ch, PvwsEncoder())
+    s.receive('{"type":"subscribe","pvs":["s"]}')
+    update = s._flow._out._items[0]  # the one text queued
+    assert json.loads(update)["text"] == text
+    size = len(update.encode())
+    assert size > len(update)
+    assert s.queued_bytes == size
+    frames = s.next_frames()
+    assert frames is not None
+    s.frames_written(len(frames))
+    assert (s.bytes_sent, s.queued_bytes) == (size, 0)
+    # The same over the one-text-per-write path.
+    ch.set(text + "!")
+    s.collect(1, object())
+    s.flush_tick()
+    second = len(s._flow._out._items[0].encode())
+    assert s.queued_bytes == second
+    sent = s.next_text()
+    assert sent is not None and len(sent) < second
+    s.sent(len(sent))
+    assert (s.bytes_sent, s.queued_bytes) == (size + second, 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def image_session(ch: FakeChannel, clock: Clock, rate: float) -> PvwsSession:
+    return PvwsSession(
+        1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None, clock=clock,
+        image_bytes_per_s=rate,
+    )  # fmt: skip
+
+
+def tick(s: PvwsSession) -> list[dict[str, object]]:
+    s.collect(1, object())
+    s.flush_tick()
+    return [json.loads(t) for t in drain(s)]
+
+
+def test_image_frames_are_paced_to_the_connection_s_budget_newest_first() -> None:
+    meta = Metadata("uint16", 64, "")
+    ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
+    s = image_session(ch, clock, rate=1000.0)
+    s.receive('{"type":"subscribe","pvs":["img"]}')
+    first = [json.loads(t) for t in drain(s)]
+    assert first[0]["vtype"] == "VUShortArray"
+    size = len(s._encoder.text("img", ch, True, True, True).encode())
+    assert size > 300  # a frame owes its bytes: the next waits size/rate s
+    for v in (1, 2, 3):  # frames come faster than the budget: held, the newest kept
+        ch.set(np.full((8, 8), v, np.uint16))
+        clock.now += 0.05
+        assert tick(s) == []
+    assert s.images_held == 2
+    clock.now += size / 1000.0  # paid off
+    ch.set(np.full((8, 8), 4, np.uint16))
+    sent = tick(s)
+    assert len(sent) == 1
+    pixels = np.frombuffer(base64.b64decode(str(sent[0]["b64int"])), "<i4")
+    assert pixels.tolist() == [4] * 64  # whole, and the newest
+
+
+def test_a_held_image_that_stops_changing_still_goes_out() -> None:
+    meta = Metadata("uint16", 64, "")
+    ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
+    s = image_session(ch, clock, rate=1000.0)
+    s.receive('{"type":"subscribe","pvs":["img"]}')
+    drain(s)
+    ch.set(np.full((8, 8), 7, np.uint16))
+    assert tick(s) == []  # held: the first frame is not paid off yet
+    clock.now += 10.0
+    s.housekeeping(clock.now)
+    sent = [json.loads(t) for t in drain(s)]
+    assert len(sent) == 1
+    assert np.frombuffer(base64.b64decode(str(sent[0]["b64int"])), "<i4").tolist() == [7] * 64
+
+
+def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
+    for value, rate in ((np.zeros((8, 8), np.uint16), 0.0), (np.zeros(64, np.uint16), 1.0)):
+        ch, clock = FakeChannel(value=value, meta=Metadata("uint16", 64, "")), Clock()
+        s = image_session(ch, clock, rate=rate)
+        s.receive('{"type":"subscribe","pvs":["a"]}')
+        drain(s)
+        for v in range(3):
+            ch.set(np.full(value.shape, v, np.uint16))
+            assert len(tick(s)) == 1
+
+
+def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
+    from pvwire.api.pvws import _Opener
+
+    opener = _Opener(per_pass=20, turn=10)
+    ch = FakeChannel()
+    big, small = (
+        PvwsSession(n, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
+                    opener=lambda _: None)
+        for n in (1, 2)
+    )  # fmt: skip
+    big.receive(json.dumps({"type": "subscribe", "pvs": [f"b{i}" for i in range(100)]}))
+    small.receive(json.dumps({"type": "subscribe", "pvs": [f"s{i}" for i in range(5)]}))
+    opener._waiting.extend((big, small))
+    opener._queued.update((1, 2))
+    opener.one_pass()
+    assert (len(big.pvs), len(small.pvs)) == (15, 5)  # 10, then the small one's 5, then 5
+    while big.opening:
+        opener.one_pass()
+    assert len(big.pvs) == 100 and not opener._waiting

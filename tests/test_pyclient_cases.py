@@ -150,6 +150,7 @@ class Runner:
                 tuple(ids) if ids is not None else None,
                 expires_at=float(expires) if expires is not None else None,
                 renewable=step.get("renewable", True),
+                backfill=step.get("backfill", False),
                 now=self.now,
             )
         elif "unsubscribe" in step:

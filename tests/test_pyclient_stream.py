@@ -217,12 +217,15 @@ HISTORY_POINTS = (Path(__file__).parents[1] / "protocol/vectors/history_points.b
 
 
 async def test_backfill_yields_the_past_once_across_a_reconnect(fake_factory: Any) -> None:
-    # PROTOCOL.md section 2.8: every ATTACH of the token gets the backfill again; the reader
-    # must not see the rows it already had twice. The vector's HISTORY is att 1, sid 0: four
+    # PROTOCOL.md section 2.8: this server ignores `since` and sends the backfill again; the
+    # reader must not see the rows it already had twice. The vector's HISTORY is att 1, sid 0: four
     # rows, the third a gap, the last at 1700000004.0; the snapshots come after them.
+    attaches: list[list[Any]] = []
+
     async def script(ws: ServerConnection, n: int) -> None:
         await ws.send(pack(HELLO))
         attach = await recv(ws)
+        attaches.append(attach)
         await ws.send(pack([1, attach[1], 1, ["sim://a"]]))
         await ws.send(HISTORY_POINTS)
         live = [0, 31, 7.0 * n, n, 1700000004 + n, 0, 0, 0, "", {"units": "mA"}, 1, ""]
@@ -249,6 +252,9 @@ async def test_backfill_yields_the_past_once_across_a_reconnect(fake_factory: An
     assert all(u.channel.serial is None for u in ups[:4]) and ups[4].channel.serial == 1
     assert ups[1].changed == {"value", "time", "alarm"} and ups[2].changed == {"connection"}
     assert fake.connections == 2
+    # The re-attach said what it held (the snapshot's time), so a server sends only newer rows.
+    assert len(attaches[0]) == 3
+    assert attaches[1][3:] == [[1700000005 * 1_000_000_000]]
 
 
 async def test_history_reaches_only_a_monitor_that_asked_for_backfill(fake_factory: Any) -> None:

@@ -157,7 +157,7 @@ def test_decodes_vector(name: str) -> None:
 def test_encodes_client_vector(name: str) -> None:
     m = json.loads((VECTORS / f"{name}.json").read_text())["message"]
     data = {
-        "ATTACH": lambda: wire.encode_attach(m["req"], m["token"]),
+        "ATTACH": lambda: wire.encode_attach(m["req"], m["token"], m.get("since")),
         "DETACH": lambda: wire.encode_detach(m["req"], m["att"]),
         "PING": lambda: wire.encode_ping(m["nonce"]),
     }[m["kind"]]()

@@ -63,7 +63,9 @@ def test_server_decodes_client_vectors(name: str) -> None:
     doc = DOCS[name]["message"]
     msg = wire.decode_client_message((VECTORS / f"{name}.bin").read_bytes())
     expected = {
-        "ATTACH": lambda: wire.Attach(doc["req"], doc["token"]),
+        "ATTACH": lambda: wire.Attach(
+            doc["req"], doc["token"], tuple(doc["since"]) if "since" in doc else None
+        ),
         "DETACH": lambda: wire.Detach(doc["req"], doc["att"]),
         "PING": lambda: wire.Ping(doc["nonce"]),
     }[doc["kind"]]()

@@ -227,6 +227,11 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
     ("pong", "server", "PONG echoing a nonce", {"kind": "PONG", "nonce": 12345}),
     ("attach", "client", "ATTACH a token",
      {"kind": "ATTACH", "req": 1, "token": "pvw1.k1.e30.sig"}),
+    ("attach_since", "client",
+     "ATTACH again after a reconnect, saying per channel the newest backfill row it holds "
+     "(ns; 0: none), so that only later rows come (section 2.8)",
+     {"kind": "ATTACH", "req": 3, "token": "pvw1.k1.e30.sig",
+      "since": [1700000000123456789, 0]}),
     ("detach", "client", "DETACH att 1", {"kind": "DETACH", "req": 2, "att": 1}),
     ("ping", "client", "PING with a nonce", {"kind": "PING", "nonce": 42}),
     ("ping_string_nonce", "client", "PING with a string nonce",
@@ -391,9 +396,13 @@ HAND_BUILT: list[HandBuilt] = [
             _p([3, 2, [[1, [], 0]]])),
     _reject("reject_pong_nonce_float", "PONG nonce 1.5 (nonces are integers or strings)",
             _p([7, 1.5])),
-    ("client_accept_extra_elements", "client", "ATTACH with a trailing element: read as ATTACH",
+    ("client_accept_extra_elements", "client",
+     "ATTACH with since nil (not said) and a trailing element: read as ATTACH",
      "accept", {"message": {"kind": "ATTACH", "req": 9, "token": "pvw1.k1.e30.sig"}},
-     _p([16, 9, "pvw1.k1.e30.sig", "a later field"])),
+     _p([16, 9, "pvw1.k1.e30.sig", None, "a later field"])),
+    _client_reject("client_reject_attach_since_negative",
+                   "ATTACH whose since holds a negative time", 5,
+                   _p([16, 5, "pvw1.k1.e30.sig", [1, -1]])),
     _client_reject("client_reject_unknown_kind", "kind 99 with req 7", 7, _p([99, 7])),
     _client_reject("client_reject_token_not_string", "ATTACH whose token is an integer", 5,
                    _p([16, 5, 42])),
@@ -410,7 +419,7 @@ HAND_BUILT: list[HandBuilt] = [
     _client_reject("client_reject_map_key_not_string",
                    "ATTACH with a trailing element (allowed) holding a map with an integer key "
                    "(every map has str keys, section 1): req still read", 4,
-                   _p([16, 4, "pvw1.k1.e30.sig", {1: 2}])),
+                   _p([16, 4, "pvw1.k1.e30.sig", None, {1: 2}])),
     _client_reject("client_reject_invalid_utf8",
                    "ATTACH whose token is a str that is not valid UTF-8: req still read", 3,
                    b"\x93\x10\x03\xa2\xc3\x28"),
@@ -467,7 +476,8 @@ def build(msg: dict[str, Any]) -> bytes:
     # Client kinds: the reference bytes are plain msgpack of the positional array.
     layout = {"ATTACH": (16, "req", "token"), "DETACH": (17, "req", "att"), "PING": (18, "nonce")}
     code, *names = layout[k]
-    return bytes(msgpack.packb([code, *(msg[n] for n in names)]))
+    since = [msg["since"]] if "since" in msg else []  # ATTACH's optional field
+    return bytes(msgpack.packb([code, *(msg[n] for n in names), *since]))
 
 
 def write_all() -> None:

@@ -122,6 +122,7 @@ def create_app(
             yield
         finally:
             await authenticator.stop()  # and the summary of refusals left out, if any
+            mjpeg.close()
             await hub.stop()
 
     app = FastAPI(
@@ -238,7 +239,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        text = render_metrics(hub.snapshot(detail=False), worker)
+        text = render_metrics(hub.snapshot(detail=False), worker, mjpeg.stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     if (STATIC / "index.html").is_file():

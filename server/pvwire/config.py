@@ -22,6 +22,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     default_scheme: str = "ca"
+    image_scheme: str = "pva"  # of a name without a scheme in /mjpeg/{name} (cs-web-lib's URLs)
     tick_ms: float = 20.0  # nominal interval between frames under load (DESIGN.md section 4)
     heartbeat_s: float = number("heartbeat_s")  # proxies drop sockets idle for ~60 s
     # WebSocket ping from the server on every connection, both endpoints (uvicorn's keepalive;
@@ -70,6 +71,8 @@ class Settings:
     forward_identity: bool = False
     forward_host_name: str = ""  # host name sent on those circuits and connections; empty: ours
     max_puts_per_s: float = number("max_puts_per_s")  # per identity, bursts of twice that
+    # Image bytes per second to one /pvws/pv connection (docs/PVWS.md); 0: every frame whole.
+    pvws_image_bytes_per_s: float = number("pvws_image_bytes_per_s")
     max_cost_per_s: float = number("max_cost_per_s")  # GraphQL cost per identity per second
     max_connections_per_address: int = integer("max_connections_per_address")
     max_attachments_per_connection: int = integer("max_attachments_per_connection")

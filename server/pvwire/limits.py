@@ -13,8 +13,10 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_MODE_PER_CHANNEL",
     "ALL_MODE_PER_VIEW",
+    "BACKFILL_PASSES",
     "HISTORY_ARRAY_BYTES",
     "HISTORY_ARRAY_LIMIT",
+    "HISTORY_MESSAGE_ROWS",
     "LIMITS",
     "MAX_BACKFILL_S",
     "MAX_COLUMNS",
@@ -106,8 +108,10 @@ LIMITS: tuple[Limit, ...] = (
           "HTTP 504"),
     # --- registration (GraphQL subscribe) and tokens ---
     Limit("max_channels_per_subscription", 10_000, "ids",
-          "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`)",
-          "GraphQL error TOO_MANY_CHANNELS (none: BAD_REQUEST)", setting=True),
+          "ids in one `subscribe`, `channels` or `putMany` (at least 1 for `subscribe`); names "
+          "in one `/pvws/pv` `subscribe`",
+          "GraphQL error TOO_MANY_CHANNELS (none: BAD_REQUEST); pvws `error`, none opened",
+          setting=True),
     Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
     Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
           "BAD_REQUEST"),
@@ -234,6 +238,37 @@ LIMITS: tuple[Limit, ...] = (
           "one HTTP request body (`/graphql` and every other route), on `Content-Length` "
           "before reading it and while counting a chunked one, before authentication",
           "HTTP 413, TOO_LARGE, connection closed", setting=True),
+    # --- MJPEG feeds (/mjpeg): options are rounded to a few levels, so these bound the work ---
+    Limit("mjpeg_feeds_per_channel", 4, "feeds",
+          "distinct option sets (after rounding) encoded for one channel at once",
+          "HTTP 503 naming the option sets in use"),
+    Limit("mjpeg_feeds_per_address", 8, "feeds",
+          "feeds opened by one client address and open at once", "HTTP 429"),
+    Limit("mjpeg_encode_threads", 2, "threads",
+          "JPEG encodes running at once, in threads of their own (at most one more waits per "
+          "feed)", "a feed encodes only its newest image"),
+    Limit("mjpeg_max_pixels", 1 << 24, "pixels", "MJPEG option `maxPixels`", "HTTP 400"),
+    Limit("mjpeg_max_fps", 50.0, "frames/s", "MJPEG option `fps`", "HTTP 400"),
+    # --- pvws (/pvws/pv) per connection ---
+    Limit("pvws_opens_per_pass", 50, "PVs",
+          "PVs of `/pvws/pv` subscribes opened per event-loop pass, over all connections",
+          "the rest open at the next passes (each PV answered as it opens)"),
+    Limit("pvws_writes_in_flight", 64, "writes",
+          "`write`s of one `/pvws/pv` connection not yet done",
+          "pvws `error` naming the limit; that write is not made"),
+    Limit("pvws_image_bytes_per_s", 1.5e6, "bytes/s",
+          "image frames (arrays of 2 or more dimensions) sent to one `/pvws/pv` connection, "
+          "over all its PVs (0: every frame)",
+          "a frame waits, replaced by newer ones, until the connection's budget has room"
+          , setting=True),
+    # --- backfill, produced under the send budget ---
+    Limit("history_message_rows", 512, "rows",
+          "one `HISTORY` message (an array channel's: rows x elements, at least one row)",
+          "the channel's past goes on in the next message"),
+    Limit("backfill_passes", 4, "passes",
+          "passes over an attachment's channels sending what they recorded while its "
+          "backfill was being read (section 2.8)",
+          "the next pass, and the snapshot, are queued whole"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
@@ -277,6 +312,8 @@ PVA_IDENTITY_IDLE_S = number("pva_identity_idle_s")
 PVA_IDENTITY_CHANNELS = integer("pva_identity_channels")
 PVA_IDENTITY_MESSAGE_BYTES = integer("pva_identity_message_bytes")
 PVA_IDENTITY_ADDRESSES = integer("pva_identity_addresses")
+HISTORY_MESSAGE_ROWS = integer("history_message_rows")
+BACKFILL_PASSES = integer("backfill_passes")
 
 
 def shown(name: str) -> str:

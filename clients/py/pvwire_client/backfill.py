@@ -25,7 +25,8 @@ def past_states(
     history: History, like: ChannelState, after: int
 ) -> list[tuple[ChannelState, frozenset[str], int]]:
     """(state, changed, t) per row whose time ``t`` (ns) is later than ``after``: a re-attach
-    sends the backfill again, and a row the reader already has is skipped (section 2.8).
+    may send rows the reader already has (a server without ``since``, a bucket that straddles
+    it), and those are skipped (section 2.8).
 
     Each state is a copy of ``like`` (id, metadata, access) with the row's value, time and
     alarm; ``serial`` None (a past row is no stream update). A bucket row gives its last value

@@ -452,7 +452,12 @@ class _Stream:
     async def add(self, sub: _Sub) -> None:
         self.subs.append(sub)
         self.session.add(
-            sub, sub.reg.token, sub.ids_attached, expires_at=self._expiry(sub.reg), now=self._now()
+            sub,
+            sub.reg.token,
+            sub.ids_attached,
+            expires_at=self._expiry(sub.reg),
+            backfill=bool(sub.options.get("backfill")),
+            now=self._now(),
         )
         self.wanted.set()
         if self.task is None or self.task.done():

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from . import closecodes
+from .entry import TIME, VALUE
 from .wire import (
     Attached,
     Data,
@@ -61,6 +62,7 @@ __all__ = [
     "Session",
 ]
 
+NS = 1_000_000_000
 # The default heartbeat (PROTOCOL.md section 2.1), for the watchdog before HELLO says otherwise.
 DEFAULT_HEARTBEAT_MS = 15_000
 # ERROR codes of an ATTACH whose token was refused (section 7): register again, once.
@@ -105,8 +107,9 @@ class Backfill:
     """Recorded past of one of ``key``'s channels (``history.sid``, in range), sent after ATTACHED
     and before that attachment's SNAPSHOT when the token asked for ``backfill`` (section 2.8).
 
-    It changes no channel state; a re-attach sends it again, and which rows the application
-    already has is the pump's to say (it knows what it delivered).
+    It changes no channel state. A re-attach says the newest time delivered per channel (the
+    ATTACH's ``since``), so only later rows come; a server that does not know ``since`` sends
+    them all again, and which rows the application already has is the pump's to say.
     """
 
     key: Hashable
@@ -202,6 +205,10 @@ class _Sub:
     # A token was refused (4401/4402) and registered again: one more refusal before an
     # ATTACHED ends the subscription, so a server refusing every token causes no loop.
     renewed: bool = False
+    backfill: bool = False  # the token asked for `backfill`: re-attach with `since`
+    # Per channel of the last ATTACHED: the newest time (ns) it delivered, from HISTORY rows
+    # and entries; sent as the next ATTACH's `since` (section 2.8). None: not tracked.
+    newest: list[int] | None = None
 
 
 class Session:
@@ -274,17 +281,19 @@ class Session:
         *,
         expires_at: float | None = None,
         renewable: bool = True,
+        backfill: bool = False,
         now: float = 0.0,
     ) -> None:
         """A subscription: attach ``token`` now if connected, else after the next HELLO.
 
         ``ids``: the token's channels as the registration named them; an ATTACHED naming others
         ends the subscription (``mismatch``). ``expires_at``: a token expiring within 1 s is not
-        attached: :class:`Renew` asks for a fresh one first (section 7).
+        attached: :class:`Renew` asks for a fresh one first (section 7). ``backfill``: the token
+        asked for it; a re-attach then says which rows it holds (section 2.8).
         """
         if key in self._subs:
             raise ValueError(f"subscription {key!r} already added")
-        self._subs[key] = _Sub(key, token, ids, expires_at, renewable)
+        self._subs[key] = _Sub(key, token, ids, expires_at, renewable, backfill=backfill)
         self._attach(self._subs[key], now)
 
     def set_token(
@@ -302,6 +311,8 @@ class Session:
             return
         sub.token, sub.expires_at = token, expires_at
         if ids is not None:
+            if ids != sub.ids:
+                sub.newest = None  # other channels: what it holds says nothing of them
             sub.ids = ids
         self._attach(sub, now)
 
@@ -422,7 +433,8 @@ class Session:
             self._events.append(Renew(sub.key))
             return
         sub.attach_req = self._next_req
-        self._request("attach", sub, encode_attach(self._next_req, sub.token), now)
+        held = sub.newest if sub.newest is not None and any(sub.newest) else None
+        self._request("attach", sub, encode_attach(self._next_req, sub.token, held), now)
 
     def _request(self, what: str, sub: _Sub | None, data: bytes, now: float) -> None:
         if not self.ready:
@@ -450,6 +462,15 @@ class Session:
         for e in raw:
             if e[0] >= sub.count:
                 raise ProtocolError(f"entry sid {e[0]} out of range for {sub.count} channels")
+        newest = sub.newest
+        if newest is not None:
+            for e in raw:
+                mask = e[1]
+                if mask & TIME:
+                    at = 4 if mask & VALUE else 2  # TIME follows VALUE's two fields
+                    t = e[at] * NS + e[at + 1]
+                    if t > newest[e[0]]:
+                        newest[e[0]] = t
         self._events.append(Entries(sub.key, raw, snapshot))
 
     def _history(self, msg: History) -> None:
@@ -459,6 +480,8 @@ class Session:
             return  # an attachment this client detached, or never had (section 1)
         if msg.sid >= sub.count:
             raise ProtocolError(f"HISTORY sid {msg.sid} out of range for {sub.count} channels")
+        if sub.newest is not None and len(msg.t):
+            sub.newest[msg.sid] = max(sub.newest[msg.sid], int(msg.t.max()))
         self._events.append(Backfill(sub.key, msg))
 
     def _dispatch(self, msg: Message, now: float) -> None:
@@ -528,6 +551,8 @@ class Session:
             self._fail(sub, "mismatch", None, why)
             return
         sub.att, sub.count, sub.renewed = msg.att, len(msg.ids), False
+        if sub.backfill and (sub.newest is None or len(sub.newest) != sub.count):
+            sub.newest = [0] * sub.count
         self._by_att[msg.att] = sub
         self._events.append(Attach(sub.key, msg.ids))
 

@@ -8,7 +8,7 @@ see well-formed, typed messages.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -648,10 +648,18 @@ def _check_req(req: int) -> None:
         raise ValueError(f"req must be an unsigned integer, got {req!r}")
 
 
-def encode_attach(req: int, token: str) -> bytes:
-    """``[16, req, token]``: attach a token from the GraphQL ``subscribe`` mutation."""
+def encode_attach(req: int, token: str, since: Sequence[int] | None = None) -> bytes:
+    """``[16, req, token]``: attach a token from the GraphQL ``subscribe`` mutation.
+
+    ``since``: per channel of the token, the time (ns) of the newest row the client holds, 0 for
+    none; the server then sends only later backfill rows (``[16, req, token, since]``, section
+    2.8)."""
     _check_req(req)
-    return _pack([16, req, token])
+    if since is None:
+        return _pack([16, req, token])
+    if any(type(t) is not int or t < 0 for t in since):
+        raise ValueError("since holds times in ns, unsigned integers")
+    return _pack([16, req, token, list(since)])
 
 
 def encode_detach(req: int, att: int) -> bytes:

@@ -339,7 +339,7 @@ export class PvwireClient {
     const sub = new Sub(this, [], listener, options, false);
     sub.token = token;
     this.subs.add(sub);
-    this.session.add(sub, token, undefined, { renewable: false, now: now() });
+    this.session.add(sub, token, undefined, { renewable: false, backfill: Boolean(options.backfill), now: now() });
     this.ensureSocket();
     this.pump();
     return sub;
@@ -432,7 +432,7 @@ export class PvwireClient {
     const t = now();
     const expiresAt = t + (reg.expiresAt * 1000 - Date.now());
     if (this.session.has(sub)) this.session.setToken(sub, reg.token, ids, { expiresAt, now: t });
-    else this.session.add(sub, reg.token, ids, { expiresAt, renewable: true, now: t });
+    else this.session.add(sub, reg.token, ids, { expiresAt, renewable: true, backfill: Boolean(sub.options.backfill), now: t });
     this.ensureSocket();
     this.pump();
   }

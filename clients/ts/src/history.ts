@@ -16,8 +16,8 @@ export function timeNs(time: Timestamp): bigint {
 
 /**
  * The rows of `history` later than `afterNs`, or null when there are none: a re-attach after a
- * reconnect sends the backfill again, and a reader keeps only what is newer than what it has
- * (section 2.8). The columns are views of the received message (subarray, no copy).
+ * reconnect may send rows the reader has (a server without `since`, a bucket that straddles
+ * it), and a reader keeps only what is newer than what it has (section 2.8). The columns are views of the received message (subarray, no copy).
  */
 export function rowsAfter(history: History, afterNs: bigint): History | null {
   const t = history.t;

@@ -116,7 +116,9 @@ export type ServerMessage =
   | History;
 
 export type ClientMessage =
-  | { kind: "ATTACH"; req: number; token: string }
+  /** `since`: per channel of the token, the time (ns) of the newest backfill row the client
+   * holds, 0 for none; the server then sends only later rows (section 2.8). */
+  | { kind: "ATTACH"; req: number; token: string; since?: readonly bigint[] }
   | { kind: "DETACH"; req: number; att: number }
   | { kind: "PING"; nonce: number | string };
 
@@ -328,7 +330,10 @@ function nonce(v: unknown): number | bigint | string {
 
 export function encodeClientMessage(m: ClientMessage): Uint8Array {
   switch (m.kind) {
-    case "ATTACH": return encode([Kind.ATTACH, m.req, m.token]);
+    case "ATTACH":
+      if (m.since === undefined) return encode([Kind.ATTACH, m.req, m.token]);
+      // Each time in its smallest encoding, as every MessagePack writer does (0 as one byte).
+      return encode([Kind.ATTACH, m.req, m.token, m.since.map((t) => (t <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(t) : t))]);
     case "DETACH": return encode([Kind.DETACH, m.req, m.att]);
     case "PING": return encode([Kind.PING, m.nonce]);
   }

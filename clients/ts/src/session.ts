@@ -72,6 +72,7 @@ export interface SessionOptions {
 /** The default heartbeat (section 2.1), for the watchdog before HELLO says otherwise. */
 const DEFAULT_HEARTBEAT_MS = 15_000;
 /** ERROR codes of an ATTACH whose token was refused (section 7): register again, once. */
+const NS = 1_000_000_000n;
 const RENEW_CODES: readonly number[] = [ErrorCode.BAD_TOKEN, ErrorCode.TOKEN_EXPIRED];
 /** ERROR codes that say why the server ends an attachment (section 2.3): the DETACHED that
  * follows reports them, as the subscription's failure. */
@@ -91,6 +92,11 @@ interface SubState<K> {
   /** A token was refused (4401/4402) and registered again: one more refusal before an ATTACHED
    * ends the subscription, so a server refusing every token causes no loop. */
   renewed: boolean;
+  /** The token asked for `backfill`: re-attach with `since`. */
+  backfill: boolean;
+  /** Per channel of the last ATTACHED: the newest time (ns) it delivered, from HISTORY rows and
+   * entries; sent as the next ATTACH's `since` (section 2.8). undefined: not tracked. */
+  newest: bigint[] | undefined;
 }
 
 interface Request<K> { what: "attach" | "detach"; sub: SubState<K> | undefined; at: number }
@@ -148,12 +154,13 @@ export class Session<K> {
 
   // ------------------------------------------------------------------ commands
 
-  /** A subscription: attach `token` now if connected, else after the next HELLO. */
-  add(key: K, token: string | undefined, ids: readonly string[] | undefined, o: { expiresAt?: number; renewable?: boolean; now: number }): void {
+  /** A subscription: attach `token` now if connected, else after the next HELLO. `backfill`: the
+   * token asked for it; a re-attach then says which rows it holds (section 2.8). */
+  add(key: K, token: string | undefined, ids: readonly string[] | undefined, o: { expiresAt?: number; renewable?: boolean; backfill?: boolean; now: number }): void {
     if (this.subs.has(key)) throw new Error("subscription already added");
     const sub: SubState<K> = {
       key, token, ids, expiresAt: o.expiresAt, renewable: o.renewable ?? true,
-      att: undefined, attachReq: undefined, count: 0, renewed: false,
+      att: undefined, attachReq: undefined, count: 0, renewed: false, backfill: o.backfill ?? false, newest: undefined,
     };
     this.subs.set(key, sub);
     this.attach(sub, o.now);
@@ -165,7 +172,11 @@ export class Session<K> {
     if (sub === undefined) return;
     sub.token = token;
     sub.expiresAt = o.expiresAt;
-    if (ids !== undefined) sub.ids = ids;
+    if (ids !== undefined) {
+      // Other channels: what it holds says nothing of them.
+      if (sub.ids === undefined || !sameIds(ids, sub.ids)) sub.newest = undefined;
+      sub.ids = ids;
+    }
     this.attach(sub, o.now);
   }
 
@@ -286,7 +297,8 @@ export class Session<K> {
       return;
     }
     const token = sub.token;
-    sub.attachReq = this.request("attach", sub, (req) => ({ kind: "ATTACH", req, token }), now);
+    const since = sub.newest !== undefined && sub.newest.some((t) => t > 0n) ? [...sub.newest] : undefined;
+    sub.attachReq = this.request("attach", sub, (req) => (since === undefined ? { kind: "ATTACH", req, token } : { kind: "ATTACH", req, token, since }), now);
   }
 
   private request(what: "attach" | "detach", sub: SubState<K> | undefined, message: (req: number) => ClientMessage, now: number): number | undefined {
@@ -314,6 +326,14 @@ export class Session<K> {
     if (sub === undefined) return; // an attachment this client detached, or never had (section 1)
     for (const e of entries) {
       if (e.sid >= sub.count) throw new ProtocolError(`entry sid ${e.sid} out of range for ${sub.count} channels`);
+    }
+    const newest = sub.newest;
+    if (newest !== undefined) {
+      for (const e of entries) {
+        if (e.seconds === undefined || e.nanoseconds === undefined) continue;
+        const t = BigInt(e.seconds) * NS + BigInt(e.nanoseconds);
+        if (t > newest[e.sid]!) newest[e.sid] = t;
+      }
     }
     this.events.push({ type: "entries", key: sub.key, entries, snapshot });
   }
@@ -350,6 +370,9 @@ export class Session<K> {
         const sub = this.byAtt.get(msg.att);
         if (sub === undefined) return;
         if (msg.sid >= sub.count) throw new ProtocolError(`HISTORY sid ${msg.sid} out of range for ${sub.count} channels`);
+        if (sub.newest !== undefined) {
+          for (const t of msg.t) if (t > sub.newest[msg.sid]!) sub.newest[msg.sid] = t;
+        }
         this.events.push({ type: "history", key: sub.key, history: msg });
         return;
       }
@@ -408,6 +431,7 @@ export class Session<K> {
     sub.att = msg.att;
     sub.count = msg.ids.length;
     sub.renewed = false;
+    if (sub.backfill && (sub.newest === undefined || sub.newest.length !== sub.count)) sub.newest = new Array<bigint>(sub.count).fill(0n);
     this.byAtt.set(msg.att, sub);
     this.events.push({ type: "attached", key: sub.key, ids: msg.ids });
   }

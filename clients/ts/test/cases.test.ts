@@ -8,6 +8,7 @@ import { describe, expect, it } from "vitest";
 import { applyEntry, initialState, linkLost, SEVERITIES, type ChangedField, type ChannelState } from "../src/channel.js";
 import { decode, encode, type Encodable } from "../src/msgpack.js";
 import { Session } from "../src/session.js";
+import { parseExact } from "./exactJson.js";
 
 const root = join(import.meta.dirname, "../../../protocol");
 const files = readdirSync(join(root, "cases")).filter((f) => f.endsWith(".json")).sort();
@@ -138,6 +139,7 @@ class Runner {
       s.add(step.subscribe as string, step.token as string, ids ?? undefined, {
         expiresAt: typeof expires === "number" ? expires * 1000 : undefined,
         renewable: step.renewable !== false,
+        backfill: step.backfill === true,
         now: this.now,
       });
     } else if ("unsubscribe" in step) {
@@ -199,7 +201,7 @@ describe("protocol/cases", () => {
   it("are there", () => expect(files.length).toBeGreaterThanOrEqual(10));
   for (const file of files) {
     it(file.replace(/\.json$/, ""), () => {
-      const c = JSON.parse(readFileSync(join(root, "cases", file), "utf8")) as { options?: Record<string, Json>; steps: Step[] };
+      const c = parseExact(readFileSync(join(root, "cases", file), "utf8")) as { options?: Record<string, Json>; steps: Step[] };
       const r = new Runner(c.options ?? {});
       c.steps.forEach((step, i) => {
         try {

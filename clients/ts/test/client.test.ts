@@ -281,12 +281,15 @@ describe("PvwireClient with a fake server", () => {
   });
 
   it("hands the backfill to onHistory before the first state, and not again after a reconnect", async () => {
-    // The vector's HISTORY is att 1, sid 0: four rows up to 1700000004.0, the third a gap. Every
-    // ATTACH of the token gets it again (PROTOCOL.md section 2.8); the reader had those rows.
+    // The vector's HISTORY is att 1, sid 0: four rows up to 1700000004.0, the third a gap. This
+    // server ignores ATTACH's since and sends it again (PROTOCOL.md section 2.8); the reader had
+    // those rows.
     const history = readFileSync(join(import.meta.dirname, "../../../protocol/vectors/history_points.bin"));
+    const attaches: unknown[][] = [];
     const s = await fakeServer((ws, msg, ctx) => {
       const [kind, req] = msg as [number, number];
       if (kind !== 16) return;
+      attaches.push(msg as unknown[]);
       const att = ctx.att();
       ws.send(encode([1, req, att, ["ca://A"]]));
       ws.send(history);
@@ -304,6 +307,9 @@ describe("PvwireClient with a fake server", () => {
     expect(seen).toEqual(["history 0 1,2,NaN,0.5 gap 0,0,1,0", "CONNECTED 7", "DISCONNECTED 7", "CONNECTED 14"]);
     expect(s.options).toEqual([{ maxRate: 0, mode: "LATEST", backfill: 60 }]);
     expect(sub.channels[0]).toMatchObject({ serial: 2, conflated: 0 }); // untouched by HISTORY
+    // The re-attach said what it held (the snapshot's time); this server sent everything anyway.
+    expect(attaches[0]).toHaveLength(3);
+    expect(attaches[1]!.slice(3)).toEqual([[1700000005000000000n]]);
   });
 });
 

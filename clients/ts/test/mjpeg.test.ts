@@ -1,6 +1,7 @@
 // pvwire's /mjpeg in headless Chromium: cs-web-lib's Image widget (npm, unchanged) shows the demo
 // IOC's PVA NTNDArray image, and a plain <img> the RGB sim test card, both live MJPEG streams
-// from another origin, as a site's screens load them. Saves test-artifacts/mjpeg-page.png.
+// from another origin, as a site's screens load them; and <img>s at the URLs cs-web-lib 0.10.24's
+// Image widget builds, one of an image that never changes. Saves test-artifacts/mjpeg-page.png.
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { type AddressInfo } from "node:net";
@@ -42,6 +43,19 @@ async function serve(dir: string): Promise<Server> {
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   return server;
+}
+
+/**
+ * The MJPEG URLs cs-web-lib 0.10.24's Image widget tries, in order (`buildMjpgPvUrls`,
+ * src/ui/widgets/DynamicImage/demoImage.tsx): each endpoint, "/", then the PV name as it is (not
+ * encoded) but for `pva://` cut off its start and `:ARRAY` at its end renamed `:OUTPUT`; its own
+ * "disconnected" picture last.
+ */
+function csWebLibMjpegUrls(endpoints: (string | null | undefined)[] | undefined, pvName: string): string[] {
+  if (!pvName || !endpoints || endpoints.length === 0) return [];
+  const name = pvName.replace(/^pva:\/\//, "").replace(/:ARRAY$/, ":OUTPUT");
+  const urls = endpoints.filter((e): e is string => e != null).map((e) => `${e}/${name}`);
+  return [...urls, "/images/disconnectedImage.svg"];
 }
 
 /** What an element shows now, as PNG bytes (the images are cross-origin: no canvas readback). */
@@ -91,6 +105,28 @@ describe("MJPEG in Chromium", () => {
     await page.waitForFunction(() => (document.getElementById("plain") as HTMLImageElement).naturalWidth === 320, null, { timeout: 30_000 });
     expect(await page.evaluate(() => (document.querySelector("#widget img") as HTMLImageElement).naturalHeight)).toBe(256);
     expect(await page.evaluate(() => (document.getElementById("plain") as HTMLImageElement).naturalHeight)).toBe(240);
+    expect(errors).toEqual([]);
+  });
+
+  it("shows images at the URLs cs-web-lib 0.10.24 builds, a still one too", async () => {
+    const endpoint = `${stack.url}/mjpeg`;
+    const [still] = csWebLibMjpegUrls([endpoint], `pva://${stack.prefix}IMAGE:RGB`);
+    const [live] = csWebLibMjpegUrls([endpoint], `pva://${stack.prefix}IMAGE`);
+    expect(still).toBe(`${endpoint}/${stack.prefix}IMAGE:RGB`); // no scheme: an image channel
+    await page.evaluate((srcs) => {
+      for (const [id, src] of Object.entries(srcs)) {
+        const img = document.createElement("img");
+        img.id = id;
+        img.src = src;
+        document.body.append(img);
+      }
+    }, { still: still!, live: live! });
+    // The 96 x 64 card never changes: it shows because the end of its part comes with it, not
+    // with a next frame (which never comes).
+    await page.waitForFunction(() => (document.getElementById("still") as HTMLImageElement).naturalWidth === 96, null, { timeout: 30_000 });
+    await page.waitForFunction(() => (document.getElementById("live") as HTMLImageElement).naturalWidth === 512, null, { timeout: 30_000 });
+    const first = await shot(page, "#live");
+    await expect.poll(() => shot(page, "#live"), { timeout: 30_000, interval: 200 }).not.toBe(first);
     expect(errors).toEqual([]);
   });
 

@@ -3,15 +3,11 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { parseExact } from "./exactJson.js";
 import { decodeServerMessage, encodeClientMessage, NdArray, ProtocolError, type ClientMessage, type TypedArray, type Entry, type ServerMessage } from "../src/index.js";
 
 export const VECTORS = join(import.meta.dirname, "../../../protocol/vectors");
 
-/** JSON.parse that keeps integers beyond 2^53 exact (as BigInt), e.g. uint64 max. */
-function parseExact(text: string): unknown {
-  const marked = text.replace(/(?<=[\[,:\s])(-?\d{16,})(?=[\s,\]}])/g, '"$$big:$1"');
-  return JSON.parse(marked, (_k, v: unknown) => (typeof v === "string" && v.startsWith("$big:") ? BigInt(v.slice(5)) : v));
-}
 
 /** A JSON meaning value → what the client yields. */
 function expectedValue(v: unknown): unknown {

@@ -10,6 +10,10 @@ see every refusal.
 
 Reasons come from a fixed allow-list (`REASONS`), so neither the audit file nor the metrics can
 be grown by what a client sends; the free text of a refusal (the client is told it) stays out.
+
+The same bound serves the puts pvwire refuses (`PUT_REASONS`: its rate limit and its rules,
+control.py): each one's audit line goes through `admit`, so a client sending thousands of writes
+that the rate limiter refuses leaves a few lines and a summary, with every one counted.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["REASONS", "RefusalLog"]
+__all__ = ["PUT_REASONS", "REASONS", "RefusalLog"]
 
 REASONS = (
     "malformed_header",  # not `Authorization: Bearer <token>`
@@ -40,6 +44,15 @@ REASONS = (
     # A stream token (ATTACH) that is malformed, forged or of a key the server does not hold.
     # One that expired is not counted: clients renew those in the ordinary course.
     "bad_stream_token",
+)
+
+# Puts refused by pvwire itself (errors.py, `refused_by = "pvwire"`), by their error code in
+# lower case; refusals by the IOC are each audited (they pass the rate limit first).
+PUT_REASONS = (
+    "rate_limited",  # past max_puts_per_s for the identity
+    "write_denied",  # the access rules do not let the identity write the channel
+    "forbidden",  # the access rules do not let the identity read the channel
+    "too_many_writes",  # past pvws_writes_in_flight on one `/pvws/pv` connection
 )
 
 Write = Callable[[dict[str, Any]], None]
@@ -62,11 +75,14 @@ class RefusalLog:
         burst: int = 20,
         interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        reasons: tuple[str, ...] = REASONS,
+        event: str = "auth_refused",
     ) -> None:
         self._write = write
         self.rate, self.burst, self.interval = rate, burst, interval
         self._clock = clock
-        self.counts: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self.reasons, self.event = reasons, event
+        self.counts: dict[str, int] = dict.fromkeys(reasons, 0)
         self._buckets: dict[str, _Bucket] = {}
         self._summary_due: float | None = None  # when the pending summary is to be written
         self._timer: asyncio.TimerHandle | None = None
@@ -74,8 +90,17 @@ class RefusalLog:
     def refused(
         self, reason: str, address: str, operation: str, detail: str = "", user: str = ""
     ) -> None:
+        if self.admit(reason):
+            self._emit(
+                {"event": self.event, "reason": reason, "address": address,
+                 "operation": operation, "user": user or None, "detail": detail[:200]}
+            )  # fmt: skip
+
+    def admit(self, reason: str) -> bool:
+        """Count a refusal for `reason`; whether its line may be written now (else it is left
+        out and counted in the next summary)."""
         if reason not in self.counts:
-            raise ValueError(f"refusal reason {reason!r} is not one of {REASONS}")
+            raise ValueError(f"refusal reason {reason!r} is not one of {self.reasons}")
         self.counts[reason] += 1
         now = self._clock()
         if self._summary_due is not None and now >= self._summary_due:
@@ -87,17 +112,14 @@ class RefusalLog:
         b.at = now
         if b.tokens >= 1.0:
             b.tokens -= 1.0
-            self._emit(
-                {"event": "auth_refused", "reason": reason, "address": address,
-                 "operation": operation, "user": user or None, "detail": detail[:200]}
-            )  # fmt: skip
-            return
+            return True
         b.suppressed += 1
         if self._summary_due is None:
             self._summary_due = now + self.interval
             with contextlib.suppress(RuntimeError):  # no running loop: the next refusal flushes
                 loop = asyncio.get_running_loop()
                 self._timer = loop.call_later(self.interval, self.flush)
+        return False
 
     def flush(self) -> None:
         """One summary line for each reason with refusals left out since the last one."""
@@ -108,8 +130,8 @@ class RefusalLog:
         for reason, b in self._buckets.items():
             if b.suppressed:
                 self._emit(
-                    {"event": "auth_refused_summary", "reason": reason, "suppressed": b.suppressed,
-                     "interval_s": self.interval}
+                    {"event": f"{self.event}_summary", "reason": reason,
+                     "suppressed": b.suppressed, "interval_s": self.interval}
                 )  # fmt: skip
                 b.suppressed = 0
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .. import __version__
-from ..access.refusals import REASONS
+from ..access.refusals import PUT_REASONS, REASONS
+from ..core.mjpeg import MjpegStats
 from ..core.stats import FAILURE_UNITS, HubSnapshot
 from ..core.tick import TICK_BUCKETS_MS
 from ..wire.codes import CLOSE_CODES
@@ -36,6 +37,7 @@ class Scrape:
 
     snapshot: HubSnapshot
     worker: WorkerIdentity | None
+    mjpeg: MjpegStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,10 @@ class Metric:
 
 def _one(value: Callable[[HubSnapshot], Number]) -> Callable[[Scrape], Iterable[Sample]]:
     return lambda s: [("", (), value(s.snapshot))]
+
+
+def _mjpeg(value: Callable[[MjpegStats], Number]) -> Callable[[Scrape], Iterable[Sample]]:
+    return lambda s: [("", (), value(s.mjpeg))]
 
 
 def _server_info(s: Scrape) -> Iterable[Sample]:
@@ -130,6 +136,12 @@ METRICS: tuple[Metric, ...] = (
            "headers), by reason.",
            lambda s: [("", (("reason", r),), s.snapshot.auth_refusals.get(r, 0)) for r in REASONS],
            {"reason": frozenset(REASONS)}),
+    Metric("put_refusals_total", "counter",
+           "Puts refused by pvwire (its rate limit, its rules), by reason: every one, also "
+           "those whose audit line a flood left out.",
+           lambda s: [("", (("reason", r),), s.snapshot.put_refusals.get(r, 0))
+                      for r in PUT_REASONS],
+           {"reason": frozenset(PUT_REASONS)}),
     Metric("event_loop_lag_seconds", "gauge", "Worst event loop lag in the last 10 s.",
            _one(lambda s: s.loop_lag)),
     Metric("tick_duration_seconds", "histogram", "Time to process one tick.", _tick_histogram),
@@ -150,11 +162,25 @@ METRICS: tuple[Metric, ...] = (
     Metric("history_reclaimed_total", "counter",
            "Histories of channels no longer monitored, dropped to make room for new ones.",
            _one(lambda s: s.history.reclaimed)),
+    # MJPEG feeds are neither clients nor connections: one feed serves many viewers.
+    Metric("mjpeg_feeds", "gauge",
+           "MJPEG feeds open: one JPEG encoding per frame each, shared by its viewers.",
+           _mjpeg(lambda m: m.feeds)),
+    Metric("mjpeg_viewers", "gauge", "MJPEG responses being streamed (/mjpeg).",
+           _mjpeg(lambda m: m.viewers)),
+    Metric("mjpeg_encodes_total", "counter", "JPEGs encoded by the MJPEG feeds.",
+           _mjpeg(lambda m: m.encodes)),
+    Metric("mjpeg_frames_sent_total", "counter", "JPEG parts sent to MJPEG viewers.",
+           _mjpeg(lambda m: m.frames_sent)),
+    Metric("mjpeg_bytes_sent_total", "counter", "Bytes sent to MJPEG viewers.",
+           _mjpeg(lambda m: m.bytes_sent)),
 )  # fmt: skip
 
 
-def render_metrics(s: HubSnapshot, worker: WorkerIdentity | None = None) -> str:
-    scrape = Scrape(s, worker)
+def render_metrics(
+    s: HubSnapshot, worker: WorkerIdentity | None = None, mjpeg: MjpegStats | None = None
+) -> str:
+    scrape = Scrape(s, worker, mjpeg or MjpegStats())
     # Under `--workers N` each scrape is answered by whichever worker the kernel hands the
     # connection to: a `worker` label on every series keeps each worker's counters a series of
     # their own, so rate() never mixes two processes' counters. A lone process needs none.

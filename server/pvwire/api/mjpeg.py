@@ -1,16 +1,26 @@
-"""`GET /mjpeg/{channel id}`: a channel's images as an MJPEG stream, for `<img src>`.
+"""`GET /mjpeg/{name}`: a channel's images as an MJPEG stream, for `<img src>`.
 
 The format is areaDetector's ffmpegServer's (what cs-web-lib's Image widget and sites' web
 screens are pointed at): `multipart/x-mixed-replace;boundary=BOUNDARY`, the body opening with
-`--BOUNDARY`, then per frame `Content-Type: image/jpeg`, `Content-Length: N`, a blank line, the
-JPEG, and the boundary again at once, so a browser shows each frame as soon as it arrives.
+`--BOUNDARY`, each part `Content-Type: image/jpeg`, a blank line and the JPEG. Each part's header
+block is sent right after the JPEG before it, not with the next frame: Chromium shows a part only
+once the next part's header block has come, so a still image would otherwise never appear and a
+live one would always be a frame late. The parts therefore carry no `Content-Length` (the next
+JPEG's size is not known yet): readers find a part's end by the boundary, as Chromium does, and
+ffmpeg's `mpjpeg` reader for a part without a length.
+
+The name is what cs-web-lib 0.10's Image widget puts in its URL (`ENDPOINT/NAME`, `pva://` cut
+off and a trailing `:ARRAY` renamed `:OUTPUT`): a name without a scheme is an image channel of
+`image_scheme` (PVA unless configured), and `NAME:OUTPUT` is `NAME:ARRAY` when that one gives a
+picture (else `NAME:OUTPUT` itself). A full id (`sim://image?...`, URL-encoded) is taken as it is.
 
 Options: `maxPixels` (frames subsampled by a whole factor to at most this many pixels; default
 1,048,576), `quality` (JPEG quality 1-95, default 75), `fps` (frames per second at most, default
-10). Viewers with the same channel and options share one feed (core/mjpeg.py): one JPEG per frame
-for all of them. Read access is checked as for a subscription, for each viewer, and again before
-every frame (rules can change). A viewer whose connection takes no frame for `stall_timeout_s`
-is closed; until then it only ever gets the newest frame.
+10), each rounded to a few levels (core/mjpeg.py). Viewers with the same channel and rounded
+options share one feed: one JPEG per frame for all of them; feeds are bounded per channel and
+per opening address (limits.py). Read access is checked as for a subscription, for each viewer,
+and again at least every second (rules can change). A viewer whose connection takes no frame for
+`stall_timeout_s` is closed; until then it only ever gets the newest frame.
 """
 
 from __future__ import annotations
@@ -18,37 +28,38 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, cast
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from ..access.identity import Authenticator, AuthError, Identity
-from ..core.clients import Client
-from ..core.mjpeg import Frame, MjpegFeed, MjpegOptions
+from ..core.mjpeg import Frame, MjpegFeed, MjpegOptions, MjpegStats
 from ..errors import PvwireError
-from ..limits import integer, number
+from ..limits import MIN_PIXELS, integer, number
 from ..wire.session import AttachRefused
 
 if TYPE_CHECKING:
     from ..core.hub import Hub
 
-__all__ = ["MAX_VIEWERS", "MjpegEndpoint", "parse_options"]
+__all__ = ["MjpegEndpoint", "image_ids", "parse_options"]
 
 log = logging.getLogger("pvwire.mjpeg")
 
-MAX_VIEWERS = integer("mjpeg_max_viewers")  # MJPEG connections at once in one process
-# How long a new viewer waits for the first picture before a 504.
-FIRST_FRAME_S = number("mjpeg_first_frame_s")
 BOUNDARY = b"BOUNDARY"  # ffmpegServer's
+# Each JPEG is followed by the next part's header block at once (see above).
+PART_HEAD = b"Content-Type: image/jpeg\r\n\r\n"
+NEXT_PART = b"\r\n--" + BOUNDARY + b"\r\n" + PART_HEAD
+RECHECK_S = 1.0  # a viewer waiting for a frame checks its read access again this often
 
-# (default, low, high) per option; pixels from 1,024 (core/reduce.py's MIN_PIXELS) to a
-# 4096 x 4096 frame, which Pillow encodes in about a tenth of a second.
+# (default, low, high) per option; pixels from core/reduce.py's least to a 4096 x 4096 frame,
+# which Pillow encodes in about a tenth of a second.
 _BOUNDS = {
-    "maxPixels": (1 << 20, 1024, 1 << 24),
+    "maxPixels": (1 << 20, MIN_PIXELS, integer("mjpeg_max_pixels")),
     "quality": (75, 1, 95),  # Pillow advises against more than 95
-    "fps": (10.0, 0.1, 50.0),
+    "fps": (10.0, 0.1, number("mjpeg_max_fps")),
 }
 
 
@@ -56,8 +67,15 @@ class BadOptions(ValueError):
     pass
 
 
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def parse_options(query: Mapping[str, str]) -> MjpegOptions:
-    """The options of a request; BadOptions naming the first one out of bounds."""
+    """The options of a request as asked (not yet rounded); BadOptions naming the first one out
+    of bounds."""
     unknown = sorted(set(query) - set(_BOUNDS))
     if unknown:
         raise BadOptions(f"unknown option {unknown[0]!r} (known: {', '.join(_BOUNDS)})")
@@ -70,32 +88,68 @@ def parse_options(query: Mapping[str, str]) -> MjpegOptions:
             raise BadOptions(f"{name}={text!r} is not a number") from None
         if not low <= value <= high or (name != "fps" and not value.is_integer()):
             kind = "a number" if name == "fps" else "an integer"
-            raise BadOptions(f"{name} must be {kind} in [{low:g}, {high:g}], got {text}")
+            raise BadOptions(f"{name} must be {kind} in [{_num(low)}, {_num(high)}], got {text}")
         values[name] = value
     return MjpegOptions(int(values["maxPixels"]), int(values["quality"]), values["fps"])
 
 
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def image_ids(name: str, image_scheme: str) -> list[str]:
+    """The channel ids a `/mjpeg/{name}` may mean, the preferred first: a name without a scheme
+    is of `image_scheme`; `X:OUTPUT` (cs-web-lib's rename of `X:ARRAY`) is `X:ARRAY` first."""
+    full = name if "://" in name else f"{image_scheme}://{name}"
+    if full.endswith(":OUTPUT"):
+        return [full.removesuffix(":OUTPUT") + ":ARRAY", full]
+    return [full]
+
+
 class MjpegEndpoint:
-    def __init__(
-        self, hub: Hub, authenticator: Authenticator, max_viewers: int = MAX_VIEWERS
-    ) -> None:
+    def __init__(self, hub: Hub, authenticator: Authenticator) -> None:
         self.hub = hub
         self.authenticator = authenticator
-        self.max_viewers = max_viewers
+        self.max_viewers = integer("mjpeg_max_viewers")
+        self.feeds_per_channel = integer("mjpeg_feeds_per_channel")
+        self.feeds_per_address = integer("mjpeg_feeds_per_address")
+        self.first_frame_s = number("mjpeg_first_frame_s")
+        # Its own threads: the default executor also serves the OIDC key fetches, which a
+        # burst of encodes must not hold up; at most one encode per feed waits for them.
+        self.executor = ThreadPoolExecutor(
+            integer("mjpeg_encode_threads"), thread_name_prefix="pvwire-mjpeg"
+        )
         self.feeds: dict[tuple[str, MjpegOptions], MjpegFeed] = {}
         self.viewers: dict[str, int] = {}  # client address -> viewers open
+        self._closed = MjpegStats()  # the counters of feeds closed so far
 
     def router(self) -> APIRouter:
         router = APIRouter()
-        router.add_api_route("/mjpeg/{channel_id:path}", self.serve, methods=["GET"])
+        router.add_api_route("/mjpeg/{name:path}", self.serve, methods=["GET"])
         return router
+
+    def close(self) -> None:
+        for feed in list(self.feeds.values()):
+            feed.close()
+        self.feeds.clear()
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def encodes(self) -> int:
         """JPEGs made by the feeds open now (tests and benchmarks count them)."""
         return sum(feed.encodes for feed in self.feeds.values())
 
-    async def serve(self, request: Request, channel_id: str) -> Response:
+    def stats(self) -> MjpegStats:
+        feeds, c = list(self.feeds.values()), self._closed
+        return MjpegStats(
+            feeds=len(feeds),
+            viewers=sum(self.viewers.values()),
+            encodes=c.encodes + sum(f.encodes for f in feeds),
+            frames_sent=c.frames_sent + sum(f.frames_sent for f in feeds),
+            bytes_sent=c.bytes_sent + sum(f.bytes_sent for f in feeds),
+        )
+
+    async def serve(self, request: Request, name: str) -> Response:
         hub = self.hub
         peer = request.client.host if request.client else ""
         try:
@@ -103,54 +157,114 @@ class MjpegEndpoint:
         except AuthError as exc:
             return _text(401, str(exc))
         try:
-            options = parse_options(request.query_params)
-            canonical = hub.resolve(channel_id)[0]
+            options = parse_options(request.query_params).rounded()
+            candidates = [hub.resolve(i)[0] for i in image_ids(name, hub.settings.image_scheme)]
         except (BadOptions, PvwireError) as exc:
             return _text(400, str(exc))
-        if not hub.may_read(identity, canonical):
-            return _text(403, f"{identity.describe()} may not read {canonical}")
+        readable = [c for c in candidates if hub.may_read(identity, c)]
+        if not readable:
+            return _text(403, f"{identity.describe()} may not read {candidates[-1]}")
         address = identity.address
         per_address = hub.settings.max_connections_per_address
         if sum(self.viewers.values()) >= self.max_viewers:
             return _text(503, f"this server serves {self.max_viewers} MJPEG viewers at most")
         if self.viewers.get(address, 0) >= per_address:
             return _text(503, f"{per_address} MJPEG viewers from {address} already")
-        try:
-            feed = self._join(canonical, options, identity)
-        except AttachRefused as exc:
-            return _text(403, str(exc))
+        feeds: list[MjpegFeed] = []
+        refusal: _Refused | None = None
+        for canonical in readable:
+            try:
+                feeds.append(self._join(canonical, options, identity))
+            except _Refused as exc:
+                refusal = refusal or exc
+            except AttachRefused as exc:
+                refusal = refusal or _Refused(403, str(exc))
+        if not feeds:
+            assert refusal is not None
+            return _text(refusal.status, str(refusal))
         self.viewers[address] = self.viewers.get(address, 0) + 1
-        try:
-            first = await asyncio.wait_for(feed.next_frame(0), FIRST_FRAME_S)
-        except (TimeoutError, ConnectionAbortedError):
-            why = feed.error or f"no image from {canonical} within {FIRST_FRAME_S:g} s"
-            self.leave(feed, address)
+        first = await self._first_frame(feeds)
+        for feed in feeds:
+            if first is None or feed is not first[0]:
+                self.leave(feed, None)
+        if first is None:
+            self._uncount(address)
+            why = feeds[-1].error or f"no image from {readable[-1]} within {self.first_frame_s:g} s"
             return _text(504, why)
-        return _Stream(self, feed, first, identity, canonical)
+        feed, frame = first
+        return _Stream(self, feed, frame, identity)
+
+    async def _first_frame(self, feeds: list[MjpegFeed]) -> tuple[MjpegFeed, Frame] | None:
+        """The first feed to give a picture (the earlier in `feeds` when at once) and its frame;
+        None when none does within `first_frame_s`."""
+        waits = {asyncio.ensure_future(feed.next_frame(0)): feed for feed in feeds}
+        pending = set(waits)
+        try:
+            async with asyncio.timeout(self.first_frame_s):
+                while pending:
+                    _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for wait, feed in waits.items():  # in the order of preference
+                        if wait.done() and not wait.cancelled() and wait.exception() is None:
+                            return feed, wait.result()
+        except TimeoutError:
+            pass
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return None
 
     def _join(self, canonical: str, options: MjpegOptions, identity: Identity) -> MjpegFeed:
         key = (canonical, options)
         feed = self.feeds.get(key)
         if feed is None or feed.close_request is not None:
-            feed = MjpegFeed(self.hub.client_number(), canonical, options, self.hub)
+            self._check_room(canonical, identity.address)
+            feed = MjpegFeed(self.hub.client_number(), canonical, options, self.hub, self.executor)
             feed.open(identity)  # raises AttachRefused before anything is kept
             self.feeds[key] = feed
-            self.hub.add_session(cast(Client, feed))
         feed.viewers += 1
         return feed
 
-    def leave(self, feed: MjpegFeed, address: str) -> None:
-        left = self.viewers.get(address, 0) - 1
-        if left > 0:
-            self.viewers[address] = left
-        else:
-            self.viewers.pop(address, None)
+    def _check_room(self, canonical: str, address: str) -> None:
+        """Room for one more feed of `canonical`, opened from `address`, or _Refused saying why."""
+        same = [o for (c, o), f in self.feeds.items() if c == canonical and f.close_request is None]
+        if len(same) >= self.feeds_per_channel:
+            used = "; ".join(sorted(o.query() for o in same))
+            raise _Refused(
+                503,
+                f"{canonical} is already served with {len(same)} option sets "
+                f"(at most {self.feeds_per_channel}); ask for one of: {used}",
+            )
+        mine = sum(1 for f in self.feeds.values() if f.address == address)
+        if mine >= self.feeds_per_address:
+            raise _Refused(
+                429,
+                f"{address} has opened {mine} MJPEG feeds already "
+                f"(at most {self.feeds_per_address}); ask for the same options",
+            )
+
+    def leave(self, feed: MjpegFeed, address: str | None) -> None:
+        """A viewer of `feed` is gone (`address` None: one of its candidates, never counted)."""
+        if address is not None:
+            self._uncount(address)
         feed.viewers -= 1
         if feed.viewers <= 0:
             key = (feed.channel_id, feed.options)
             if self.feeds.get(key) is feed:
                 del self.feeds[key]
-            self.hub.remove_session(cast(Client, feed))  # closes it: the channel is released
+            c = self._closed
+            self._closed = MjpegStats(
+                encodes=c.encodes + feed.encodes,
+                frames_sent=c.frames_sent + feed.frames_sent,
+                bytes_sent=c.bytes_sent + feed.bytes_sent,
+            )
+            feed.close()  # the channel is released
+
+    def _uncount(self, address: str) -> None:
+        left = self.viewers.get(address, 0) - 1
+        if left > 0:
+            self.viewers[address] = left
+        else:
+            self.viewers.pop(address, None)
 
     def may_read(self, identity: Identity, canonical: str) -> bool:
         return self.hub.may_read(identity, canonical)
@@ -164,12 +278,7 @@ class _Stream(Response):
     """One viewer's multipart response: the newest frame each time its connection can take one."""
 
     def __init__(
-        self,
-        endpoint: MjpegEndpoint,
-        feed: MjpegFeed,
-        first: Frame,
-        identity: Identity,
-        canonical: str,
+        self, endpoint: MjpegEndpoint, feed: MjpegFeed, first: Frame, identity: Identity
     ) -> None:
         super().__init__(
             media_type=f"multipart/x-mixed-replace;boundary={BOUNDARY.decode()}",
@@ -181,46 +290,60 @@ class _Stream(Response):
         self._feed = feed
         self._first = first
         self._identity = identity
-        self._canonical = canonical
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint, feed = self._endpoint, self._feed
-        stall = endpoint.hub.settings.stall_timeout_s
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            await send({"type": "http.response.body", "body": b"--" + BOUNDARY + b"\r\n",
-                        "more_body": True})  # fmt: skip
-            frame = self._first
-            while endpoint.may_read(self._identity, self._canonical):
-                part = b"".join((
-                    b"Content-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(frame.jpeg),
-                    frame.jpeg,
-                    b"\r\n--" + BOUNDARY + b"\r\n",
-                ))  # fmt: skip
-                message: Message = {"type": "http.response.body", "body": part, "more_body": True}
-                try:
-                    # The server awaits its socket draining before it writes: a viewer that
-                    # reads nothing blocks here, and only here.
-                    await asyncio.wait_for(send(message), stall)
-                except TimeoutError:
-                    log.info("MJPEG viewer of %s took nothing for %g s: closed", feed.channel_id,
-                             stall)  # fmt: skip
+            opening = b"--" + BOUNDARY + b"\r\n" + PART_HEAD
+            frame: Frame | None = self._first
+            while frame is not None:
+                if not await self._send(send, opening + frame.jpeg + NEXT_PART):
                     return
-                feed.sent(len(part))
-                newer = asyncio.ensure_future(feed.next_frame(frame.seq))
-                await asyncio.wait({newer, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not newer.done():
-                    newer.cancel()
-                    return
-                try:
-                    frame = newer.result()
-                except ConnectionAbortedError:
-                    break
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                opening = b""
+                frame = await self._next(frame, gone)
+            if not gone.done():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
             endpoint.leave(feed, self._identity.address)
+
+    async def _send(self, send: Send, part: bytes) -> bool:
+        """Send one part; False when the viewer took nothing for `stall_timeout_s`."""
+        stall = self._endpoint.hub.settings.stall_timeout_s
+        message: Message = {"type": "http.response.body", "body": part, "more_body": True}
+        try:
+            # The server awaits its socket draining before it writes: a viewer that reads
+            # nothing blocks here, and only here.
+            await asyncio.wait_for(send(message), stall)
+        except TimeoutError:
+            log.info(
+                "MJPEG viewer of %s took nothing for %g s: closed", self._feed.channel_id, stall
+            )
+            return False
+        self._feed.sent(len(part))
+        return True
+
+    async def _next(self, frame: Frame, gone: asyncio.Future[None]) -> Frame | None:
+        """The feed's next frame; None when the viewer is gone, may no longer read the channel,
+        or the feed closed."""
+        newer = asyncio.ensure_future(self._feed.next_frame(frame.seq))
+        either: set[asyncio.Future[Any]] = {newer, gone}
+        try:
+            while True:
+                await asyncio.wait(either, timeout=RECHECK_S, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    return None
+                if not self._endpoint.may_read(self._identity, self._feed.channel_id):
+                    return None
+                if newer.done():
+                    try:
+                        return newer.result()
+                    except ConnectionAbortedError:
+                        return None
+        finally:
+            newer.cancel()
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -36,9 +37,9 @@ from ..core.clients import Client
 from ..core.hub import Hub
 from ..core.view import View
 from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
-from ..limits import number
+from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
-from ..wire.codes import NORMAL, POLICY, TRY_AGAIN
+from ..wire.codes import INTERNAL, NORMAL, POLICY, TRY_AGAIN
 from ..wire.pvws import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
 from ..wire.pvws_snapshot import PvwsSocketSnapshot, snapshot
 from ..wire.session import AttachRefused, SessionLimits
@@ -51,6 +52,11 @@ __all__ = ["PvwsEndpoint", "throttle_rates"]
 log = logging.getLogger("pvwire.pvws")
 
 PUT_TIMEOUT = number("pvws_put_timeout_s")
+OPENS_PER_PASS = integer("pvws_opens_per_pass")
+WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
+# PVs one connection opens before the next connection's turn within a pass: a subscribe of
+# thousands does not make a smaller one wait for all of it.
+_OPEN_TURN = 10
 # pvget's answer to each error, by HTTP status.
 _STATUS = {BadChannelId: 400, Forbidden: 403, ChannelNotFound: 404, ChannelTimeout: 504}
 
@@ -111,6 +117,49 @@ class _Host:
         self._hub.close_view(cast(View, view), cast(Client, session), att)
 
 
+class _Opener:
+    """Opens the PVs that `/pvws/pv` clients subscribe to, at most `per_pass` per event-loop
+    pass over all connections, taking turns: each open resolves a name and opens a view, and
+    a subscribe of 20,000 names opened at once held the loop for seconds, for every client."""
+
+    def __init__(self, per_pass: int = OPENS_PER_PASS, turn: int = _OPEN_TURN) -> None:
+        self.per_pass, self.turn = per_pass, turn
+        self._waiting: deque[PvwsSession] = deque()
+        self._queued: set[int] = set()  # session numbers in `_waiting`
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self, session: PvwsSession) -> None:
+        """`session` has names to open."""
+        if session.number not in self._queued:
+            self._queued.add(session.number)
+            self._waiting.append(session)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self._waiting:
+                self.one_pass()
+                await asyncio.sleep(0)  # one pass of the event loop for everything else
+        finally:
+            self._task = None
+
+    def one_pass(self) -> None:
+        budget = self.per_pass
+        while budget > 0 and self._waiting:
+            session = self._waiting.popleft()
+            try:
+                budget -= max(1, session.open_pending(min(budget, self.turn)))
+            except Exception:
+                # One connection's fault is its own: it is closed, the others go on opening.
+                log.exception("pvws client %s: opening its PVs failed", session.number)
+                session.request_close(INTERNAL, "internal error; reconnect to resume")
+            if session.opening and not session.close_request:
+                self._waiting.append(session)
+            else:
+                self._queued.discard(session.number)
+
+
 @dataclass(frozen=True, slots=True)
 class _Read:
     """A get's reading as the pvws encoder reads a channel's state (wire/pvws.py ChannelState)."""
@@ -150,6 +199,8 @@ class PvwsEndpoint:
         self.sessions: dict[str, PvwsSession] = {}
         self.started = time.time()
         self._writes: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[int, int] = {}  # writes not yet done, by session number
+        self.opener = _Opener()
 
     # --- the WebSocket ------------------------------------------------------------------------
 
@@ -186,6 +237,9 @@ class PvwsEndpoint:
             limits,
             wakeup,
             self.rates,
+            max_per_subscribe=settings.max_channels_per_subscription,
+            opener=self.opener,
+            image_bytes_per_s=settings.pvws_image_bytes_per_s,
         )
 
         def handle(message: Message) -> None:
@@ -195,10 +249,7 @@ class PvwsEndpoint:
                 text = data.decode(errors="replace") if data is not None else ""
             for command in session.receive(text):
                 if isinstance(command, Write):
-                    # Not awaited here: a slow put must not hold this client's other messages.
-                    task = asyncio.create_task(self._write_pv(session, command, identity))
-                    self._writes.add(task)
-                    task.add_done_callback(self._writes.discard)
+                    self._start_write(session, command, identity)
                 # A Ping needs nothing: the server's keepalive pings (module docstring).
 
         self.sessions[session.id] = session
@@ -220,7 +271,33 @@ class PvwsEndpoint:
         finally:
             self.sessions.pop(session.id, None)
 
+    def _start_write(self, session: PvwsSession, command: Write, identity: Identity) -> None:
+        """Start a write, unless this connection has WRITES_IN_FLIGHT not done yet: each is a
+        task, and a client's burst of writes must not make one task per message."""
+        in_flight = self._in_flight.get(session.number, 0)
+        if in_flight >= WRITES_IN_FLIGHT:
+            message = (
+                f"Cannot write {command.pv}: {in_flight} writes of this connection are not done "
+                "yet, the most one may have (pvws_writes_in_flight)"
+            )
+            session.write_failed(message)
+            self.hub.refused_put(command.pv, command.value, identity, "too_many_writes", message)
+            return
+        self._in_flight[session.number] = in_flight + 1
+        # Not awaited here: a slow put must not hold this client's other messages.
+        task = asyncio.create_task(self._write_pv(session, command, identity))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
     async def _write_pv(self, session: PvwsSession, command: Write, identity: Identity) -> None:
+        try:
+            await self._put(session, command, identity)
+        finally:
+            left = self._in_flight.pop(session.number, 1) - 1
+            if left > 0:
+                self._in_flight[session.number] = left
+
+    async def _put(self, session: PvwsSession, command: Write, identity: Identity) -> None:
         try:
             await self.hub.put(command.pv, command.value, False, PUT_TIMEOUT, identity)
         except PvwireError as exc:

@@ -8,6 +8,7 @@ Reflective Servers result: a cached get costs nothing upstream).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import logging
 import time
@@ -18,6 +19,7 @@ from typing import Any
 from ..access.audit import AuditLog
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
+from ..access.refusals import PUT_REASONS, RefusalLog
 from ..access.rules import Access, RulesFile, split_field
 from ..config import CatalogueFile
 from ..errors import Forbidden, PutRejected, PvwireError, RateLimited, WriteDenied
@@ -45,6 +47,8 @@ class Control:
         self.rules = rules
         self._audit = audit
         self._puts = puts
+        # Puts refused by pvwire (rate limit, rules): each counted, their audit lines bounded.
+        self.put_refusals = RefusalLog(audit.refusal, reasons=PUT_REASONS, event="put_refused")
         self.stats = ControlStats()
         path = registry.settings.catalogue_file
         self.catalogue_file = CatalogueFile(Path(path)) if path else None
@@ -150,18 +154,34 @@ class Control:
         finally:
             if result != "ok":
                 self.stats.put_errors += 1
-            self._audit.put(
-                identity,
-                canonical,
-                old,
-                value,
-                result,
-                code,
-                time.perf_counter() - started,
-                wait,
-                refused_by=refused_by,
-            )
+            # A refusal by pvwire is what a flood of writes makes (the rate limiter refuses
+            # all but a few): its line is written only while its kind is not flooding.
+            bounded = refused_by == "pvwire" and code.lower() in self.put_refusals.counts
+            if not bounded or self.put_refusals.admit(code.lower()):
+                self._audit.put(
+                    identity,
+                    canonical,
+                    old,
+                    value,
+                    result,
+                    code,
+                    time.perf_counter() - started,
+                    wait,
+                    refused_by=refused_by,
+                )
         return canonical
+
+    def refused_put(
+        self, channel_id: str, value: Any, identity: Identity, reason: str, message: str
+    ) -> None:
+        """A put refused before it was tried (one of refusals.PUT_REASONS): counted, and audited
+        as the others pvwire refuses, bounded under a flood."""
+        if self.put_refusals.admit(reason):
+            with contextlib.suppress(PvwireError):  # else audited under the id as given
+                channel_id = self._registry.resolve(channel_id)[0]
+            self._audit.put(
+                identity, channel_id, None, value, message, reason.upper(), 0.0, False, "pvwire"
+            )
 
     @staticmethod
     def _user_at_ioc(identity: Identity, canonical: str) -> str:

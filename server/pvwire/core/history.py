@@ -71,6 +71,7 @@ and continues it if it is monitored again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -255,7 +256,9 @@ class HistorySlice:
     severity: npt.NDArray[np.int64]  # highest in the bucket
     status: npt.NDArray[np.int64]  # points only (buckets: 0)
     gap: npt.NDArray[np.bool_]
-    truncated: bool  # more rows matched than the limit: the newest were kept
+    # More rows matched than the limit: `query` kept the newest; `backfill` the oldest, and
+    # more follow.
+    truncated: bool
     since: int  # ns: the oldest time this answer could hold (older data is gone)
 
     def __len__(self) -> int:
@@ -558,11 +561,13 @@ class ChannelHistory:
             oldest = int(tier_used.rows([])["t"][0])
         return _buckets(picked, tier_used.width, truncated, oldest)
 
-    def backfill(self, since: int) -> list[HistorySlice]:
+    def backfill(self, since: int, limit: int | None = None) -> list[HistorySlice]:
         """What a subscription's `backfill` sends before its snapshot (PROTOCOL.md section 2.8):
         one or two slices, oldest first. Buckets of the finest tier that reaches back to `since`,
         whole buckets only, ending at or before the raw ring's first point, when the ring does
-        not reach back that far; then the raw points from `since` on.
+        not reach back that far; then the raw points from `since` on. `limit`: the oldest
+        `limit` rows of these only (`_take`), for a backfill sent a message at a time; the last
+        slice's `truncated` then says that more rows follow.
 
         The join with the snapshot: the newest raw point, unless it is a gap, is the channel's
         current value (the channel records every update where it stores it, and the snapshot
@@ -571,7 +576,7 @@ class ChannelHistory:
         sends its frames the same way."""
         self._sync()
         if self.arrays is not None:
-            return self.arrays.backfill(since)
+            return self.arrays.backfill(since, limit)
         self._aggregate()
         raw = self.points()
         if len(raw) and not raw["gap"][-1]:
@@ -593,11 +598,18 @@ class ChannelHistory:
             tier_used, rows = chosen
             end = rows["t"] + tier_used.width
             rows = rows[(end > since) & (end <= first)]
-            if len(rows):
-                out.append(_buckets(rows, tier_used.width, False, self.first))
+            cut = len(rows) if limit is None else _take(rows["t"], limit)
+            if cut:
+                out.append(_buckets(rows[:cut], tier_used.width, cut < len(rows), self.first))
+                if cut < len(rows):
+                    return out
+                limit = None if limit is None else limit - cut
         points = raw[raw["t"] >= since]
-        if len(points):
-            out.append(_points(points, self.first, False))
+        cut = len(points) if limit is None else _take(points["t"], limit) if limit > 0 else 0
+        if cut:
+            out.append(_points(points[:cut], self.first, cut < len(points)))
+        elif len(points):
+            out[-1] = dataclasses.replace(out[-1], truncated=True)
         return out
 
     def _oldest(self, raw: npt.NDArray[Any], whole: bool) -> int:
@@ -864,24 +876,61 @@ class ArrayHistory:
         oldest = int(used.rows([]).t[0]) if used.wrapped else self.first
         return picked.slice(used.width, truncated, oldest)
 
-    def backfill(self, since: int) -> list[HistorySlice]:
+    def backfill(self, since: int, limit: int | None = None) -> list[HistorySlice]:
         """As ChannelHistory.backfill (the join included: the newest frame, unless a gap, is
-        the channel's current value, which the snapshot carries)."""
+        the channel's current value, which the snapshot carries). `limit` counts values: a
+        row of frames is `elements` of them (at least one row is given)."""
         idx = self._order()
         if len(idx) and self._a[idx[-1]] != GAP_ALARM:
             idx = idx[:-1]
         t = self._t[idx]
+        rows_left = None if limit is None else max(1, limit // self.elements)
         out = []
         if self.wrapped and len(idx) and t[0] > since:
             used, rows = self._tier_for(since)
             end = rows.t + used.width
             rows = rows[(end > since) & (end <= int(t[0]))]
-            if len(rows):
-                out.append(rows.slice(used.width, False, self.first))
+            cut = len(rows) if rows_left is None else _take(rows.t, rows_left)
+            if cut:
+                out.append(rows[:cut].slice(used.width, cut < len(rows), self.first))
+                if cut < len(rows):
+                    return out
+                rows_left = None if rows_left is None else rows_left - cut
         keep = idx[t >= since]
-        if len(keep):
-            out.append(self._frames(keep, self.first))
+        cut = (
+            len(keep)
+            if rows_left is None
+            else _take(self._t[keep], rows_left)
+            if rows_left > 0
+            else 0
+        )
+        if cut:
+            frames = self._frames(keep[:cut], self.first)
+            out.append(dataclasses.replace(frames, truncated=cut < len(keep)))
+        elif len(keep):
+            out[-1] = dataclasses.replace(out[-1], truncated=True)
         return out
+
+
+def _take(t: npt.NDArray[np.int64], n: int) -> int:
+    """How many of the rows at times `t` (oldest first) one message takes, about `n`: never
+    rows of one time in two messages, as the next message starts after the last time sent
+    (a backfill's cursor is a time: core/backfill.py). At least one row when there is one."""
+    n = max(n, 1)
+    if n >= len(t):
+        return len(t)
+    last = t[n - 1]
+    if t[n] != last:
+        return n
+    j = n - 1
+    while j > 0 and t[j - 1] == last:
+        j -= 1
+    if j > 0:
+        return j
+    k = n
+    while k < len(t) and t[k] == last:
+        k += 1
+    return k
 
 
 def _points(sel: npt.NDArray[Any], oldest: int, truncated: bool) -> HistorySlice:

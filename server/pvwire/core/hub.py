@@ -116,6 +116,7 @@ class Hub:
         for backend in self.registry.backends.values():
             await backend.close()
         self.refusals.close()
+        self.control.put_refusals.close()
         self.audit.close()
 
     # --- the control plane --------------------------------------------------------------------
@@ -130,6 +131,13 @@ class Hub:
         self, channel_id: str, value: Any, wait: bool, timeout: float, identity: Identity
     ) -> str:
         return await self.control.put(channel_id, value, wait, timeout, identity)
+
+    def refused_put(
+        self, channel_id: str, value: Any, identity: Identity, reason: str, message: str
+    ) -> None:
+        """A put an endpoint refused before trying it (refusals.PUT_REASONS): counted and
+        audited as pvwire's other refusals are (control.py)."""
+        self.control.refused_put(channel_id, value, identity, reason, message)
 
     def search(self, pattern: str, limit: int, identity: Identity) -> list[str]:
         return self.control.search(pattern, limit, identity)
@@ -393,6 +401,7 @@ class Hub:
             channel_count=len(channels),
             history=self.history_store.stats(),
             auth_refusals=dict(self.refusals.counts),
+            put_refusals=dict(self.control.put_refusals.counts),
             upstream_channels={
                 scheme: backend.channel_counts()
                 for scheme, backend in sorted(self.registry.backends.items())

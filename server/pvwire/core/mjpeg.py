@@ -1,10 +1,12 @@
 """MJPEG feeds: one channel's images as JPEG frames, encoded once per option set for every viewer.
 
 cs-web-lib's Image widget (and the web screens of sites that run areaDetector's ffmpegServer)
-show an image as an MJPEG URL in an `<img>`, not as PV arrays. A feed is one hub client per
-(channel, options): it attaches to the channel like any stream client, and at each tick that
-brought a new image it encodes ONE JPEG, off the event loop, which every viewer of that feed then
-sends. A viewer only ever takes the newest frame: a slow one skips frames, nothing queues.
+show an image as an MJPEG URL in an `<img>`, not as PV arrays. A feed is one view client per
+(channel, options): it attaches to the channel's view as a stream client does, and at each tick
+that brought a new image it encodes ONE JPEG, in the feeds' own threads, which every viewer of
+that feed then sends. A viewer only ever takes the newest frame: a slow one skips frames, nothing
+queues. Options are rounded to a few levels (`MjpegOptions.rounded`), so that viewers asking for
+nearly the same thing share a feed: the work grows with the levels in use, not with the askers.
 
 The picture is what the demo page's ImageView draws (PROTOCOL.md section 4.5): grey for `mono`
 (and for a layout it cannot tell the colour of: the last two dims, first plane), RGB for
@@ -16,10 +18,13 @@ subsampled by a whole factor per axis, as `maxPixels` does for `/stream`.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import io
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,7 +36,18 @@ from ..model import ConnState, Value
 from ..wire.tokens import Claims
 from .reduce import Reduction, reduce_value
 
-__all__ = ["FeedHost", "Frame", "MjpegFeed", "MjpegOptions", "NotAnImage", "encode_jpeg", "to_8bit"]
+__all__ = [
+    "FPS_LEVELS",
+    "QUALITY_LEVELS",
+    "FeedHost",
+    "Frame",
+    "MjpegFeed",
+    "MjpegOptions",
+    "MjpegStats",
+    "NotAnImage",
+    "encode_jpeg",
+    "to_8bit",
+]
 
 log = logging.getLogger("pvwire.mjpeg")
 
@@ -40,11 +56,40 @@ class NotAnImage(ValueError):
     """The channel's value cannot be shown as a picture; the message says why."""
 
 
+# The levels options are rounded to: a feed per distinct option set costs a JPEG per frame, so
+# a client must not be able to make many of them by asking 20.00, 20.01, ... frames per second.
+FPS_LEVELS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 50.0)
+QUALITY_LEVELS = (5, 25, 50, 75, 85, 95)
+
+
 @dataclass(frozen=True, slots=True)
 class MjpegOptions:
     max_pixels: int
     quality: int
     fps: float
+
+    def rounded(self) -> MjpegOptions:
+        """The options a feed serves: `fps` down to a level of FPS_LEVELS (never faster than
+        asked), `quality` to the nearest of QUALITY_LEVELS, `max_pixels` down to a power of two
+        (never larger than asked)."""
+        fps = FPS_LEVELS[max(0, bisect.bisect_right(FPS_LEVELS, self.fps + 1e-9) - 1)]
+        quality = min(QUALITY_LEVELS, key=lambda q: (abs(q - self.quality), q))
+        pixels = 1 << int(math.log2(self.max_pixels)) if self.max_pixels > 0 else 0
+        return MjpegOptions(pixels, quality, fps)
+
+    def query(self) -> str:
+        return f"maxPixels={self.max_pixels}&quality={self.quality}&fps={self.fps:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class MjpegStats:
+    """What `/metrics` shows of the MJPEG endpoint (counters include feeds closed since)."""
+
+    feeds: int = 0
+    viewers: int = 0
+    encodes: int = 0
+    frames_sent: int = 0
+    bytes_sent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +144,13 @@ def encode_jpeg(
 
 
 class MjpegFeed:
-    """One channel's JPEG frames for one option set: a hub client of its own (core/clients.py).
+    """One channel's JPEG frames for one option set: a view client (core/clients.py), but not a
+    connection: the hub's sessions, per-address counts and stream metrics do not hold it.
 
-    `open(identity)` attaches it to the hub for that identity (read access checked there, as for
-    a subscription); viewers then wait on `next_frame`. Encoding runs in the loop's default
-    executor, at most one at a time per feed; an image that arrives meanwhile is encoded next
-    (the newest only).
+    `open(identity)` attaches it to the channel's view for that identity (read access checked
+    there, as for a subscription); viewers then wait on `next_frame`. Encoding runs in
+    `executor` (the endpoint's own threads), at most one at a time per feed; an image that
+    arrives meanwhile is encoded next (the newest only).
     """
 
     endpoint = "mjpeg"
@@ -115,10 +161,11 @@ class MjpegFeed:
         channel_id: str,
         options: MjpegOptions,
         host: FeedHost,
+        executor: Executor,
         encode: Callable[[Value, str | None, MjpegOptions], tuple[bytes, int, int]] = encode_jpeg,
     ) -> None:
         self.number = number
-        self.address = ""
+        self.address = ""  # whose identity opened it (its cost counts against that address)
         self.channel_id = channel_id
         self.options = options
         self.channel_count = 1
@@ -129,6 +176,7 @@ class MjpegFeed:
         self.error = "no image yet"  # why there is no (new) frame, for a viewer waiting for one
         self.viewers = 0
         self._host = host
+        self._executor = executor
         self._encode = encode
         self._view: Any = None
         self._claims: Claims | None = None
@@ -193,7 +241,9 @@ class MjpegFeed:
         self._encoding = True
         self._again = False
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(None, self._encode, ch.value, ch.meta.color_mode, self.options)
+        work = loop.run_in_executor(
+            self._executor, self._encode, ch.value, ch.meta.color_mode, self.options
+        )
         work.add_done_callback(self._encoded)
 
     def _encoded(self, work: asyncio.Future[tuple[bytes, int, int]]) -> None:

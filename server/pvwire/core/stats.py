@@ -63,3 +63,4 @@ class HubSnapshot:
     upstream_channels: dict[str, dict[str, int]]
     history: HistoryStats
     auth_refusals: dict[str, int]  # refused authentications by reason (access/refusals.py)
+    put_refusals: dict[str, int]  # puts refused by pvwire by reason (refusals.PUT_REASONS)

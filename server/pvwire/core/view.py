@@ -13,13 +13,14 @@ value wins, the serial keeps the count) until it is. So is the view's array redu
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..limits import ALL_MODE_PER_VIEW, MAX_BACKFILL_S
+from ..limits import ALL_MODE_PER_VIEW
 from ..model import CONN, META
 from ..wire import codec as wire
+from .backfill import Backfill
 from .channel import Channel
 from .reduce import NO_REDUCTION, Reduction
 
@@ -174,25 +175,10 @@ class View:
             list(masks), [channels[sid].body(m, True, r, w[sid] == 1) for sid, m in masks.items()]
         )
 
-    def backfill_frames(self, att: int, seconds: float) -> list[bytes]:
-        """HISTORY messages with each channel's last `seconds` (server clock), to be sent right
-        before this attachment's snapshot (PROTOCOL.md section 2.8). A channel without history
-        sends none; a failure skips that channel's past, counted, and the attachment goes on."""
-        since = time.time_ns() - int(min(seconds, MAX_BACKFILL_S) * 1e9)
-        frames = []
-        for sid, ch in enumerate(self.channels):
-            recorder = ch.recorder
-            if recorder is None:
-                continue
-            try:
-                for part in recorder.backfill(since):
-                    columns = (part.t, part.value, part.min, part.max, part.severity,
-                               part.status, part.gap)  # fmt: skip
-                    frames.append(wire.encode_history(att, sid, part.resolution, columns))
-            except Exception:
-                log.exception("backfill of %s failed; its past is not sent", ch.id)
-                ch.listener.count_failure("history")
-        return frames
+    def backfill(self, att: int, seconds: float, held: Sequence[int] | None) -> Backfill:
+        """This attachment's backfill (PROTOCOL.md section 2.8), which its session produces a
+        message at a time under its send budget, then the snapshot (core/backfill.py)."""
+        return Backfill(att, self.channels, seconds, held)
 
     def snapshot_entries(self) -> wire.Entries:
         r = self.reduction

@@ -462,6 +462,9 @@ class BadMessage(ValueError):
 class Attach:
     req: int
     token: str
+    # Per channel of the token, the time (ns) of the newest backfill row the client holds, 0
+    # for none (PROTOCOL.md section 2.8); None: not said, the whole backfill is sent.
+    since: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,7 +527,14 @@ def decode_client_message(data: bytes) -> ClientMessage:
     if kind == Kind.ATTACH:
         if not isinstance(msg[2], str):
             raise BadMessage("ATTACH is [16, req, token] with a string token", req)
-        return Attach(req, msg[2])
+        since = msg[3] if len(msg) > 3 else None
+        if since is None:
+            return Attach(req, msg[2])
+        if not isinstance(since, list) or not all(_is_uint(t) for t in since):
+            raise BadMessage(
+                "ATTACH's since is an array of unsigned integers, one per channel (or nil)", req
+            )
+        return Attach(req, msg[2], tuple(since))
     if not _is_uint(msg[2]):
         raise BadMessage("DETACH is [17, req, att] with an unsigned integer att", req)
     return Detach(req, msg[2])

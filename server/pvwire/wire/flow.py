@@ -27,10 +27,11 @@ class FlowControl(Generic[T]):
         clock: Callable[[], float],
         wake: Callable[[], None],
         catch_up: Callable[[], None],
+        size: Callable[[T], int] = len,
     ) -> None:
         self.send_budget = send_budget
         self.stall_timeout = stall_timeout
-        self._out: Outbox[T] = Outbox(clock, wake)
+        self._out: Outbox[T] = Outbox(clock, wake, size)
         self._wake = wake
         self._catch_up = catch_up
         self.behind = False

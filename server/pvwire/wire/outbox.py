@@ -13,8 +13,15 @@ T = TypeVar("T", bytes, str)
 
 
 class Outbox(Generic[T]):
-    def __init__(self, clock: Callable[[], float], wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        wake: Callable[[], None],
+        size: Callable[[T], int] = len,
+    ) -> None:
         self._clock = clock
+        # An item's bytes on the socket (pvws: a text's UTF-8 bytes, not its characters).
+        self._size: Callable[[T], int] = size
         self._wake = wake
         self._items: deque[T] = deque()
         self.queued_bytes = 0  # includes the item being sent until `sent()` reports it
@@ -24,7 +31,7 @@ class Outbox(Generic[T]):
         if not self.queued_bytes:
             self.last_progress = self._clock()  # a stall is measured from the first unsent item
         self._items.append(item)
-        self.queued_bytes += len(item)
+        self.queued_bytes += self._size(item)
         self._wake()
 
     def extend(self, items: list[T], nbytes: int) -> None:
@@ -46,13 +53,13 @@ class Outbox(Generic[T]):
         if self.queued_bytes <= limit:  # everything queued fits: taken at once
             out = list(items)
             items.clear()
-            return out, sum(map(len, out))
+            return out, sum(map(self._size, out))
         out = []
         size = 0
         while items and size < limit:
             item = items.popleft()
             out.append(item)
-            size += len(item)
+            size += self._size(item)
         return out, size
 
     def sent(self, nbytes: int) -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "PvwsSession",
     "PvwsType",
     "Write",
+    "utf8_size",
 ]
 
 log = logging.getLogger("pvwire.pvws")
@@ -392,6 +393,7 @@ class _Pv:
         "ch",
         "entry",
         "failure",
+        "image",
         "level",
         "meta",
         "name",
@@ -409,6 +411,7 @@ class _Pv:
         self.ch = opened.view.channels[0]  # the view's one channel, read at every update
         self.writes = opened.may_write
         self.array = False  # opened at the array rate
+        self.image = False  # its value is an image: sent within the connection's image budget
         self.shown = False  # the client has a value (not a disconnect) of it
         self.meta: Metadata | None = None  # metadata last sent; None: nothing sent yet
         self.severity = ""
@@ -432,6 +435,9 @@ class PvwsSession(FlowView[str]):
         rates: tuple[float, float] = (0.0, 0.0),
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        max_per_subscribe: int = integer("max_channels_per_subscription"),
+        opener: Callable[[PvwsSession], None] | None = None,
+        image_bytes_per_s: float = 0.0,
     ) -> None:
         self.number = number
         self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
@@ -454,8 +460,23 @@ class PvwsSession(FlowView[str]):
         self.channel_count = 0
         self._next_att = 1
         self._flow: FlowControl[str] = FlowControl(
-            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up
+            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up, utf8_size
         )
+        self.max_per_subscribe = max_per_subscribe
+        # Names subscribed but not opened yet, in order. Opening costs a resolve and a view per
+        # name: `opener` is told there are some and opens them a few per event-loop pass
+        # (`open_pending`), so a subscribe of thousands holds nobody; None opens them at once.
+        self._opening: dict[str, None] = {}
+        self._opener = opener
+        self._popped = 0  # UTF-8 bytes of the text `next_text` gave last
+        # Images cost what a client can use: their frames are paced to `image_bytes_per_s`
+        # (each frame's bytes owed, then paid off at that rate before the next goes; no burst).
+        # A frame that comes while owing waits, and newer ones replace it.
+        self.image_bytes_per_s = image_bytes_per_s
+        self._image_tokens = 0.0  # bytes owed, as a negative number; 0: a frame may go
+        self._image_at = clock()
+        self._images_waiting: dict[int, None] = {}  # atts of images held back
+        self.images_held = 0  # image frames replaced while held back (never sent)
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
         self._reopen: list[_Pv] = []
@@ -500,22 +521,26 @@ class PvwsSession(FlowView[str]):
             for error in held:
                 self._queue_text(error)
         if kind in ("subscribe", "monitor"):
-            for name in _pvs(msg, text):
-                if name not in self.pvs:
-                    self._subscribe(name)
+            self._subscribe_all(_pvs(msg, text))
         elif kind == "clear":
             for name in _pvs(msg, text):
                 pv = self.pvs.pop(name, None)
                 if pv is not None:
                     self._release(pv)
+                self._opening.pop(name, None)
         elif kind == "list":
-            self._queue_text(_json({"type": "list", "pvs": list(self.pvs)}))
+            self._queue_text(_json({"type": "list", "pvs": [*self.pvs, *self._opening]}))
         elif kind == "write":
             if "pv" not in msg:
                 raise _BadMessage(f"Missing 'pv' in {_shorten(text)}")
             if "value" not in msg:
                 raise _BadMessage(f"Missing 'value' in {_shorten(text)}")
             name, value = _text(msg["pv"]), msg["value"]
+            if name in self._opening:
+                # Opened now (one name): a write goes to a PV the access rules let it open, and
+                # one that cannot open is answered as unknown, as if it had been opened first.
+                del self._opening[name]
+                self._subscribe(name)
             if name not in self.pvs:
                 self.write_failed(f"Cannot write unknown PV {name}")
                 return []
@@ -529,15 +554,52 @@ class PvwsSession(FlowView[str]):
             raise _BadMessage(f"Unknown message type: {_shorten(text)}")
         return []
 
-    def _subscribe(self, name: str) -> None:
-        if self.channel_count >= self.limits.max_channels:
-            # Each PV holds an upstream channel: without a bound one connection could open
-            # them until the server runs out of memory, for every other client too.
+    def _subscribe_all(self, names: list[str]) -> None:
+        if len(names) > self.max_per_subscribe:
+            # As GraphQL's `subscribe` refuses more ids: the names are what the client asks,
+            # refused whole before any work, and the PVs already held go on.
             self.write_failed(
-                f"Cannot subscribe to {name}: this connection holds {self.channel_count:,} PVs, "
-                "the most one may (max_channels_per_connection)"
+                f"Cannot subscribe to {len(names):,} PVs in one message: the most is "
+                f"{self.max_per_subscribe:,} (max_channels_per_subscription)"
             )
             return
+        for name in names:
+            if name in self.pvs or name in self._opening:
+                continue
+            held = self.channel_count + len(self._opening)
+            if held >= self.limits.max_channels:
+                # Each PV holds an upstream channel: without a bound one connection could open
+                # them until the server runs out of memory, for every other client too.
+                self.write_failed(
+                    f"Cannot subscribe to {name}: this connection holds {held:,} PVs, "
+                    "the most one may (max_channels_per_connection)"
+                )
+                continue
+            self._opening[name] = None
+        if not self._opening:
+            return
+        if self._opener is None:
+            self.open_pending(len(self._opening))
+        else:
+            self._opener(self)
+
+    @property
+    def opening(self) -> int:
+        """Names subscribed and not opened yet."""
+        return len(self._opening)
+
+    def open_pending(self, limit: int) -> int:
+        """Open up to `limit` of the names waiting, in subscription order; how many were
+        tried. Each is answered as it opens (its value if the channel has one, or an error)."""
+        tried = 0
+        while self._opening and tried < limit and not self.close_request:
+            name = next(iter(self._opening))
+            del self._opening[name]
+            tried += 1
+            self._subscribe(name)
+        return tried
+
+    def _subscribe(self, name: str) -> None:
         att = self._next_att
         try:
             opened = self._host.open(name, self, att, False)
@@ -556,10 +618,13 @@ class PvwsSession(FlowView[str]):
         # not wait for its next change.
         text = self._update(pv)
         if text is not None:
+            if pv.image and self.image_bytes_per_s > 0:
+                self._image_tokens -= utf8_size(text)  # a first frame is sent at once, counted
             self._queue_text(text)
 
     def _release(self, pv: _Pv) -> None:
         self._by_att.pop(pv.att, None)
+        self._images_waiting.pop(pv.att, None)
         self.attachments.pop(pv.att, None)
         self.claims.pop(pv.att, None)
         self._pending.pop(pv.att, None)
@@ -597,6 +662,10 @@ class PvwsSession(FlowView[str]):
         atts, self._tick = self._tick, []
         if self.close_request:
             return
+        if self._images_waiting and not self._flow.merging() and self._image_room():
+            # Images held back go first, in their current state, now that there is room.
+            waiting, self._images_waiting = list(self._images_waiting), {}
+            atts = waiting + [a for a in atts if a not in waiting]
         if self._flow.merging():
             pending = self._pending
             for att in atts:
@@ -623,6 +692,11 @@ class PvwsSession(FlowView[str]):
             if pv is None:
                 continue
             ch = pv.ch
+            if pv.image and self.image_bytes_per_s > 0:
+                image = self._image_text(pv)
+                if image is not None:
+                    append(image)
+                continue
             if (
                 pv.shown
                 and ch.meta is pv.meta
@@ -643,9 +717,32 @@ class PvwsSession(FlowView[str]):
             else:
                 update = self._update(pv)
                 if update is not None:
+                    if pv.image and self.image_bytes_per_s > 0:
+                        self._image_tokens -= utf8_size(update)  # a first frame, counted
                     append(update)
         if texts:
-            self._flow.extend(texts, sum(map(len, texts)))
+            self._flow.extend(texts, sum(map(utf8_size, texts)))
+
+    def _image_room(self) -> bool:
+        """Whether the image budget lets a frame out now: nothing is owed for earlier ones."""
+        now = self._clock()
+        rate = self.image_bytes_per_s
+        self._image_tokens = min(0.0, self._image_tokens + (now - self._image_at) * rate)
+        self._image_at = now
+        return self._image_tokens >= 0.0
+
+    def _image_text(self, pv: _Pv) -> str | None:
+        """`pv`'s update now if the image budget has room, else held back (its newest state is
+        sent once there is room: `flush_tick`, `housekeeping`)."""
+        if not self._image_room():
+            if pv.att in self._images_waiting:
+                self.images_held += 1
+            self._images_waiting[pv.att] = None
+            return None
+        text = self._update(pv)
+        if text is not None:
+            self._image_tokens -= utf8_size(text)
+        return text
 
     def _update(self, pv: _Pv) -> str | None:
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
@@ -674,6 +771,9 @@ class PvwsSession(FlowView[str]):
         arrays_differ = self.rates[1] != self.rates[0]
         if with_meta and not pv.array and arrays_differ and isinstance(ch.value, np.ndarray):
             self._reopen.append(pv)  # pvws re-subscribes an array at the array rate
+        if with_meta:
+            value = ch.value
+            pv.image = isinstance(value, np.ndarray) and value.ndim >= 2
         pv.shown = True
         pv.meta = meta
         pv.severity = severity
@@ -699,11 +799,16 @@ class PvwsSession(FlowView[str]):
     # --- outgoing -----------------------------------------------------------------------------
 
     def next_text(self) -> str | None:
-        return self._flow.pop()
+        text = self._flow.pop()
+        self._popped = utf8_size(text) if text is not None else 0
+        return text
 
     def sent(self, nbytes: int) -> None:
+        """The text of the last `next_text` is sent (`nbytes` is its length in characters, as
+        the socket pump measures a `str`: the queue counts its UTF-8 bytes)."""
         self.last_message_sent_ms = round(self._wall() * 1000)
-        self._flow.sent(nbytes)
+        self._flow.sent(self._popped)
+        self._popped = 0
 
     def next_frames(self, limit: int = WRITE_BATCH) -> bytes | None:
         """What `next_text` would give one by one, up to about `limit` bytes, as WebSocket text
@@ -732,9 +837,15 @@ class PvwsSession(FlowView[str]):
         self._send_updates(pending)
 
     def housekeeping(self, now: float) -> None:
-        self._flow.closing_slow(now)
+        if self._flow.closing_slow(now):
+            return
+        if self._images_waiting and not self._flow.merging() and self._image_room():
+            # An image that stopped changing still gets its newest frame out.
+            waiting, self._images_waiting = list(self._images_waiting), {}
+            self._send_updates(waiting)
 
     def close(self) -> None:
+        self._opening.clear()
         for pv in list(self.pvs.values()):
             self._release(pv)
         self.pvs.clear()
@@ -763,6 +874,12 @@ def _may_read_errors(count: int, kind: object, msg: dict[str, Any]) -> bool:
         return True
     pvs = msg.get("pvs")
     return not isinstance(pvs, list | dict) or len(pvs) != 1
+
+
+def utf8_size(text: str) -> int:
+    """The bytes `text` takes on the socket: pvws's messages are mostly ASCII, for which this
+    costs nothing (`isascii` reads a flag of the string)."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def _shorten(text: str) -> str:

@@ -11,13 +11,15 @@ under `send_budget`. Past it the session is *behind*: it stops queueing and merg
 would have sent per channel (latest value wins, the serial keeps the count). When the writer has
 drained below half the budget, one catch-up DATA carries the merged changes. A queue that makes no
 progress for `stall_timeout` closes the connection with 4008 SLOW. Nothing here ever waits for the
-client, so a slow client cannot delay the tick or anyone else.
+client, so a slow client cannot delay the tick or anyone else. A backfill (PROTOCOL.md 2.8) is
+produced under the same budget (`_backfill`, core/backfill.py): its attachment's live data is
+held until its snapshot, and a client that reads nothing holds at most the budget of its past.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,7 +65,16 @@ class Source(Protocol):
 
     def snapshot_entries(self) -> wire.Entries: ...
     def entries_for(self, masks: dict[int, int]) -> wire.Entries: ...
-    def backfill_frames(self, att: int, seconds: float) -> list[bytes]: ...
+    def backfill(self, att: int, seconds: float, held: Sequence[int] | None) -> Backfill: ...
+
+
+class Backfill(Protocol):
+    """One attachment's backfill, produced under the send budget (a `core.backfill.Backfill`)."""
+
+    def fill(self, room: int) -> tuple[list[bytes], bool]:
+        """HISTORY messages until they hold `room` bytes (one more at most), and whether it is
+        done: then the snapshot goes next, in the same call."""
+        ...
 
 
 class SessionHost(Protocol):
@@ -106,6 +117,8 @@ class Session(FlowView[bytes]):
             limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up
         )
         self._pending: dict[int, dict[int, int]] = {}  # att -> sid -> merged mask while behind
+        # Backfills under way, oldest first: their attachments get no live data until done.
+        self._backfills: dict[int, Backfill] = {}
         self._tick_groups: list[tuple[int, Source]] = []
         # Counters for `server` stats and metrics (frames and bytes sent: the flow control's).
         self.conflated = 0  # entries merged away while behind
@@ -124,7 +137,7 @@ class Session(FlowView[bytes]):
             self._error(exc.req, BAD_MESSAGE, str(exc))
             return
         if isinstance(msg, wire.Attach):
-            self._attach(msg.req, msg.token)
+            self._attach(msg.req, msg.token, msg.since)
         elif isinstance(msg, wire.Detach):
             self._detach(msg.req, msg.att)
         else:
@@ -140,7 +153,7 @@ class Session(FlowView[bytes]):
                 "send binary MessagePack (PROTOCOL.md section 1)",
             )
 
-    def _attach(self, req: int, token: str) -> None:
+    def _attach(self, req: int, token: str, since: tuple[int, ...] | None = None) -> None:
         try:
             claims = self._host.verify_token(token, self.address)
         except TokenError as exc:
@@ -162,6 +175,13 @@ class Session(FlowView[bytes]):
                 f"{self.limits.max_channels} (now {self.channel_count})",
             )
             return
+        if since is not None and len(since) != len(claims.ids):
+            self._error(
+                req,
+                BAD_MESSAGE,
+                f"ATTACH's since has {len(since)} times for the token's {len(claims.ids)} channels",
+            )
+            return
         att = self._next_att
         try:
             view = self._host.open_view(claims, self, att)
@@ -174,13 +194,33 @@ class Session(FlowView[bytes]):
         self.channel_count += len(view.ids)
         self._queue_frame(wire.encode_attached(req, att, view.ids))
         if claims.backfill > 0:
-            # The past first, then the snapshot, built in this same call: no update can land
-            # between them, so the join has neither a gap nor a duplicate (PROTOCOL.md 2.8).
-            for frame in view.backfill_frames(att, claims.backfill):
-                self._queue_frame(frame)
+            # The past first, under the send budget, then the snapshot (`_backfill`).
+            self._backfills[att] = view.backfill(att, claims.backfill, since)
+            self._backfill()
+        else:
+            self._queue_snapshot(att, view)
+
+    def _queue_snapshot(self, att: int, view: Source) -> None:
         self._queue_frame(
             wire.encode_snapshot(self._next_seq(), att, view.snapshot_entries(), self.aligned)
         )
+
+    def _backfill(self) -> None:
+        """Produce the backfills under way, oldest first, while the queue is under the budget;
+        each one done is followed by its snapshot, built in the same call as its last rows, so
+        the join has neither a gap nor a duplicate (PROTOCOL.md 2.8, core/backfill.py)."""
+        while self._backfills and not self.close_request:
+            room = self.limits.send_budget - self.queued_bytes
+            if room <= 0:
+                return
+            att, job = next(iter(self._backfills.items()))
+            frames, done = job.fill(room)
+            if frames:
+                self._flow.extend(frames, sum(len(f) for f in frames))
+            if not done:
+                return
+            del self._backfills[att]
+            self._queue_snapshot(att, self.attachments[att])
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends an attachment on its own (e.g. the rules changed): ERROR naming why,
@@ -210,6 +250,7 @@ class Session(FlowView[bytes]):
         self.claims.pop(att, None)
         self.channel_count -= len(view.ids)
         self._pending.pop(att, None)
+        self._backfills.pop(att, None)
         self._tick_groups = [(a, v) for a, v in self._tick_groups if a != att]
         self._host.close_view(view, self, att)
 
@@ -228,6 +269,9 @@ class Session(FlowView[bytes]):
     def flush_tick(self) -> None:
         """Queue this tick's DATA, or merge it into the pending changes when behind."""
         groups, self._tick_groups = self._tick_groups, []
+        if self._backfills:
+            # Held until the backfill is done: its snapshot then carries the current state.
+            groups = [(att, v) for att, v in groups if att not in self._backfills]
         if not groups or self.close_request:
             return
         if self._flow.merging():
@@ -265,6 +309,14 @@ class Session(FlowView[bytes]):
     def sent(self, nbytes: int) -> None:
         """The writer finished sending a frame of `nbytes`."""
         self._flow.sent(nbytes)
+        # A backfill goes on once the writer has drained half the budget (and after the
+        # catch-up of a session that was behind), as catch-up does.
+        if (
+            self._backfills
+            and not self._flow.behind
+            and self.queued_bytes < self.limits.send_budget // 2
+        ):
+            self._backfill()
 
     def housekeeping(self, now: float) -> None:
         """Once a second: close a stalled client; keep an idle one alive."""

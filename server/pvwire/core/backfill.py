@@ -1,0 +1,112 @@
+"""One attachment's backfill (PROTOCOL.md section 2.8), produced a message at a time under its
+session's send budget, as catch-up is (DESIGN.md section 7d: a client that stops reading costs
+at most its budget, not its whole past).
+
+The session calls `fill(room)` when the attachment is made and again whenever its writer has
+drained; each call produces HISTORY messages until they hold `room` bytes (one message more at
+most, of at most HISTORY_MESSAGE_ROWS values). Each channel has a cursor: the lowest time its
+next row may have. A *pass* sends every channel's rows from its cursor on, oldest first, and
+leaves out each channel's newest update, its current value, which the snapshot carries.
+
+The join: the session holds the attachment's live data until the backfill is done, then queues
+the snapshot, built from the channels' current state, in the same call as the last rows. Rows
+recorded while a pass was being read come in the next pass. A pass produced whole within one
+call is the last: no update can land during a call, so its rows reach each channel's current
+value and the snapshot carries that, with no gap and no duplicate. A reader faster than its
+channels record needs two or three passes; after BACKFILL_PASSES the next pass is produced in
+one call whatever its size, so a reader slower than its channels still gets its snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from ..limits import BACKFILL_PASSES, HISTORY_MESSAGE_ROWS, MAX_BACKFILL_S
+from ..wire import codec as wire
+from .channel import Channel
+from .history import HistorySlice
+
+__all__ = ["Backfill"]
+
+log = logging.getLogger("pvwire.view")
+
+
+class Backfill:
+    __slots__ = ("_begun", "_failed", "_lower", "_sid", "att", "channels", "passes")
+
+    def __init__(
+        self,
+        att: int,
+        channels: Sequence[Channel],
+        seconds: float,
+        held: Sequence[int] | None = None,
+    ) -> None:
+        """`seconds`: the subscription's `backfill`; `held`: per channel, the time (ns) of the
+        newest row the client holds (ATTACH `since`, 0: none), so only later ones are sent."""
+        self.att = att
+        self.channels = channels
+        since = time.time_ns() - int(min(seconds, MAX_BACKFILL_S) * 1e9)
+        # Per channel: the lowest time (ns) its next row may have.
+        self._lower = [since] * len(channels)
+        if held is not None:
+            self._lower = [max(since, h + 1) for h in held]
+        self._sid = 0  # the channel this pass is at
+        self._begun = False  # this pass has produced (or passed) something
+        self._failed: set[int] = set()  # sids whose past could not be read: skipped
+        self.passes = 1
+
+    def fill(self, room: int) -> tuple[list[bytes], bool]:
+        """HISTORY messages until they hold `room` bytes (one more at most), and whether the
+        backfill is done: then the caller queues the snapshot before anything else happens."""
+        frames: list[bytes] = []
+        size = 0
+        whole = not self._begun  # the pass under way started in this call
+        forced = False
+        n = len(self.channels)
+        while True:
+            if self._sid >= n:
+                if whole or forced:
+                    return frames, True
+                self.passes += 1
+                self._sid, self._begun, whole = 0, False, True
+                forced = self.passes > BACKFILL_PASSES
+                continue
+            if size >= room and not forced:
+                return frames, False
+            self._begun = True
+            produced, more = self._next(self._sid)
+            if not more:
+                self._sid += 1
+            frames += produced
+            size += sum(len(f) for f in produced)
+
+    def _next(self, sid: int) -> tuple[list[bytes], bool]:
+        """The next message(s) of channel `sid`'s rows from its cursor on (at most
+        HISTORY_MESSAGE_ROWS values in all), moving the cursor past them, and whether it has
+        more. A failure skips that channel's past for good: counted, logged once."""
+        if sid in self._failed:
+            return [], False
+        ch = self.channels[sid]
+        recorder = ch.recorder
+        if recorder is None:
+            return [], False
+        try:
+            parts = recorder.backfill(self._lower[sid], HISTORY_MESSAGE_ROWS)
+            frames = [self._encode(sid, part) for part in parts]
+        except Exception:
+            log.exception("backfill of %s failed; its past is not sent", ch.id)
+            ch.listener.count_failure("history")
+            self._failed.add(sid)
+            return [], False
+        if not parts:
+            return [], False
+        last = parts[-1]
+        # A bucket covers [t, t + resolution): the next row starts after it.
+        self._lower[sid] = int(last.t[-1]) + max(last.resolution, 1)
+        return frames, last.truncated
+
+    def _encode(self, sid: int, part: HistorySlice) -> bytes:
+        columns = (part.t, part.value, part.min, part.max, part.severity, part.status, part.gap)
+        return wire.encode_history(self.att, sid, part.resolution, columns)
