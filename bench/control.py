@@ -98,11 +98,14 @@ def _ms(values: list[float], q: float) -> float:
     return 1000.0 * s[min(len(s) - 1, int(q * len(s)))]
 
 
-def run(sc: ControlScenario, verbose: bool = True) -> dict[str, Any]:
+def run(sc: ControlScenario, verbose: bool = True, server_tree: str = "") -> dict[str, Any]:
+    """One run; `server_tree` (a copy of `server/`) runs that server code instead of this one,
+    for a before-and-after in one session (bench/control_compare.py)."""
     env = _bench_env()
     t_start = time.time()
-    hard = t_start + sc.warmup + sc.duration + 300
+    hard = t_start + sc.warmup + sc.duration + 900
     res: dict[str, Any] = {"scenario": sc.name, "describe": sc.describe(), **asdict(sc)}
+    res["server_tree"] = server_tree or "this"
     ioc: IocProcess | None = None
     server: Server | None = None
     children: list[Child] = []
@@ -128,6 +131,8 @@ def run(sc: ControlScenario, verbose: bool = True) -> dict[str, Any]:
                 ids = [f"ca://{n}" for n in names]
                 say(f"IOC up with {len(names)} records")
             # Every screen comes from 127.0.0.1: room for all of them, and for the replacements.
+            if server_tree:
+                server_env["PYTHONPATH"] = server_tree + os.pathsep + server_env["PYTHONPATH"]
             server_env["PVWIRE_MAX_CONNECTIONS_PER_ADDRESS"] = str(4 * sc.clients + 100)
             args = ["--tick-ms", str(sc.tick_ms)] if sc.tick_ms else []
             server = Server(server_env, args)
@@ -153,7 +158,7 @@ def run(sc: ControlScenario, verbose: bool = True) -> dict[str, Any]:
                 }
                 children.append(Child("bench.control_client", spec, env, tmp))
             for c in children:
-                c.wait_ready(time.time() + 240)
+                c.wait_ready(time.time() + 600)
             say(f"{sc.clients} screens in {len(children)} process(es) open")
             watch = ProcWatch(
                 {
