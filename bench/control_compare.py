@@ -52,12 +52,14 @@ def main() -> None:
     p.add_argument("--base", required=True, help="the other revision's server/ directory")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--append", action="store_true", help="add to the saved results")
+    p.add_argument("--out", type=Path, default=OUT, help=f"results file (default {OUT.name})")
     a = p.parse_args()
+    out = RESULTS / a.out.name if a.out.parent == Path() else a.out
     rooms = control.scenarios()
     base = os.path.abspath(a.base)
     saved: list[dict[str, Any]] = []
-    if a.append and OUT.exists():
-        saved = json.loads(OUT.read_text())
+    if a.append and out.exists():
+        saved = json.loads(out.read_text())
     for name in a.names:
         sc = replace(rooms[name], duration=a.duration)
         for label, tree in (("before", base), ("after", "")):
@@ -68,7 +70,7 @@ def main() -> None:
             r["side"] = label
             saved.append(r)
             RESULTS.mkdir(exist_ok=True)
-            OUT.write_text(json.dumps(saved, indent=1, default=str))
+            out.write_text(json.dumps(saved, indent=1, default=str))
             print(HEAD)
             print(row(label, r) if "failed" not in r else f"| {name} | {label} | {r['failed']} |")
     print(HEAD)
