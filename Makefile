@@ -179,7 +179,8 @@ pytest: venv ext tsbuild graphiql chromium haproxy coniql podman kustomize keycl
 tstest: venv ext node tsbuild graphiql chromium keycloak
 	cd $(TS) && PVWIRE_PYTHON=$(abspath $(PY)) npm test --silent
 
-test: lint pytest tstest
+# Every test: on the default Python and Node, then on the other supported ones.
+test: lint pytest tstest matrix
 
 # The unit tests: no IOC, server, browser or container; what `make matrix` runs on every Python.
 UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules backend_loc cli_identity close_codes \

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pvwire.errors import TypeMismatch
+from pvwire.errors import BadChannelId, TypeMismatch
+from pvwire.limits import integer
 from pvwire.upstream.loc import LocBackend, parse_loc
 
 from tests.conftest import RecordingSink
+
+LOC_MAX_PVS = integer("loc_max_pvs")
 
 
 def test_quoted_items_keep_commas_spaces_and_escaped_quotes() -> None:
@@ -74,3 +77,31 @@ async def test_a_typed_or_written_pv_keeps_its_type() -> None:
     await loc.put("m", 2, True, 1.0)
     with pytest.raises(TypeMismatch):
         await loc.put("m", "text", True, 1.0)  # so does a first write of a number
+
+
+async def test_beyond_the_table_s_count_the_oldest_unwatched_pvs_are_forgotten() -> None:
+    """`loc_max_pvs`: one PV more forgets the oldest nobody watches; when all are watched, a new
+    one is refused with the bound in its words."""
+    loc = LocBackend()
+    assert loc.max_pvs == LOC_MAX_PVS
+    sink = RecordingSink()
+    watched = loc.monitor("watched", sink)
+    await sink.wait(lambda: sink.updates)  # the monitor has started: the PV is watched
+    await loc.put("watched", 7.0, True, 1.0)
+    await loc.put("oldest", 5.0, True, 1.0)
+    for i in range(LOC_MAX_PVS - 2):
+        loc.local(f"p{i}")
+    assert (await loc.get("oldest", 1.0)).value == 5.0  # still within the bound
+    loc.local("one-more")
+    assert len(loc.locals) <= LOC_MAX_PVS
+    assert (await loc.get("oldest", 1.0)).value == 0.0  # forgotten: made anew
+    assert (await loc.get("watched", 1.0)).value == 7.0
+    watched.close()
+
+    small = LocBackend(max_pvs=1)
+    held = RecordingSink()
+    mon = small.monitor("held", held)
+    await held.wait(lambda: held.updates)
+    with pytest.raises(BadChannelId, match="at most 1 local PVs and all of them are watched"):
+        await small.get("another", 1.0)
+    mon.close()

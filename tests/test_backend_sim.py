@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pvwire.errors import BadChannelId, ReadOnlyChannel, TypeMismatch
 from pvwire.model import ConnState, Metadata, Value
-from pvwire.upstream.sim import KINDS, SimBackend, parse_sim
+from pvwire.upstream.sim import KINDS, SimBackend, SimLimits, parse_sim
 
 from tests.conftest import RecordingSink
 from tests.eventually import eventually_async
@@ -101,7 +101,7 @@ async def test_periodic_kinds_update(sim: SimBackend) -> None:
     mons = [sim.monitor(n, s) for n, s in zip(names, sinks, strict=True)]
     try:
         for s in sinks:
-            await s.wait(lambda s=s: len(s.updates) >= 6)  # type: ignore[misc]
+            await s.wait(lambda s=s: len(s.updates) >= 6)
         sine, ramp, noise, wave, enum = sinks
         assert all(-2 <= float(u.value) <= 2 for u in sine.updates)  # type: ignore[arg-type]
         assert sine.metas[0].display == (-2.0, 2.0)
@@ -139,6 +139,58 @@ async def test_value_and_string_are_writable_instances(sim: SimBackend) -> None:
     finally:
         ma.close()
         mb.close()
+
+
+async def test_stores_past_the_bound_forget_the_least_recently_written_unmonitored() -> None:
+    sim = SimBackend(SimLimits(max_stores=2))
+    await sim.put("value/A", 1.0, True, 1.0)
+    await sim.put("value/B", 2.0, True, 1.0)
+    await sim.put("value/A", 3.0, True, 1.0)  # B is now the least recently written
+    await sim.put("value/C", 4.0, True, 1.0)
+    assert list(sim.stores) == ["value/A", "value/C"]
+    assert (await sim.get("value/B", 1.0)).value == 0.0  # forgotten: its initial value again
+    await sim.close()
+
+
+async def test_a_new_store_when_all_are_monitored_is_refused_naming_the_bound() -> None:
+    sim = SimBackend(SimLimits(max_stores=2))
+    sinks = [RecordingSink() for _ in range(3)]
+    monitors = [sim.monitor(f"value/M{i}", sink) for i, sink in enumerate(sinks)]
+    try:
+        await sinks[0].wait(lambda: all(sink.states for sink in sinks))
+        # Opened in one go: the third must not evict the first, whose monitor has not started.
+        assert [s.state for s in sinks] == [ConnState.CONNECTED] * 2 + [ConnState.FAILED]
+        assert "at most 2 writable sim instances (sim_max_stores)" in sinks[2].states[0][1]
+        with pytest.raises(BadChannelId, match="sim_max_stores"):
+            await sim.put("value/N", 1.0, True, 1.0)
+        await sim.put("value/M0", 5.0, True, 1.0)
+        await sinks[0].wait(lambda: sinks[0].updates[-1].value == 5.0)
+        monitors[1].close()  # M1 unmonitored: a new instance takes its place
+        late = RecordingSink()
+        monitors.append(sim.monitor("value/M3", late))
+        await late.wait(lambda: late.updates)
+        assert late.state == ConnState.CONNECTED and list(sim.stores) == ["value/M0", "value/M3"]
+    finally:
+        for m in monitors:
+            m.close()
+        await sim.close()
+
+
+async def test_a_new_store_past_the_bound_after_all_started_is_refused() -> None:
+    sim = SimBackend(SimLimits(max_stores=2))
+    first = [RecordingSink() for _ in range(2)]
+    monitors = [sim.monitor(f"value/M{i}", sink) for i, sink in enumerate(first)]
+    try:
+        await first[0].wait(lambda: all(sink.updates for sink in first))
+        over = RecordingSink()
+        monitors.append(sim.monitor("value/M2", over))  # raised KeyError: it evicted itself
+        await over.wait(lambda: over.states)
+        assert over.state == ConnState.FAILED and "sim://value/M2" in over.states[0][1]
+        assert list(sim.stores) == ["value/M0", "value/M1"]
+    finally:
+        for m in monitors:
+            m.close()
+        await sim.close()
 
 
 def test_names_lists_kinds() -> None:

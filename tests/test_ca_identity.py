@@ -66,11 +66,19 @@ async def test_the_ioc_decides_with_the_host_name_sent(address: Address) -> None
 
 
 async def test_circuits_are_bounded_and_closed_when_idle(address: Address) -> None:
-    circuits = IdentityCircuits("pvwire-host", max_circuits=2, idle_s=0.5)
+    # Idle for an hour first: a put slower than a short idle time on a busy machine must not
+    # close u2's circuit while u3's opens.
+    circuits = IdentityCircuits("pvwire-host", max_circuits=2, idle_s=3600.0)
     try:
         for user in ("u1", "u2", "u3"):
             await put(circuits, user, address, "ACF:OPEN", float(len(user)))
         assert len(circuits) == 2  # u1's circuit, the least recently used, was closed
+    finally:
+        circuits.close()
+    circuits = IdentityCircuits("pvwire-host", idle_s=0.5)
+    try:
+        for user in ("u1", "u2"):
+            await put(circuits, user, address, "ACF:OPEN", 2.0)
         await eventually_async(lambda: len(circuits) == 0)  # nobody puts: all closed after idle_s
         await put(circuits, "u1", address, "ACF:OPEN", 4.0)  # a new circuit on demand
         assert len(circuits) == 1

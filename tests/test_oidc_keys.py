@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pvwire.access.identity import Authenticator, AuthError, JwtSettings
-from pvwire.access.oidc import ProviderInfo
+from pvwire.access.oidc import IssuerKeys, ProviderInfo, discover
 from pvwire.access.refusals import RefusalLog
 
 AUD = "pvwire"
@@ -28,11 +29,21 @@ class Provider:
         self.keys: dict[str, Any] = {}  # kid -> private key
         self.jwks_requests = 0
         self.issuer_override: str | None = None
+        self.discovery_moved_to: str | None = None  # answered with a redirect there
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/realms/ctrl/.well-known/openid-configuration":
+                if self.path == "/realms/ctrl/.well-known/openid-configuration" and (
+                    provider.discovery_moved_to
+                ):
+                    self.send_response(302)
+                    self.send_header("Location", provider.discovery_moved_to)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.path in ("/realms/ctrl/.well-known/openid-configuration",
+                                 "/moved/openid-configuration"):  # fmt: skip
                     body: Any = {"issuer": provider.issuer_override or provider.issuer,
                                  "jwks_uri": f"{provider.issuer}/certs",
                                  "token_endpoint": f"{provider.issuer}/token"}  # fmt: skip
@@ -233,6 +244,7 @@ async def test_the_authorized_party_names_the_clients_whose_tokens_count(
             with pytest.raises(AuthError, match="issued to client") as refused:
                 await auth.authenticate(bearer(token), "10.0.0.1")
             assert refused.value.reason == "wrong_audience"
+            assert ("'grafana'" if claims else "no azp claim") in str(refused.value)
     finally:
         await auth.stop()
 
@@ -272,3 +284,28 @@ async def test_a_token_with_no_audience_is_refused_as_the_wrong_audience(
         assert refused.value.reason == "wrong_audience"
     finally:
         await auth.stop()
+
+
+def test_a_redirect_of_discovery_to_plain_http_off_loopback_is_refused(provider: Provider) -> None:
+    """Discovery moved elsewhere: followed on loopback (or https), refused before any request
+    to plain http on another machine, whose answer would name the keys."""
+    provider.discovery_moved_to = (
+        provider.issuer.rsplit("/realms", 1)[0] + "/moved/openid-configuration"
+    )
+    assert discover(provider.issuer, 10.0).jwks_uri == f"{provider.issuer}/certs"
+    provider.discovery_moved_to = "http://sso.example.invalid/realms/ctrl/openid-configuration"
+    with pytest.raises(ValueError, match=r"redirects to http://sso\.example\.invalid.*plain http"):
+        discover(provider.issuer, 10.0)
+
+
+async def test_a_provider_that_never_answers_costs_one_timeout_not_a_hang(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Beyond `oidc_fetch_timeout_s` the fetch gives up, logs why and keeps the keys in hand
+    (none here); the schedule tries again later."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+        issuer = f"http://127.0.0.1:{silent.getsockname()[1]}/realms/ctrl"
+        keys = IssuerKeys(issuer, timeout_s=0.5)
+        await keys.refresh()
+    assert keys.keys == {} and keys.provider is None and keys.fetches == 0
+    assert "cannot fetch the keys" in caplog.text and "timed out" in caplog.text

@@ -6,6 +6,7 @@ to one connection. No pvxs client: the server's address comes from our own searc
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -103,11 +104,19 @@ async def test_the_host_qsrv_decides_with_is_the_peer_address(address: Address) 
 
 
 async def test_connections_are_bounded_and_closed_when_idle(address: Address) -> None:
-    connections = IdentityConnections("pvwire-host", max_connections=2, idle_s=0.5)
+    # Idle for an hour first: a put slower than a short idle time on a busy machine must not
+    # close u2's connection while u3's opens.
+    connections = IdentityConnections("pvwire-host", max_connections=2, idle_s=3600.0)
     try:
         for user in ("u1", "u2", "u3"):
             await connections.put(user, address, "ACF:OPEN", "value", 1.0, True, 30.0)
         assert len(connections) == 2  # u1's, the least recently used, was closed
+    finally:
+        connections.close()
+    connections = IdentityConnections("pvwire-host", idle_s=0.5)
+    try:
+        for user in ("u1", "u2"):
+            await connections.put(user, address, "ACF:OPEN", "value", 2.0, True, 30.0)
         await eventually_async(lambda: len(connections) == 0)  # nobody puts: all closed
         await connections.put("u1", address, "ACF:OPEN", "value", 4.0, True, 30.0)
         assert len(connections) == 1  # a new one on demand
@@ -129,8 +138,9 @@ async def test_channels_per_connection_are_bounded(ioc: IocProcess, address: Add
 async def test_failures_stay_with_their_connection(address: Address) -> None:
     connections = IdentityConnections("pvwire-host")
     try:
-        with pytest.raises(PutRejected, match="no connection"):  # nothing listens there
+        with pytest.raises(PutRejected, match="no connection") as refused:  # nobody listens
             await connections.put("olga", ("127.0.0.1", free_port()), "X", "value", 1, True, 30.0)
+        assert str(refused.value).count("pva://X") == 1, refused.value  # the cause said once
         with pytest.raises(ChannelNotFound, match="pva://ACF:NO_SUCH_RECORD"):
             await connections.put("olga", address, "ACF:NO_SUCH_RECORD", "value", 1, True, 30.0)
         with pytest.raises(TypeMismatch, match="ACF:OPEN"):  # a string into a double
@@ -172,6 +182,30 @@ async def test_search_finds_the_server_and_remembers_a_bounded_number_of_names(
         assert len(search) == 2
         with pytest.raises(ChannelNotFound, match="pva://ACF:NOBODY"):
             await search.find("ACF:NOBODY", 0.5)
+    finally:
+        search.close()
+
+
+async def test_a_host_name_in_the_address_list_is_resolved_once(
+    ioc: IocProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not once per search: a lookup blocks, and a slow name server would stall every client."""
+    lookups: list[str] = []
+    resolve = socket.gethostbyname
+
+    def counted(host: str) -> str:
+        lookups.append(host)
+        return resolve(host)
+
+    monkeypatch.setattr(socket, "gethostbyname", counted)
+    env = ioc.ports.client_env()
+    env["EPICS_PVA_ADDR_LIST"] = env["EPICS_PVA_ADDR_LIST"].replace("127.0.0.1", "localhost")
+    assert "localhost" in env["EPICS_PVA_ADDR_LIST"]
+    search = PvaSearch(env)
+    try:
+        for name in ("ACF:SP", "ACF:OPEN", "ACF:FLIP"):
+            assert await search.find(name, 30.0) == ("127.0.0.1", ioc.ports.pva_server)
+        assert lookups.count("localhost") == 1
     finally:
         search.close()
 

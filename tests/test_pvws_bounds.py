@@ -1,6 +1,7 @@
 """`/pvws/pv`'s per-message bounds over the real server: names per `subscribe`, opening many
-names a few per event-loop pass, writes in flight per connection. Each is exceeded from one
-connection; the error it gets names the limit, and what it already holds goes on."""
+names a few per event-loop pass, writes in flight per connection, writable sim PVs monitored per
+server. Each is exceeded from one connection; the error it gets names the limit, and what it
+already holds goes on."""
 
 from __future__ import annotations
 
@@ -124,5 +125,31 @@ async def test_writes_in_flight_past_the_bound_are_refused_with_an_error(
         await client.send(type="write", pv=pv, value=1.0)
         again = await client.next("error", timeout=60)
         assert "pvws_writes_in_flight" not in again["message"]
+    finally:
+        await client.close()
+
+
+async def test_a_writable_sim_past_the_store_bound_is_refused_and_the_connection_goes_on(
+    bounds_server: ServerProcess,
+) -> None:
+    """With `sim_max_stores` writable sim PVs monitored, one more is refused with a message
+    naming the bound (it closed the connection with 1011), and those held still take writes."""
+    cap = limits.integer("sim_max_stores")
+    names = [f"sim://value/store{i}" for i in range(cap)]
+    client = await PvwsClient.connect(bounds_server.url)
+    try:
+        await client.subscribe(*names)
+        errors, updated = await errors_and_updates(client, cap)
+        assert not errors and updated == set(names)
+        await client.subscribe("sim://value/one_more")
+        refused = await client.next("error", timeout=60)
+        assert refused["message"].startswith("sim://value/one_more: ")
+        assert refused["message"].endswith(
+            f"this server keeps at most {cap:,} writable sim instances (sim_max_stores) "
+            "and all of them are monitored"
+        )
+        await client.send(type="write", pv=names[0], value=7.5)
+        written = await client.next("update", names[0], timeout=60)
+        assert written["value"] == 7.5
     finally:
         await client.close()

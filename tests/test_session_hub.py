@@ -14,8 +14,8 @@ from pvwire.access.identity import ANONYMOUS, Identity
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.core.subscribe import StreamOptions
-from pvwire.errors import CredentialsExpired
-from pvwire.model import ConnState, Metadata
+from pvwire.errors import CredentialsExpired, WriteDenied
+from pvwire.model import ConnState, Metadata, Reading
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import TokenSigner
 
@@ -442,3 +442,37 @@ async def test_a_token_expires_with_the_credentials_and_attaches_until_then(
     with pytest.raises(CredentialsExpired):
         hub.subscribe(["fake://a"], valid, StreamOptions())
     await hub.stop()
+
+
+class ForwardingBackend(FakeBackend):
+    """Puts as the user, recording every call that would reach the upstream server."""
+
+    forwards_identity = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, ...]] = []
+
+    async def get(self, name: str, timeout: float) -> Reading:
+        self.calls.append(("get", name))
+        return await super().get(name, timeout)
+
+    async def put_as(self, user: str, name: str, value: object, wait: bool, timeout: float) -> None:
+        self.calls.append(("put_as", user, name))
+
+
+async def test_a_user_name_the_ioc_would_misread_is_refused_before_the_backend_works() -> None:
+    """A NUL or a control character (`olga\\0vic` is olga to the IOC): refused before the
+    backend reads the type or searches for the server, as it is before anything is sent."""
+    backend = ForwardingBackend()
+    settings = Settings(default_scheme="fake", write_rules=["fake://*"], forward_identity=True)
+    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
+    try:
+        for forged in ("olga\x00vic", "olga\n", "o" * 300):
+            with pytest.raises(WriteDenied):
+                await hub.control.put("fake://a", 1.0, True, 5.0, Identity(forged, source="jwt"))
+        assert backend.calls == []
+        await hub.control.put("fake://a", 1.0, True, 5.0, Identity("olga", source="jwt"))
+        assert backend.calls == [("put_as", "olga", "a")]
+    finally:
+        await hub.stop()

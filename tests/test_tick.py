@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from pvwire.core.channel import Channel
-from pvwire.core.tick import Ticker
+from pvwire.core.tick import LOGGED_ONCE, Ticker
 
 from .hub_doubles import FakeBackend
 
@@ -33,3 +35,19 @@ async def test_an_overdue_tick_is_armed_once_not_once_per_change() -> None:
         await asyncio.sleep(0)
     assert ticker.stats.ticks == 1
     assert all(ch.dirty == 0 for ch in channels)  # the one tick took every change
+
+
+def test_failures_are_logged_once_each_up_to_the_table_s_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`failures_logged_once`: each failing unit is logged once while the memory of them has
+    room; beyond it, a further unit is logged each time (never silenced, never unbounded)."""
+    ticker = Ticker(20.0)
+    with caplog.at_level(logging.ERROR, logger="pvwire.tick"):
+        for unit in range(LOGGED_ONCE):
+            ticker._once(unit, "unit %d failed", unit)
+            ticker._once(unit, "unit %d failed", unit)  # remembered: not logged again
+        assert len(caplog.records) == LOGGED_ONCE
+        for _ in range(3):
+            ticker._once("one more", "one more failed")  # no room left: logged each time
+        assert len(caplog.records) == LOGGED_ONCE + 3

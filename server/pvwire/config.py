@@ -49,7 +49,7 @@ class Settings:
     # oidc_refresh_s and on a key id not held (at most every oidc_min_interval_s).
     oidc_issuer: str = ""
     oidc_client_id: str = ""  # the public client the page signs in with (PKCE)
-    oidc_refresh_s: float = 600.0
+    oidc_refresh_s: float = number("oidc_refresh_s")
     oidc_min_interval_s: float = number("oidc_min_interval_s")
     # Plain http to an issuer off loopback: its keys could be replaced on the way.
     oidc_allow_http: bool = False

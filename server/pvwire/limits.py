@@ -217,7 +217,8 @@ LIMITS: tuple[Limit, ...] = (
           "BAD_CHANNEL_ID", setting=True),
     Limit("sim_max_stores", 10_000, "channels",
           "writable `sim://value/NAME` and `sim://string/NAME` instances kept",
-          "the least recently written that nobody monitors are forgotten"),
+          "the least recently written that nobody monitors are forgotten; "
+          "BAD_CHANNEL_ID for a new one when all are monitored"),
     Limit("sim_max_computed_per_s", 1_000_000, "elements/s",
           "elements a computed Phoebus wave (`sim://sinewave`...) makes per second",
           "BAD_CHANNEL_ID"),
@@ -269,6 +270,12 @@ LIMITS: tuple[Limit, ...] = (
           "passes over an attachment's channels sending what they recorded while its "
           "backfill was being read (section 2.8)",
           "the next pass, and the snapshot, are queued whole"),
+    # --- the OIDC provider's keys (access/oidc.py) ---
+    Limit("oidc_refresh_s", 600.0, "s", "between scheduled fetches of the issuer's keys",
+          "the keys are fetched again", setting=True),
+    Limit("oidc_fetch_timeout_s", 10.0, "s",
+          "one request to the issuer (discovery document, JWKS)",
+          "the keys in hand stay; tried again after `oidc_min_interval_s`"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -24,6 +24,7 @@ from typing import Any
 
 import jwt
 
+from ..limits import number
 from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, check_issuer, usable_keys
 from .refusals import RefusalLog
 
@@ -66,15 +67,17 @@ class JwtSettings:
     secret_file: str = ""  # HS256 shared secret
     jwks_file: str = ""  # RS256/ES256 public keys
     oidc_issuer: str = ""  # an OIDC provider whose keys are fetched and followed
-    oidc_refresh_s: float = 600.0  # keys fetched again this often
-    oidc_min_interval_s: float = 10.0  # and on an unknown key id, at most this often
+    oidc_refresh_s: float = number("oidc_refresh_s")  # keys fetched again this often
+    oidc_min_interval_s: float = number(
+        "oidc_min_interval_s"
+    )  # and on an unknown key id, at most this often
     issuer: str = ""
     audience: str = ""
     authorized_parties: tuple[str, ...] = ()  # accepted `azp`s (the clients tokens are for)
     oidc_allow_http: bool = False  # an issuer (and its JWKS) over plain http off loopback
     groups_claim: str = "groups"
     user_claim: str = "preferred_username"  # falls back to `sub`
-    leeway_s: float = 60.0
+    leeway_s: float = number("jwt_leeway_s")
 
     @property
     def enabled(self) -> bool:
@@ -291,10 +294,11 @@ class Authenticator:
             raise AuthError("token signature does not verify", "bad_signature") from None
         except jwt.PyJWTError as exc:
             raise AuthError(f"token rejected: {exc}") from None
-        if s.authorized_parties and claims.get("azp") not in s.authorized_parties:
+        if s.authorized_parties and (azp := claims.get("azp")) not in s.authorized_parties:
+            # Not 'None' for a token without `azp`: the user should see the claim is missing.
+            client = "(none named: no azp claim)" if azp is None else repr(str(azp)[:100])
             raise AuthError(
-                f"token was issued to client {str(claims.get('azp'))[:100]!r}, not one of "
-                f"{list(s.authorized_parties)}",
+                f"token was issued to client {client}, not one of {list(s.authorized_parties)}",
                 "wrong_audience",
             )
         user = str(claims.get(s.user_claim) or claims.get("sub") or "")

@@ -7,10 +7,12 @@ provider that rotates its keys (Keycloak adds a key, makes it active, then retir
 needs no restart here, and a flood of tokens with made-up key ids costs the provider at most one
 request per 10 s.
 
-PyJWT's `PyJWKClient` does the fetch and the parsing (a well-kept client: timeout, no redirects,
-the payload checked before it is used). Its own lookup (`get_signing_key`) is not used: it
-fetches in the caller's thread, which here is the event loop; the fetches run in a worker thread
-and the keys are swapped in whole, so a lookup never waits on the network.
+PyJWT's `PyJWKClient` does the JWKS fetch and the parsing (a well-kept client: timeout, no
+redirects, the payload checked before it is used); the discovery document follows a redirect
+only to a place `--oidc-issuer` itself could name (no plain http off loopback). PyJWKClient's
+lookup (`get_signing_key`) is not used: it fetches in the caller's thread, which here is the event
+loop; the fetches run in a worker thread and the keys are swapped in whole, so a lookup never
+waits on the network.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import jwt
+
+from ..limits import number
 
 __all__ = ["ALGORITHMS", "IssuerKeys", "ProviderInfo", "check_issuer", "usable_keys"]
 
@@ -119,10 +123,34 @@ class ProviderInfo:
         )
 
 
+class _RedirectNotInClear(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect unless it leads to plain http off loopback: an https issuer must not
+    hand its discovery document, and so the JWKS it names, to an unprotected place."""
+
+    def __init__(self, allow_http: bool) -> None:
+        super().__init__()
+        self.allow_http = allow_http
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if in_clear(newurl, self.allow_http):
+            fp.close()
+            raise ValueError(f"{req.full_url} redirects to {newurl}: plain http off loopback")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def discover(issuer: str, timeout: float, allow_http: bool = False) -> ProviderInfo:
     """Blocking: the issuer's discovery document (run in a worker thread)."""
     url = issuer.rstrip("/") + "/.well-known/openid-configuration"
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+    opener = urllib.request.build_opener(_RedirectNotInClear(allow_http))
+    with opener.open(url, timeout=timeout) as response:
         doc = json.load(response)
     if not isinstance(doc, dict):
         raise ValueError(f"{url} is not a JSON object")
@@ -135,9 +163,9 @@ class IssuerKeys:
     def __init__(
         self,
         issuer: str,
-        refresh_s: float = 600.0,
-        min_interval_s: float = 10.0,
-        timeout_s: float = 10.0,
+        refresh_s: float = number("oidc_refresh_s"),
+        min_interval_s: float = number("oidc_min_interval_s"),
+        timeout_s: float = number("oidc_fetch_timeout_s"),
         clock: Callable[[], float] = time.monotonic,
         allow_http: bool = False,
     ) -> None:

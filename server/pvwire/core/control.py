@@ -24,6 +24,7 @@ from ..access.rules import Access, RulesFile, split_field
 from ..config import CatalogueFile
 from ..errors import Forbidden, PutRejected, PvwireError, RateLimited, WriteDenied
 from ..model import ConnState, Reading
+from ..upstream.ca_identity import check_user_name
 from .registry import Registry
 
 __all__ = ["Control", "ControlStats"]
@@ -193,6 +194,8 @@ class Control:
                 f"anonymous writes to {canonical} are refused: writes carry the writer's name "
                 "to the IOC (--forward-identity); sign in"
             )
+        # Before the backend's work for the put (a get for the type, a PVA search), not after.
+        check_user_name(identity.user)
         return identity.user
 
     def _check_write(self, identity: Identity, canonical: str) -> None:

@@ -62,8 +62,8 @@ class Backend(ABC):
     """Upstream access for one channel-id scheme. `name` excludes the `scheme://` prefix."""
 
     scheme: str
-    # True when `put_as` writes under the user's own name at the upstream server (CA with
-    # --forward-identity): the server's own access security then decides for that user.
+    # True when `put_as` writes under the user's own name at the upstream server (CA and PVA
+    # with --forward-identity): the server's own access security then decides for that user.
     forwards_identity: bool = False
     # Why this backend cannot serve any channel in this process (shown by /readyz), or None.
     unavailable: str | None = None

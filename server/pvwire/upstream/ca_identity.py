@@ -47,12 +47,12 @@ from caproto._status import eca_value_to_status  # type: ignore[import-untyped]
 
 from ..errors import ChannelNotFound, ChannelTimeout, IocDenied, PutRejected, WriteDenied
 from ..limits import integer, number
+from .user_links import Address, UserLinks
 
 __all__ = ["Address", "IdentityCircuits", "check_user_name"]
 
 log = logging.getLogger(__name__)
 
-Address = tuple[str, int]
 
 # Circuits held at once: one per user writing to an IOC. Beyond it the least recently used one
 # is closed (its puts in flight fail); the operators writing at once, times the IOCs each one
@@ -132,6 +132,9 @@ class _Circuit:
         if status != ECA_NORMAL:
             known = eca_value_to_status.get(status)
             raise PutRejected(f"{uri}: {known.description if known else f'CA status {status}'}")
+
+    def keepalive(self) -> None:
+        """Nothing to send: an IOC keeps a quiet circuit, which is closed when idle here."""
 
     def close(self) -> None:
         if self.closed:
@@ -264,10 +267,9 @@ class IdentityCircuits:
         self, host_name: str, max_circuits: int = MAX_CIRCUITS, idle_s: float = IDLE_S
     ) -> None:
         self.host_name = host_name
-        self.max_circuits = max_circuits
-        self.idle_s = idle_s
-        self._circuits: OrderedDict[tuple[str, Address], _Circuit] = OrderedDict()
-        self._sweep: asyncio.TimerHandle | None = None
+        self._circuits: UserLinks[_Circuit] = UserLinks(
+            lambda user, address: _Circuit(user, address, host_name), max_circuits, idle_s
+        )
 
     def __len__(self) -> int:
         return len(self._circuits)
@@ -289,42 +291,8 @@ class IdentityCircuits:
         """
         deadline = time.monotonic() + timeout
         check_user_name(user)
-        circuit = self._circuit(user, address)
-        circuit.busy += 1
-        try:
+        with self._circuits.using(user, address) as circuit:
             await circuit.put(name, data, data_type, count, wait, deadline)
-        finally:
-            circuit.busy -= 1
-            circuit.last_used = time.monotonic()
-
-    def _circuit(self, user: str, address: Address) -> _Circuit:
-        key = (user, address)
-        circuit = self._circuits.get(key)
-        if circuit is not None and not circuit.closed:
-            self._circuits.move_to_end(key)
-            return circuit
-        circuit = self._circuits[key] = _Circuit(user, address, self.host_name)
-        self._circuits.move_to_end(key)
-        while len(self._circuits) > self.max_circuits:
-            self._circuits.popitem(last=False)[1].close()
-        if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(self.idle_s / 2, self._expire)
-        return circuit
-
-    def _expire(self) -> None:
-        self._sweep = None
-        now = time.monotonic()
-        for key, circuit in list(self._circuits.items()):
-            if circuit.closed or (circuit.busy == 0 and now - circuit.last_used > self.idle_s):
-                del self._circuits[key]
-                circuit.close()
-        if self._circuits:
-            self._sweep = asyncio.get_running_loop().call_later(self.idle_s / 2, self._expire)
 
     def close(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        for circuit in self._circuits.values():
-            circuit.close()
-        self._circuits.clear()
+        self._circuits.close()

@@ -418,6 +418,21 @@ class _UnavailableMonitor:
             self._handle = None
 
 
+def _converted(name: str, value: object, put_type: _PutType) -> tuple[str, Any]:
+    """The field a put writes (`value`, or `value.index` of an enum) and `value` converted to
+    its type; ("", value) for a structure, whose fields p4p assigns (its errors: TypeMismatch)."""
+    uri = f"pva://{name}"
+    if put_type.type_name == "enum":
+        return "value.index", coerce_put_value(uri, value, "enum", False, put_type.choices)
+    if put_type.type_name in ("struct", "table", "ndarray"):
+        return "", value
+    payload = coerce_put_value(uri, value, put_type.type_name, put_type.is_array, None)
+    if name.endswith("$") and put_type.type_name == "string":
+        # `NAME.VAL$` is a char array upstream: the text's bytes and its terminating NUL.
+        payload = np.frombuffer(payload.encode() + b"\0", dtype=np.uint8)
+    return "value", payload
+
+
 class PvaBackend(Backend):
     """`pva://` channels through one p4p asyncio Context, created on first use.
 
@@ -544,20 +559,13 @@ class PvaBackend(Backend):
         deadline = time.monotonic() + timeout
         uri = f"pva://{name}"
         put_type = await self._put_type(name, value, timeout)
-        path, payload = "value", None
-        if put_type.type_name == "enum":
-            path = "value.index"
-            payload = coerce_put_value(uri, value, "enum", False, put_type.choices)
-        elif put_type.type_name in ("struct", "table", "ndarray"):
+        path, payload = _converted(name, value, put_type)
+        if not path:
             raise TypeMismatch(
                 f"cannot write {uri} ({put_type.type_name}) as a user: puts that carry the "
                 "user's name write scalars, strings, enums and numeric arrays (NTScalar, "
                 "NTEnum, NTScalarArray)"
             )
-        else:
-            payload = coerce_put_value(uri, value, put_type.type_name, put_type.is_array, None)
-            if name.endswith("$") and put_type.type_name == "string":
-                payload = np.frombuffer(payload.encode() + b"\0", dtype=np.uint8)
         remembered = self._search.known(name) is not None
         for attempt in (1, 2):
             address = await self._search.find(name, max(deadline - time.monotonic(), 0.001))
@@ -580,17 +588,9 @@ class PvaBackend(Backend):
         deadline = time.monotonic() + timeout
         uri = f"pva://{name}"
         put_type = await self._put_type(name, value, timeout)
-        payload: Any
-        if put_type.type_name == "enum":
-            index = coerce_put_value(uri, value, "enum", False, put_type.choices)
-            payload = {"value.index": index}
-        elif put_type.type_name in ("struct", "table", "ndarray"):
-            payload = value  # p4p assigns fields of a dict; its errors become TypeMismatch
-        else:
-            payload = coerce_put_value(uri, value, put_type.type_name, put_type.is_array, None)
-            if name.endswith("$") and put_type.type_name == "string":
-                # `NAME.VAL$` is a char array upstream: the text's bytes and its terminating NUL.
-                payload = np.frombuffer(payload.encode() + b"\0", dtype=np.uint8)
+        path, payload = _converted(name, value, put_type)
+        if path == "value.index":
+            payload = {path: payload}
         left = max(deadline - time.monotonic(), 0.001)
         try:
             # get=False: no extra round trip to read the current value before writing.

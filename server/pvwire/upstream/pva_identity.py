@@ -52,14 +52,15 @@ from .pvaproto import (
     search_request,
     search_response,
 )
+from .user_links import Address, UserLinks
 
 __all__ = ["Address", "IdentityConnections", "PvaSearch", "Unreachable"]
 
 log = logging.getLogger(__name__)
 
-Address = tuple[str, int]
 _READ_SIZE = 65536
 DEFAULT_BROADCAST_PORT = 5076
+_SEARCH_VARIABLES = ("EPICS_PVA_ADDR_LIST", "EPICS_PVA_AUTO_ADDR_LIST", "EPICS_PVA_BROADCAST_PORT")
 # Words in a refusal that mean the server's access security said no (QSRV: "Put not permitted").
 _DENIED = ("not permitted", "denied", "permission", "read-only", "no write access")
 
@@ -102,8 +103,10 @@ class _Connection:
         uri = f"pva://{name}"
         try:
             status = await self._wait(self._ready, deadline, f"{uri}: no connection")
-        except PutRejected as exc:
-            raise Unreachable(f"{uri}: no connection to {self._where()}: {exc}") from None
+        except PutRejected:
+            # The cause once, not "pva://X: no connection to ...: pva://X: no connection: ...".
+            why = self._failure or "connection closed"
+            raise Unreachable(f"{uri}: no connection to {self._where()}: {why}") from None
         if not status.ok:
             raise IocDenied(f"{uri}: the server refuses the name {self.user}: {status.message}")
         sid = await self._channel(name, deadline)
@@ -284,19 +287,19 @@ class IdentityConnections:
         max_channels: int = PVA_IDENTITY_CHANNELS,
     ) -> None:
         self.host_name = host_name
-        self.max_connections = max_connections
-        self.idle_s = idle_s
-        self.max_channels = max_channels
-        self._connections: OrderedDict[tuple[str, Address], _Connection] = OrderedDict()
-        self._sweep: asyncio.TimerHandle | None = None
+        self._connections: UserLinks[_Connection] = UserLinks(
+            lambda user, address: _Connection(user, address, host_name, max_channels),
+            max_connections,
+            idle_s,
+        )
 
     def __len__(self) -> int:
         """Connections open (one the server closed is dropped at the next sweep)."""
-        return sum(1 for c in self._connections.values() if not c.closed)
+        return len(self._connections)
 
     def channels(self) -> int:
         """Channels open over all connections."""
-        return sum(c.channels for c in self._connections.values())
+        return sum(c.channels for c in self._connections.links())
 
     async def put(
         self,
@@ -316,51 +319,11 @@ class IdentityConnections:
         """
         deadline = time.monotonic() + timeout
         check_user_name(user)
-        connection = self._connection(user, address)
-        connection.busy += 1
-        try:
+        with self._connections.using(user, address) as connection:
             await connection.put(name, path, value, wait, deadline)
-        finally:
-            connection.busy -= 1
-            connection.last_used = time.monotonic()
-
-    def _connection(self, user: str, address: Address) -> _Connection:
-        key = (user, address)
-        connection = self._connections.get(key)
-        if connection is not None and not connection.closed:
-            self._connections.move_to_end(key)
-            return connection
-        connection = self._connections[key] = _Connection(
-            user, address, self.host_name, self.max_channels
-        )
-        self._connections.move_to_end(key)
-        while len(self._connections) > self.max_connections:
-            self._connections.popitem(last=False)[1].close()
-        if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(self.idle_s / 2, self._expire)
-        return connection
-
-    def _expire(self) -> None:
-        self._sweep = None
-        now = time.monotonic()
-        for key, connection in list(self._connections.items()):
-            if connection.closed or (
-                connection.busy == 0 and now - connection.last_used > self.idle_s
-            ):
-                del self._connections[key]
-                connection.close()
-            else:
-                connection.keepalive()
-        if self._connections:
-            self._sweep = asyncio.get_running_loop().call_later(self.idle_s / 2, self._expire)
 
     def close(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        for connection in self._connections.values():
-            connection.close()
-        self._connections.clear()
+        self._connections.close()
 
 
 # -- where a name is served ----------------------------------------------------------------------
@@ -415,6 +378,7 @@ class PvaSearch:
         self.waiting: dict[int, asyncio.Future[Address]] = {}
         self._transport: asyncio.DatagramTransport | None = None
         self._next = 0
+        self._resolved: tuple[tuple[str | None, ...], list[tuple[Address, bool]]] | None = None
 
     def __len__(self) -> int:
         return len(self._known)
@@ -432,7 +396,7 @@ class PvaSearch:
             self._known.move_to_end(name)
             return known
         deadline = time.monotonic() + timeout
-        destinations = search_destinations(self._env if self._env is not None else os.environ)
+        destinations = await self._destinations()
         transport = await self._open(all(a[0].startswith("127.") for a, _ in destinations))
         port = transport.get_extra_info("sockname")[1]
         self._next = self._next % 0xFFFFFFFF + 1
@@ -456,6 +420,16 @@ class PvaSearch:
         while len(self._known) > self.max_names:
             self._known.popitem(last=False)
         return address
+
+    async def _destinations(self) -> list[tuple[Address, bool]]:
+        """search_destinations, resolved off the event loop and once per value of the
+        variables: a host name in EPICS_PVA_ADDR_LIST costs one DNS lookup, not one per search."""
+        env = self._env if self._env is not None else os.environ
+        values = tuple(env.get(name) for name in _SEARCH_VARIABLES)
+        if self._resolved is None or self._resolved[0] != values:
+            given = {n: v for n, v in zip(_SEARCH_VARIABLES, values, strict=True) if v is not None}
+            self._resolved = (values, await asyncio.to_thread(search_destinations, given))
+        return self._resolved[1]
 
     async def _open(self, loopback: bool) -> asyncio.DatagramTransport:
         """The socket searches go from and answers come to; on loopback only when every

@@ -494,7 +494,7 @@ class _Group:
 class _Store:
     """State of one writable instance (`value/NAME`, `string/NAME`), shared by its monitors."""
 
-    __slots__ = ("meta", "ns", "s", "sinks", "value")
+    __slots__ = ("meta", "monitors", "ns", "s", "sinks", "value")
 
     def __init__(self, spec: SimSpec) -> None:
         self.meta = _metadata(spec)
@@ -502,6 +502,9 @@ class _Store:
         self.value: Value = str(initial) if spec.kind == "string" else float(initial)
         self.s, self.ns = _now()
         self.sinks: dict[ChannelSink, None] = {}
+        # Monitors holding it, started or not: one not yet started has no sink here but must
+        # not lose its instance to eviction.
+        self.monitors = 0
 
 
 class _SimMonitor:
@@ -518,6 +521,7 @@ class _SimMonitor:
             spec = parse_sim(name, backend.limits)
             if spec.kind in ("value", "string"):
                 self._store = backend.store(spec)
+                self._store.monitors += 1
         except BadChannelId as e:
             # Reported from the loop, not from inside monitor(): the caller is still setting up.
             self._handle: asyncio.Handle | None = loop.call_soon(
@@ -573,6 +577,7 @@ class _SimMonitor:
                 group.remove(sim)
         if self._store is not None:
             self._store.sinks.pop(self._sink, None)
+            self._store.monitors -= 1
             self._store = None
 
 
@@ -600,22 +605,30 @@ class SimBackend(Backend):
         self.groups.pop(rate, None)
 
     def store(self, spec: SimSpec) -> _Store:
+        """The writable instance `spec` names, made when new; BadChannelId when a new one would
+        pass `max_stores` and every instance is monitored."""
         store = self.stores.get(spec.key)
-        if store is None:
-            store = self.stores[spec.key] = _Store(spec)
-            self._forget_idle_stores()
-        self.stores.move_to_end(spec.key)
+        if store is not None:
+            self.stores.move_to_end(spec.key)
+            return store
+        self._make_room(spec)
+        store = self.stores[spec.key] = _Store(spec)
         return store
 
-    def _forget_idle_stores(self) -> None:
-        """Puts to ever new names must not grow the process without end: past `max_stores`,
-        the least recently written instances nobody monitors are forgotten."""
-        excess = len(self.stores) - self.limits.max_stores
+    def _make_room(self, spec: SimSpec) -> None:
+        """Puts to ever new names must not grow the process without end: at `max_stores`, the
+        least recently written instances nobody monitors are forgotten."""
+        excess = len(self.stores) + 1 - self.limits.max_stores
         if excess <= 0:
             return
-        idle = [key for key, store in self.stores.items() if not store.sinks][:excess]
+        idle = [key for key, store in self.stores.items() if not store.monitors][:excess]
         for key in idle:
             del self.stores[key]
+        if len(idle) < excess:
+            raise BadChannelId(
+                f"sim://{spec.key}: this server keeps at most {self.limits.max_stores:,} "
+                "writable sim instances (sim_max_stores) and all of them are monitored"
+            )
 
     def monitor(self, name: str, sink: ChannelSink) -> Monitor:
         return _SimMonitor(self, name, sink)
