@@ -5,6 +5,7 @@ Examples:
     .venv/bin/python -m bench.scenario fanout-100x1000 --duration 20
     .venv/bin/python -m bench.scenario custom --source pva --pvs 300 --clients 3
     .venv/bin/python -m bench.scenario ca-1x1000 --profile   # py-spy the server (raw stacks)
+    .venv/bin/python -m bench.scenario control-stream --clients 100   # bench/control.py
 
 Prints the result as a Markdown row and JSON; `--save` also writes bench/results/NAME.json.
 """
@@ -17,6 +18,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from . import control
 from .harness import Scenario, run
 from .report import markdown_table
 
@@ -77,10 +79,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", action="store_true", help="py-spy the server during the window")
     p.add_argument("--tick-ms", type=float, help="server tick (default: server's 20 ms)")
     p.add_argument("--save", action="store_true", help="write bench/results/NAME.json")
+    p.add_argument("--churn", type=float, help="control-*: screens replaced per second")
     a = p.parse_args(argv)
+    rooms = control.scenarios()
     if a.list or not a.name:
         for name, sc in known.items():
             print(f"{name:18} {sc.describe()}")
+        for name, room in rooms.items():
+            print(f"{name:18} {room.describe()}")
+        return
+    if a.name in rooms:
+        run_control(rooms[a.name], a)
         return
     if a.name in known:
         sc = known[a.name]
@@ -107,6 +116,23 @@ def main(argv: list[str] | None = None) -> None:
     res = run(sc)
     print(markdown_table([res]))
     print(json.dumps({k: v for k, v in res.items() if k != "per_client"}, indent=1, default=str))
+    if a.save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"{sc.name}.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+def run_control(sc: control.ControlScenario, a: argparse.Namespace) -> None:
+    """A control-room scenario (bench/control.py), with the options that apply to it."""
+    changes = {
+        "source": a.source, "pvs": a.pvs, "clients": a.clients, "per_client": a.per_client,
+        "duration": a.duration, "warmup": a.warmup, "client_procs": a.client_procs,
+        "tick_ms": a.tick_ms, "churn_per_s": a.churn,
+    }  # fmt: skip
+    sc = replace(sc, **{k: v for k, v in changes.items() if v is not None})
+    if a.profile:
+        sc = replace(sc, profile=True)
+    res = control.run(sc)
+    print(json.dumps(res, indent=1, default=str))
     if a.save:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"{sc.name}.json").write_text(json.dumps(res, indent=1, default=str))

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench import history_cost
+from bench import control, history_cost
 from bench.bench_load import check_history_wiring
 from bench.conftest import flatten
 from bench.harness import Scenario, run
@@ -69,3 +69,19 @@ def test_history_cost_tiny(name: str) -> None:
         # CPU time comes in 10 ms ticks: 2 s at 10 PVs can read 0, never less or NaN.
         assert math.isfinite(got[side]["us_median"]) and got[side]["us_median"] >= 0, got
     assert "added_us_median" in flatten(got)
+
+
+@pytest.mark.parametrize("name", ["control-stream", "control-pvws", "control-mix", "control-ca"])
+def test_control_tiny(name: str) -> None:
+    """A control-room scenario (bench/control.py) at 6 screens of 10 of 40 PVs, 2 replaced/s."""
+    sc = replace(control.scenarios()[name], clients=6, per_client=10, pvs=40, churn_per_s=2.0,
+                 duration=2.0, warmup=1.0)  # fmt: skip
+    res = control.run(sc, verbose=False)
+    assert not res["errors"], res["errors"]
+    assert res["received"] > 0 and res["seq_gaps"] == 0
+    assert res["opens"] > 0 and res["screens_opened"] >= sc.clients + res["opens"]
+    for key in ("delivered_per_s", "server_cpu", "lat_p50_ms", "lat_p99_ms", "open_p50_ms",
+                "open_p99_ms", "server_us_per_update", "rss_per_client_kb"):  # fmt: skip
+        assert key in res and not math.isnan(res[key]), key
+    if sc.endpoint == "mix":
+        assert res["stream_delivered_per_s"] > 0 and res["pvws_delivered_per_s"] > 0

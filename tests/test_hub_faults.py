@@ -168,3 +168,46 @@ async def test_a_huge_subscription_does_not_change_what_a_plain_client_gets(
         hub.ticker.tick()
     assert values(plain.drain(), plain_att) == [0.0, 1.0, 2.0]
     assert sum(len(g[1]) for f in huge.drain() if f[0] == 3 for g in f[2]) == 3 * 1429
+
+
+class _MasksOnly:
+    """A session of the pvws kind: it collects views and reads their masks, never their entries."""
+
+    number = 99
+
+    def __init__(self) -> None:
+        self.masks: list[dict[int, int]] = []
+        self.views: list[Any] = []
+
+    def collect(self, att: int, view: Any) -> bool:
+        self.views.append(view)
+        return len(self.views) == 1
+
+    def flush_tick(self) -> None:
+        self.masks += [dict(v.tick_masks) for v in self.views]
+        self.views = []
+
+    def request_close(self, code: int, reason: str) -> None:
+        raise AssertionError(f"closed {code} {reason}")
+
+
+async def test_entries_nobody_reads_are_not_encoded(hub: Hub, backend: FakeBackend) -> None:
+    """A view read only by sessions that send masks and channel state (pvws) encodes nothing;
+    a stream session on the same channels still gets every value."""
+    stream = Client(hub)
+    att = attach(stream, hub, ["fake://a"])
+    reader = _MasksOnly()
+    key = next(k for k in hub.registry.views if k.ids == ("fake://a",))
+    masks_view = hub.registry.open_view(
+        type(key)(("fake://a", "fake://b"), "LATEST", 0.0),
+        reader,
+        1,  # type: ignore[arg-type]
+    )
+    hub.ticker.tick()
+    reader.masks.clear()
+    for v in (1.0, 2.0):
+        backend.update("a", v)
+        hub.ticker.tick()
+        assert masks_view.tick_encoded is None
+    assert [m.get(0, 0) & 1 for m in reader.masks] == [1, 1]
+    assert values(stream.drain(), att) == [1.0, 2.0]

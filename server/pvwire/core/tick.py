@@ -26,7 +26,7 @@ from ..limits import integer
 from ..wire.codes import INTERNAL as INTERNAL_ERROR
 from .channel import Channel, FailureUnit, write_all_pending
 from .clients import Client
-from .view import View
+from .view import View, ViewFailed
 
 __all__ = ["INTERNAL_ERROR", "TICK_BUCKETS_MS", "TickStats", "Ticker"]
 
@@ -163,21 +163,33 @@ class Ticker:
         except Exception as exc:
             self._fail_view(view, exc)
             return
+        # Per attachment and tick: `collect` called here, not through `_guard` (one call less
+        # for each PV of each pvws client), with the same containment.
         for session, att in view.attachments:
-            if self._guard(session, session.collect, att, view):
-                touched.append(session)
+            try:
+                if session.collect(att, view):
+                    touched.append(session)
+            except Exception as exc:
+                self._session_failed(session, exc)
 
     def _guard(self, session: Client, call: Callable[..., bool | None], *args: object) -> bool:
         """Run one session's part of the tick; a failure closes that session only."""
         try:
             return bool(call(*args))
+        except ViewFailed as exc:
+            # Entries are encoded when a session first reads them: the failure is its view's.
+            self._fail_view(exc.view, exc.__cause__ or exc)
+            return False
         except Exception as exc:
-            self._once(session, "session %s failed at the tick: %r", session.number, exc)
-            self.count_failure("session")
-            session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
+            self._session_failed(session, exc)
             return False
 
-    def _fail_view(self, view: View, exc: Exception) -> None:
+    def _session_failed(self, session: Client, exc: Exception) -> None:
+        self._once(session, "session %s failed at the tick: %r", session.number, exc)
+        self.count_failure("session")
+        session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
+
+    def _fail_view(self, view: View, exc: BaseException) -> None:
         """A view that cannot emit: its clients resume from a fresh snapshot on reconnect."""
         self._once(view.key, "subscription of %d channels failed: %r", len(view.key.ids), exc)
         self.count_failure("view")

@@ -27,7 +27,7 @@ from .reduce import NO_REDUCTION, Reduction
 if TYPE_CHECKING:
     from .clients import Client
 
-__all__ = ["ALL_PENDING_LIMIT", "View", "ViewKey"]
+__all__ = ["ALL_PENDING_LIMIT", "View", "ViewFailed", "ViewKey"]
 
 log = logging.getLogger("pvwire.view")
 
@@ -36,6 +36,14 @@ log = logging.getLogger("pvwire.view")
 # ALL mode: most entries one view holds between emissions (a maxRate-limited ALL view under
 # heavy load); about 3 MB of small entries.
 ALL_PENDING_LIMIT = ALL_MODE_PER_VIEW
+
+
+class ViewFailed(Exception):
+    """A view could not make its entries (raised to the session that asked for them)."""
+
+    def __init__(self, view: View) -> None:
+        super().__init__(f"subscription of {len(view.channels)} channels failed")
+        self.view = view
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,7 @@ class ViewKey:
 
 class View:
     __slots__ = (
+        "_all_sids",
         "all_mode",
         "attachments",
         "channels",
@@ -61,7 +70,8 @@ class View:
         "pending_all",
         "period",
         "reduction",
-        "tick_entries",
+        "tick_bodies",
+        "tick_encoded",
         "tick_masks",
         "writes",
     )
@@ -81,9 +91,12 @@ class View:
         # (client, att) -> None: insertion-ordered as a list was, but a detach is one lookup, so
         # a reconnect storm of N clients on one view costs N steps, not N squared.
         self.attachments: dict[tuple[Client, int], None] = {}
-        # What the last emission sent: read by sessions at the same tick.
-        self.tick_entries = wire.Entries(0, b"\x90", b"")
+        # What the last emission sent: read by sessions at the same tick. Its entries are encoded
+        # when a session first asks (`tick_entries`): pvws sessions read only the masks.
         self.tick_masks: dict[int, int] = {}
+        self.tick_bodies: list[wire.EntryBody] | None = None  # ALL mode: the emitted bodies
+        self._all_sids: list[int] = []
+        self.tick_encoded: wire.Entries | None = wire.Entries(0, b"\x90", b"")
 
     def add_change(self, sid: int, mask: int, channel: Channel) -> bool:
         """Record that channel `sid` changed; True if the view had nothing pending before."""
@@ -117,27 +130,37 @@ class View:
         return not self.period or now >= self.next_due
 
     def emit(self, now: float) -> None:
-        """Turn pending changes into `tick_entries` / `tick_masks` for this tick's sessions."""
+        """Make pending changes this tick's `tick_masks` (and `tick_entries`, on first read)."""
         if self.all_mode:
             pending_all = self.pending_all
             self.pending_all = []
-            sids = [sid for sid, _ in pending_all]
-            bodies = [body for _, body in pending_all]
-        else:
-            channels = self.channels
-            r = self.reduction
-            w = self.writes
-            sids = list(self.pending)
-            bodies = [
-                channels[sid].body(m, True, r, w[sid] == 1) for sid, m in self.pending.items()
-            ]
-        self.tick_entries = wire.encode_entries(sids, bodies)
+            # Sids may repeat in ALL mode: the masks keep their merge, the bodies their order.
+            self.tick_bodies = [body for _, body in pending_all]
+            self._all_sids = [sid for sid, _ in pending_all]
+        self.tick_encoded = None
         self.tick_masks = self.pending
         self.pending = {}
         if self.period:
             # Never sooner than one period after this emission, including after an idle spell:
             # `max(next_due + period, now)` let a second group out one tick after the first.
             self.next_due = now + self.period
+
+    @property
+    def tick_entries(self) -> wire.Entries:
+        """This tick's entries, encoded once, by the first session that sends them. Read within
+        the tick that emitted them, so the channels still hold the state they were made from."""
+        got = self.tick_encoded
+        if got is None:
+            try:
+                if self.all_mode:
+                    got = wire.encode_entries(self._all_sids, self.tick_bodies or [])
+                else:
+                    got = self.entries_for(self.tick_masks)
+            except Exception as exc:
+                raise ViewFailed(self) from exc
+            self.tick_bodies = None
+            self.tick_encoded = got
+        return got
 
     @property
     def ids(self) -> tuple[str, ...]:

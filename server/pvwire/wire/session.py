@@ -57,7 +57,10 @@ class Source(Protocol):
     @property
     def ids(self) -> tuple[str, ...]: ...
 
-    tick_entries: wire.Entries  # this tick's spliced entries, set before `Session.collect`
+    @property
+    def tick_entries(self) -> wire.Entries:
+        """This tick's spliced entries, valid from before `Session.collect` to the tick's end."""
+
     tick_masks: dict[int, int]  # sid -> field mask of this tick's entries
 
     def snapshot_entries(self) -> wire.Entries: ...
