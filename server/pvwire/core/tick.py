@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..limits import integer
-from ..wire.codes import INTERNAL as INTERNAL_ERROR
+from ..wire.codes import INTERNAL
 from .channel import Channel, FailureUnit, write_all_pending
 from .clients import Client
 from .view import View, ViewFailed
 
-__all__ = ["INTERNAL_ERROR", "TICK_BUCKETS_MS", "TickStats", "Ticker"]
+__all__ = ["TICK_BUCKETS_MS", "TickStats", "Ticker"]
 
 log = logging.getLogger("pvwire.tick")
 
@@ -187,7 +187,7 @@ class Ticker:
     def _session_failed(self, session: Client, exc: Exception) -> None:
         self._once(session, "session %s failed at the tick: %r", session.number, exc)
         self.count_failure("session")
-        session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
+        session.request_close(INTERNAL, "internal error; reconnect to resume")
 
     def _fail_view(self, view: View, exc: BaseException) -> None:
         """A view that cannot emit: its clients resume from a fresh snapshot on reconnect."""
@@ -195,7 +195,7 @@ class Ticker:
         self.count_failure("view")
         view.reset()
         for session, _ in view.attachments:
-            session.request_close(INTERNAL_ERROR, "internal error; reconnect to resume")
+            session.request_close(INTERNAL, "internal error; reconnect to resume")
 
     def _once(self, what: object, message: str, *args: object) -> None:
         if what not in self._logged:

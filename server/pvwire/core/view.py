@@ -31,8 +31,6 @@ __all__ = ["ALL_PENDING_LIMIT", "View", "ViewFailed", "ViewKey"]
 
 log = logging.getLogger("pvwire.view")
 
-# The longest `backfill` a subscription may ask for: the coarsest tier holds a day.
-
 # ALL mode: most entries one view holds between emissions (a maxRate-limited ALL view under
 # heavy load); about 3 MB of small entries.
 ALL_PENDING_LIMIT = ALL_MODE_PER_VIEW
