@@ -13,6 +13,7 @@ import pytest
 from pvwire.errors import ChannelNotFound, ReadOnlyChannel, TypeMismatch
 from pvwire.ioc import IocProcess
 from pvwire.model import ConnState, Severity
+from pvwire.upstream import ca as ca_module
 from pvwire.upstream.ca import CaBackend
 
 from tests.conftest import RecordingSink
@@ -132,6 +133,21 @@ async def test_put_enum_by_label_and_index(ca: CaBackend) -> None:
             await ca.put("PVW:MBBO", "Bogus", True, 5.0)
         with pytest.raises(TypeMismatch):
             await ca.put("PVW:MBBO", 7, True, 5.0)
+    finally:
+        await ca.put("PVW:MBBO", "On", True, 5.0)
+
+
+async def test_enum_labels_past_the_bound_forget_the_least_recently_used(
+    ca: CaBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ca_module, "MAX_ENUM_CHOICES", 2)
+    for name in ("PVW:AO.SCAN", "PVW:MBBO", "PVW:AO.SCAN", "PVW:LONG.SCAN"):
+        await ca.get(name, 5.0)  # a get of an enum remembers its labels
+    assert list(ca._choices) == ["PVW:AO.SCAN", "PVW:LONG.SCAN"]  # MBBO was the least recent
+    try:
+        await ca.put("PVW:MBBO", "Fault", True, 5.0)  # forgotten labels are read again
+        assert (await ca.get("PVW:MBBO", 5.0)).value == 2
+        assert list(ca._choices) == ["PVW:LONG.SCAN", "PVW:MBBO"]
     finally:
         await ca.put("PVW:MBBO", "On", True, 5.0)
 

@@ -12,6 +12,7 @@ import pytest
 from pvwire.errors import ChannelNotFound, TypeMismatch
 from pvwire.ioc import IocProcess
 from pvwire.model import ConnState, Severity
+from pvwire.upstream import pva as pva_module
 from pvwire.upstream.pva import PvaBackend
 
 from tests.conftest import RecordingSink
@@ -119,6 +120,21 @@ async def test_put_enum_by_label_and_index(pva: PvaBackend) -> None:
         assert (await pva.get("PVW:MBBO", 5.0)).value == 0
         with pytest.raises(TypeMismatch, match="'Off', 'On', 'Fault'"):
             await pva.put("PVW:MBBO", "Bogus", True, 5.0)
+    finally:
+        await pva.put("PVW:MBBO", "On", True, 5.0)
+
+
+async def test_put_types_past_the_bound_forget_the_least_recently_used(
+    pva: PvaBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pva_module, "MAX_TYPES", 2)
+    for name in ("PVW:LONG", "PVW:MBBO", "PVW:LONG", "PVW:AO"):
+        await pva.get(name, 5.0)  # a get remembers the channel's put type
+    assert list(pva._types) == ["PVW:LONG", "PVW:AO"]  # MBBO was the least recent
+    try:
+        await pva.put("PVW:MBBO", "Fault", True, 5.0)  # a forgotten type is learned again
+        assert (await pva.get("PVW:MBBO", 5.0)).value == 2
+        assert list(pva._types) == ["PVW:AO", "PVW:MBBO"]
     finally:
         await pva.put("PVW:MBBO", "On", True, 5.0)
 

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from pvwire.errors import BadChannelId, ReadOnlyChannel, TypeMismatch
 from pvwire.model import ConnState, Metadata, Value
+from pvwire.upstream import sim as sim_module
+from pvwire.upstream import sim_image
 from pvwire.upstream.sim import KINDS, SimBackend, SimLimits, parse_sim
 
 from tests.conftest import RecordingSink
@@ -227,3 +229,30 @@ async def test_ten_thousand_counters_share_one_timer(sim: SimBackend) -> None:
         for m in mons:
             m.close()
     assert not sim.groups
+
+
+async def test_waveform_tables_past_the_byte_bound_drop_the_least_recently_used(
+    sim: SimBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small bound and an empty cache of this test's own: 1000 float64 are 8000 bytes.
+    monkeypatch.setattr(sim_module, "_TABLE_BYTES", 20_000)
+    monkeypatch.setattr(sim_module, "_tables", {})
+    for length in (1000, 500, 1000, 1200):  # 1000 used again: 500 is now the least recent
+        r = await sim.get(f"waveform?length={length}", 1.0)
+        assert isinstance(r.value, np.ndarray) and r.value.shape == (length,)
+        assert sum(t.nbytes for t in sim_module._tables.values()) <= 20_000
+    assert list(sim_module._tables) == [(1000, "sine"), (1200, "sine")]
+
+
+async def test_image_patterns_past_the_byte_bound_drop_the_least_recently_used(
+    sim: SimBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pattern is the frame twice over: 64 x 8 float64 cache 8192 bytes.
+    monkeypatch.setattr(sim_image, "_CACHE_BYTES", 20_000)
+    monkeypatch.setattr(sim_image, "_patterns", {})
+    sizes = ((64, 8), (32, 8), (64, 8), (64, 10))  # 64 x 8 used again: 32 x 8 is now the least
+    for width, height in sizes:
+        r = await sim.get(f"image?width={width}&height={height}&dtype=float64", 1.0)
+        assert isinstance(r.value, np.ndarray) and r.value.shape == (height, width)
+        assert sum(t.nbytes for t in sim_image._patterns.values()) <= 20_000
+    assert list(sim_image._patterns) == [(64, 8, "float64", "mono"), (64, 10, "float64", "mono")]
