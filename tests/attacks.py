@@ -33,6 +33,7 @@ from tests.server_process import ServerProcess
 from tests.stream_client import RawStream
 
 __all__ = [
+    "MIB",
     "Bystander",
     "Cost",
     "Watch",
@@ -48,7 +49,7 @@ __all__ = [
     "stream_token",
 ]
 
-_MIB = 1 << 20
+MIB = 1 << 20  # the attacks' sizes are in MiB, here and where they are run
 ATTACH = 16  # the client's ATTACH message type (PROTOCOL.md section 2)
 
 
@@ -102,8 +103,8 @@ class Cost:
 
     def as_dict(self) -> dict[str, float]:
         return {
-            "rss_start_mb": round(self.rss_start / _MIB, 1),
-            "rss_growth_mb": round(self.rss_growth / _MIB, 1),
+            "rss_start_mb": round(self.rss_start / MIB, 1),
+            "rss_growth_mb": round(self.rss_growth / MIB, 1),
             "loop_lag_peak_s": round(self.lag_peak, 3),
             "server_cpu_s": round(self.cpu_s, 2),
             "wall_s": round(self.wall_s, 2),
@@ -264,7 +265,7 @@ def body_attack(server: ServerProcess, size: int, chunked: bool, path: str = "/g
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
         f"Content-Type: application/json\r\n{framing}\r\n\r\n"
     ).encode()
-    piece = b" " * _MIB  # JSON whitespace: nothing is wrong with it but its size
+    piece = b" " * MIB  # JSON whitespace: nothing is wrong with it but its size
     chunk = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
     with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
         sock.sendall(head)
