@@ -29,7 +29,7 @@ from pvwire_client import wire
 
 from tests.eventually import eventually, eventually_async
 from tests.pvws_client import PvwsClient
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, stream_token
 from tests.stream_client import RawStream
 
 __all__ = [
@@ -162,19 +162,6 @@ class Watch:
         self.cost.rss_peak = max(self.cost.rss_peak, rss_bytes(self.pid))
         self.cost.cpu_s = cpu_seconds(self.pid) - self._cpu0
         self.cost.wall_s = time.monotonic() - self._t0
-
-
-def stream_token(server: ServerProcess, ids: Sequence[str], **options: object) -> str:
-    """A GraphQL `subscribe` token for `ids` with `options` (GraphQL literals)."""
-    opts = ", ".join(f"{k}: {v}" for k, v in options.items())
-    doc = server.graphql(
-        "mutation($ids: [String!]!) { subscribe(ids: $ids"
-        + (f", options: {{{opts}}}" if opts else "")
-        + ") { token } }",
-        {"ids": list(ids)},
-    )
-    assert "errors" not in doc, doc
-    return str(doc["data"]["subscribe"]["token"])
 
 
 # --- the bystander ----------------------------------------------------------------------------
