@@ -30,6 +30,7 @@ from pvwire.limits import integer
 from pvwire.loopback import apply_loopback_env
 
 from tests.attacks import (
+    MIB,
     Bystander,
     Watch,
     backfill_attack,
@@ -45,13 +46,11 @@ from tests.attacks import (
 from tests.eventually import eventually_async
 from tests.server_process import ServerProcess
 
-_MIB = 1 << 20
-
 
 @dataclass(frozen=True, slots=True)
 class Sizes:
-    body: int = 1024 * _MIB
-    chunked_body: int = 512 * _MIB
+    body: int = 1024 * MIB
+    chunked_body: int = 512 * MIB
     backfill_sockets: int = 20
     backfill_channels: int = 1_000
     backfill_rate_hz: float = 50.0
@@ -68,7 +67,7 @@ class Sizes:
 FULL = Sizes()
 # Small enough for `make test` (bench/test_attacks_smoke.py): that each attack runs end to end.
 TINY = Sizes(
-    body=4 * _MIB, chunked_body=4 * _MIB, backfill_sockets=2, backfill_channels=5,
+    body=4 * MIB, chunked_body=4 * MIB, backfill_sockets=2, backfill_channels=5,
     backfill_rate_hz=50.0, backfill_rows=20, pvws_names=50, mjpeg_fps_values=3,
     mjpeg_image="sim://image/bench?width=64&height=64&rate=10", mjpeg_frames=3, writes=30,
     storm_connections=2, storm_attachments=5,
@@ -80,12 +79,12 @@ Attack = Callable[[ServerProcess, Sizes], Coroutine[Any, Any, dict[str, Any]]]
 
 async def body(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
     status = await asyncio.to_thread(body_attack, server, sizes.body, False)
-    return {"size_mb": sizes.body // _MIB, "status": status}
+    return {"size_mb": sizes.body // MIB, "status": status}
 
 
 async def body_chunked(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
     status = await asyncio.to_thread(body_attack, server, sizes.chunked_body, True)
-    return {"size_mb": sizes.chunked_body // _MIB, "status": status}
+    return {"size_mb": sizes.chunked_body // MIB, "status": status}
 
 
 async def backfill(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:

@@ -33,12 +33,14 @@ from .harness import (
     ProcWatch,
     Server,
     _bench_env,
+    _cpu_figures,
     _finish_py_spy,
+    _latency_hist,
     _percentile,
-    _start_py_spy,
+    _stop_all,
+    _window,
     write_db,
 )
-from .loadclient import HIST_BINS
 
 CLIENTS_PER_PROC = 250  # screens per load-client process (at most 2 processes by default)
 
@@ -167,58 +169,30 @@ def run(sc: ControlScenario, verbose: bool = True, server_tree: str = "") -> dic
                     "ioc": [pid] if ioc and (pid := ioc.pid()) else [],
                 }
             )
-            t0 = time.time() + sc.warmup
-            t1 = t0 + sc.duration
-            for c in children:
-                c.go(t0, t1)
-            time.sleep(max(0.0, t0 - time.time()))
-            watch.start_window()
-            spy = _start_py_spy(server.pid, sc, tmp) if sc.profile else None  # type: ignore[arg-type]
-            time.sleep(max(0.0, t1 - time.time()))
-            wall = watch.end_window()
+            wall, spy = _window(sc, server, children, watch, tmp)
             res["loop_lag_ms"] = server.loop_lag_ms()
             if spy is not None:
-                _finish_py_spy(spy, sc)  # type: ignore[arg-type]
+                _finish_py_spy(spy, sc)
             results = [c.result(hard) for c in children]
             watch.stop()
             res.update(_summarise(results, wall, sc))
-            res["server_cpu"] = watch.cpu_pct["server"]
-            res["server_loop_cpu"] = watch.main_thread_cpu_pct["server"]
-            res["client_cpu"] = watch.cpu_pct["clients"]
-            res["ioc_cpu"] = watch.cpu_pct["ioc"] if ioc else math.nan
-            res["client_procs"] = len(children)
-            res["server_rss_mb"] = watch.rss_peak["server"] / 1e6
+            res.update(_cpu_figures(watch, children, ioc, wall, res["received"]))
             res["rss_per_client_kb"] = (watch.rss_peak["server"] - rss0) / 1e3 / sc.clients
-            res["wall"] = wall
-            delivered = res["received"] / wall
-            res["delivered_per_s"] = delivered
-            res["server_us_per_update"] = (
-                res["server_cpu"] / 100.0 / delivered * 1e6 if delivered else math.nan
-            )
+            delivered = res["delivered_per_s"]
             say(
                 f"server {res['server_cpu']:.1f}% cpu, {delivered:,.0f} delivered/s, "
                 f"{res['server_us_per_update']:.2f} us/update, p99 {res['lat_p99_ms']:.1f} ms, "
                 f"open p99 {res['open_p99_ms']:.0f} ms, clients {res['client_cpu']:.1f}%"
             )
         finally:
-            for c in children:
-                c.kill()
-            if watch is not None:
-                watch.stop()
-            if server is not None:
-                server.stop()
-            if ioc is not None:
-                ioc.stop()
+            _stop_all(children, watch, server, ioc)
     res["elapsed"] = time.time() - t_start
     res["loadavg_1m"] = os.getloadavg()[0]
     return res
 
 
 def _summarise(results: list[dict[str, Any]], wall: float, sc: ControlScenario) -> dict[str, Any]:
-    hist = [0] * HIST_BINS
-    for r in results:
-        for i, n in r["hist"]:
-            hist[i] += n
+    hist = _latency_hist(results)
     by: dict[str, dict[str, int]] = {}
     for r in results:
         for ep, d in r["by_endpoint"].items():

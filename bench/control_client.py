@@ -33,7 +33,7 @@ from typing import Any
 
 import msgpack
 
-from .loadclient import HIST_BINS
+from .loadclient import HIST_BINS, run_child
 
 SAMPLE = 8  # one DATA frame (stream) or update (pvws) in SAMPLE is decoded for latency
 OPENING_AT_ONCE = 16  # screens of one process opening concurrently at start
@@ -398,14 +398,7 @@ async def main_async(spec: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
-    try:
-        import uvloop
-
-        uvloop.run(main_async(spec))
-    except ImportError:  # pragma: no cover
-        asyncio.run(main_async(spec))
+    run_child(main_async)
 
 
 if __name__ == "__main__":

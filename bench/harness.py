@@ -32,7 +32,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 from pvwire.ioc import IocProcess
@@ -47,6 +47,15 @@ WAVEFORM_LEN = 1_000_000
 UPDATE_HZ = 10.0
 TOKEN_IDS = 1000  # ids per subscription token
 CONIQL_READY_S = 60.0  # the longest wait for Coniql's first value of every PV
+
+
+class Timed(Protocol):
+    """What the measured window needs of a scenario (this module's or bench/control.py's)."""
+
+    name: str
+    warmup: float
+    duration: float
+    profile: bool
 
 
 @dataclass
@@ -387,17 +396,7 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
                 "ioc": [ioc.pid()] if ioc and ioc.pid() else [],
             }
             watch = ProcWatch(pids)
-            t0 = time.time() + sc.warmup
-            t1 = t0 + sc.duration
-            for c in children:
-                c.go(t0, t1)
-            time.sleep(max(0.0, t0 - time.time()))
-            watch.start_window()
-            spy = None
-            if sc.profile:
-                spy = _start_py_spy(server.pid, sc, tmp)
-            time.sleep(max(0.0, t1 - time.time()))
-            wall = watch.end_window()
+            wall, spy = _window(sc, server, children, watch, tmp)
             res["loop_lag_ms"] = server.loop_lag_ms()
             res["history"] = server.history_metrics()
             if spy is not None:
@@ -408,20 +407,8 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             res.update(_summarise(conns, wall, sc))
             res["decodes"] = sum(r["decodes"] for r in results)
             res["cache_hits"] = sum(r["cache_hits"] for r in results)
-            res["server_cpu"] = watch.cpu_pct["server"]
-            res["client_cpu"] = watch.cpu_pct["clients"]
-            res["ioc_cpu"] = watch.cpu_pct["ioc"] if ioc else math.nan
-            res["server_rss_mb"] = watch.rss_peak["server"] / 1e6
-            res["client_procs"] = len(children)
-            res["wall"] = wall
-            delivered = res["received"] / wall
-            res["delivered_per_s"] = delivered
-            res["server_us_per_update"] = (
-                res["server_cpu"] / 100.0 / delivered * 1e6 if delivered else math.nan
-            )
-            # The event loop's share (the main thread's; under --workers, the parent's only):
-            # where the server's own work runs, apart from libca's and pvxs's threads.
-            res["server_loop_cpu"] = watch.main_thread_cpu_pct["server"]
+            res.update(_cpu_figures(watch, children, ioc, wall, res["received"]))
+            delivered = res["delivered_per_s"]
             res["server_loop_us_per_update"] = (
                 res["server_loop_cpu"] / 100.0 / delivered * 1e6 if delivered else math.nan
             )
@@ -439,14 +426,7 @@ def run(sc: Scenario, verbose: bool = True) -> dict[str, Any]:
             if sc.floor and "floor_us_per_update" in res:
                 res["own_us_per_update"] = res["server_us_per_update"] - res["floor_us_per_update"]
         finally:
-            for c in children:
-                c.kill()
-            if watch is not None:
-                watch.stop()
-            if server is not None:
-                server.stop()
-            if ioc is not None:
-                ioc.stop()
+            _stop_all(children, watch, server, ioc)
     res["elapsed"] = time.time() - t_start
     res["loadavg_1m"] = os.getloadavg()[0]
     return res
@@ -558,11 +538,71 @@ def _run_floor(
     return out
 
 
-def _summarise(conns: list[dict[str, Any]], wall: float, sc: Scenario) -> dict[str, Any]:
+def _window(
+    sc: Timed, server: Server, children: list[Child], watch: ProcWatch, tmp: Path
+) -> tuple[float, subprocess.Popen[bytes] | None]:
+    """The measured window: the clients told when it runs, the server profiled in it if asked.
+    Returns its length (s) and the profiler, still to be finished (_finish_py_spy)."""
+    t0 = time.time() + sc.warmup
+    t1 = t0 + sc.duration
+    for c in children:
+        c.go(t0, t1)
+    time.sleep(max(0.0, t0 - time.time()))
+    watch.start_window()
+    spy = None
+    if sc.profile:
+        assert server.pid is not None
+        spy = _start_py_spy(server.pid, sc, tmp)
+    time.sleep(max(0.0, t1 - time.time()))
+    return watch.end_window(), spy
+
+
+def _cpu_figures(
+    watch: ProcWatch, children: list[Child], ioc: IocProcess | None, wall: float, received: int
+) -> dict[str, Any]:
+    """What the window cost each process, and the server per update delivered."""
+    server_cpu = watch.cpu_pct["server"]
+    delivered = received / wall
+    return {
+        "server_cpu": server_cpu,
+        "client_cpu": watch.cpu_pct["clients"],
+        "ioc_cpu": watch.cpu_pct["ioc"] if ioc else math.nan,
+        "server_rss_mb": watch.rss_peak["server"] / 1e6,
+        "client_procs": len(children),
+        "wall": wall,
+        "delivered_per_s": delivered,
+        "server_us_per_update": server_cpu / 100.0 / delivered * 1e6 if delivered else math.nan,
+        # The event loop's share (the main thread's; under --workers, the parent's only):
+        # where the server's own work runs, apart from libca's and pvxs's threads.
+        "server_loop_cpu": watch.main_thread_cpu_pct["server"],
+    }
+
+
+def _stop_all(
+    children: list[Child], watch: ProcWatch | None, server: Server | None, ioc: IocProcess | None
+) -> None:
+    """Whatever a run started, stopped, however it ended."""
+    for c in children:
+        c.kill()
+    if watch is not None:
+        watch.stop()
+    if server is not None:
+        server.stop()
+    if ioc is not None:
+        ioc.stop()
+
+
+def _latency_hist(parts: list[dict[str, Any]]) -> list[int]:
+    """The load clients' latency histograms (sparse [bin, count] pairs), added up."""
     hist = [0] * HIST_BINS
-    for c in conns:
-        for i, n in c["hist"]:
+    for part in parts:
+        for i, n in part["hist"]:
             hist[i] += n
+    return hist
+
+
+def _summarise(conns: list[dict[str, Any]], wall: float, sc: Scenario) -> dict[str, Any]:
+    hist = _latency_hist(conns)
     keys = ("received", "expected", "conflated", "missing", "seq_gaps", "frames", "bytes")
     out: dict[str, Any] = {k: sum(c[k] for c in conns) for k in keys}
     per = sc.per_client or sc.pvs
@@ -581,7 +621,7 @@ def _summarise(conns: list[dict[str, Any]], wall: float, sc: Scenario) -> dict[s
     return out
 
 
-def _start_py_spy(pid: int, sc: Scenario, tmp: Path) -> subprocess.Popen[bytes]:
+def _start_py_spy(pid: int, sc: Timed, tmp: Path) -> subprocess.Popen[bytes]:
     out = Path(__file__).parent / "results" / f"profile-{sc.name}.txt"
     out.parent.mkdir(exist_ok=True)
     spy = Path(sys.executable).parent / "py-spy"
@@ -592,7 +632,7 @@ def _start_py_spy(pid: int, sc: Scenario, tmp: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def _finish_py_spy(spy: subprocess.Popen[bytes], sc: Scenario) -> None:
+def _finish_py_spy(spy: subprocess.Popen[bytes], sc: Timed) -> None:
     try:
         spy.wait(30)
     except subprocess.TimeoutExpired:

@@ -22,6 +22,7 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgpack
@@ -297,7 +298,9 @@ async def main_async(spec: dict[str, Any]) -> None:
         json.dump(out, f)
 
 
-def main() -> None:
+def run_child(main_async: Callable[[dict[str, Any]], Coroutine[Any, Any, None]]) -> None:
+    """A load-client process's body: `main_async` on the spec in the JSON file named by argv[1],
+    on uvloop where it is installed."""
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     try:
@@ -306,6 +309,10 @@ def main() -> None:
         uvloop.run(main_async(spec))
     except ImportError:  # pragma: no cover
         asyncio.run(main_async(spec))
+
+
+def main() -> None:
+    run_child(main_async)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,11 @@ from pvwire_client import wire
 
 from tests.eventually import eventually, eventually_async
 from tests.pvws_client import PvwsClient
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, stream_token
 from tests.stream_client import RawStream
 
 __all__ = [
+    "MIB",
     "Bystander",
     "Cost",
     "Watch",
@@ -48,7 +49,7 @@ __all__ = [
     "stream_token",
 ]
 
-_MIB = 1 << 20
+MIB = 1 << 20  # the attacks' sizes are in MiB, here and where they are run
 ATTACH = 16  # the client's ATTACH message type (PROTOCOL.md section 2)
 
 
@@ -102,8 +103,8 @@ class Cost:
 
     def as_dict(self) -> dict[str, float]:
         return {
-            "rss_start_mb": round(self.rss_start / _MIB, 1),
-            "rss_growth_mb": round(self.rss_growth / _MIB, 1),
+            "rss_start_mb": round(self.rss_start / MIB, 1),
+            "rss_growth_mb": round(self.rss_growth / MIB, 1),
             "loop_lag_peak_s": round(self.lag_peak, 3),
             "server_cpu_s": round(self.cpu_s, 2),
             "wall_s": round(self.wall_s, 2),
@@ -161,19 +162,6 @@ class Watch:
         self.cost.rss_peak = max(self.cost.rss_peak, rss_bytes(self.pid))
         self.cost.cpu_s = cpu_seconds(self.pid) - self._cpu0
         self.cost.wall_s = time.monotonic() - self._t0
-
-
-def stream_token(server: ServerProcess, ids: Sequence[str], **options: object) -> str:
-    """A GraphQL `subscribe` token for `ids` with `options` (GraphQL literals)."""
-    opts = ", ".join(f"{k}: {v}" for k, v in options.items())
-    doc = server.graphql(
-        "mutation($ids: [String!]!) { subscribe(ids: $ids"
-        + (f", options: {{{opts}}}" if opts else "")
-        + ") { token } }",
-        {"ids": list(ids)},
-    )
-    assert "errors" not in doc, doc
-    return str(doc["data"]["subscribe"]["token"])
 
 
 # --- the bystander ----------------------------------------------------------------------------
@@ -264,7 +252,7 @@ def body_attack(server: ServerProcess, size: int, chunked: bool, path: str = "/g
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
         f"Content-Type: application/json\r\n{framing}\r\n\r\n"
     ).encode()
-    piece = b" " * _MIB  # JSON whitespace: nothing is wrong with it but its size
+    piece = b" " * MIB  # JSON whitespace: nothing is wrong with it but its size
     chunk = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
     with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
         sock.sendall(head)

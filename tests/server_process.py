@@ -22,7 +22,7 @@ import psutil
 from pvwire.ioc import free_port
 from pvwire.loopback import apply_loopback_env
 
-__all__ = ["TEST_TOKEN_KEY", "ServerProcess", "listens"]
+__all__ = ["TEST_TOKEN_KEY", "ServerProcess", "listens", "stream_token"]
 
 TEST_TOKEN_KEY = "test-key-not-secret"
 
@@ -169,6 +169,19 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stream_token(server: ServerProcess, ids: Sequence[str], **options: object) -> str:
+    """A GraphQL `subscribe` token for `ids` with `options` (GraphQL literals)."""
+    opts = ", ".join(f"{k}: {v}" for k, v in options.items())
+    doc = server.graphql(
+        "mutation($ids: [String!]!) { subscribe(ids: $ids"
+        + (f", options: {{{opts}}}" if opts else "")
+        + ") { token } }",
+        {"ids": list(ids)},
+    )
+    assert "errors" not in doc, doc
+    return str(doc["data"]["subscribe"]["token"])
 
 
 def server_args_for_tests(extra: Sequence[str] = ()) -> list[str]:

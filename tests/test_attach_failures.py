@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import cast
 
 import pytest
 from pvwire.core.hub import Hub
 from pvwire.errors import BackendUnavailable, BadChannelId
 from pvwire.upstream.base import ChannelSink
 from pvwire.wire.codes import BAD_TOKEN
-from starlette.websockets import WebSocket
 
 from .eventually import eventually_async
 from .hub_doubles import Client, FakeBackend, FakeMonitor, attach
-from .test_connection import FakeSocket, pvws
+from .test_connection import FakeSocket, connected, pvws
 
 
 class RefusingBackend(FakeBackend):
@@ -79,8 +77,7 @@ async def test_a_pvws_subscribe_that_cannot_open_is_an_error_and_the_connection_
     hub: Hub, backend: FakeBackend
 ) -> None:
     ws = FakeSocket()
-    task = asyncio.create_task(pvws(hub, cast(WebSocket, ws)))
-    await eventually_async(lambda: len(hub.sessions) == 1)
+    task = await connected(hub, pvws, ws)
 
     async def subscribe(name: str) -> None:
         text = json.dumps({"type": "subscribe", "pvs": [name]})

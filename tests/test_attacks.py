@@ -23,6 +23,7 @@ from pvwire import limits
 from pvwire.ioc import IocProcess
 
 from tests.attacks import (
+    MIB,
     Bystander,
     Cost,
     Watch,
@@ -43,20 +44,18 @@ from tests.eventually import eventually_async
 from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
 
-_MIB = 1 << 20
-
 # --- the bounds this suite holds the server to --------------------------------------------------
 
 SEND_BUDGET = 256 * 1024  # the module's server: --send-budget
 # What a server's heap moves by without any attack worth the name (allocator arenas, a burst of
 # frames, the test's own requests): every memory bound below is a client's budget plus this.
-SLACK = 32 * _MIB
+SLACK = 32 * MIB
 # The worst loop lag (the server's own metric) any attack may cause: far above what a busy
 # machine's scheduling adds, far below the seconds an unbounded pass held the loop for.
 LOOP_LAG_BOUND_S = 3.0
 
 # (a) HTTP bodies: refused past the body limit, whatever the body says it is.
-BODY_SIZE = 128 * _MIB
+BODY_SIZE = 128 * MIB
 MAX_BODY = limits.integer("max_request_bytes")
 BODY_RSS_BOUND = 2 * MAX_BODY + SLACK
 
@@ -72,7 +71,7 @@ PVWS_MAX_NAMES = limits.integer("max_channels_per_subscription")
 PVWS_OVER = PVWS_MAX_NAMES + 1
 PVWS_CHANNEL_BYTES = 8 * 1024  # a sim value channel with its view and pvws state, generously
 # Each channel opened also gets its recent history, from the server's one budget (--history-mb).
-HISTORY_BUDGET = 32 * _MIB
+HISTORY_BUDGET = 32 * MIB
 PVWS_RSS_BOUND = HISTORY_BUDGET + PVWS_MAX_NAMES * PVWS_CHANNEL_BYTES + SLACK
 
 # (d) MJPEG: distinct `fps` values cost a few feeds, not one each.
@@ -113,7 +112,7 @@ def target(epics_env: IocProcess, audit_file: Path) -> Iterator[ServerProcess]:
     connection that reads nothing is held open, as an attacker would), and an audit file."""
     args = server_args_for_tests(
         ["--stall-timeout", "120", "--send-budget", str(SEND_BUDGET),
-         "--history-mb", str(HISTORY_BUDGET // _MIB), "--audit-log", str(audit_file)]
+         "--history-mb", str(HISTORY_BUDGET // MIB), "--audit-log", str(audit_file)]
     )  # fmt: skip
     with ServerProcess(*args) as proc:
         yield proc
@@ -130,7 +129,7 @@ def bystander(target: ServerProcess) -> Iterator[Bystander]:
 def held(cost: Cost, rss_bound: int, what: str) -> None:
     """The attack's cost within its bounds, said in figures when not."""
     assert cost.rss_growth <= rss_bound, (
-        f"{what}: RSS grew {cost.rss_growth / _MIB:.0f} MiB, bound {rss_bound / _MIB:.0f} MiB"
+        f"{what}: RSS grew {cost.rss_growth / MIB:.0f} MiB, bound {rss_bound / MIB:.0f} MiB"
     )
     assert cost.lag_peak <= LOOP_LAG_BOUND_S, (
         f"{what}: the event loop lagged {cost.lag_peak:.2f} s, bound {LOOP_LAG_BOUND_S} s"
@@ -148,7 +147,7 @@ def test_a_big_body_is_refused_before_it_is_read(
     with Watch(target) as watch:
         status = body_attack(target, BODY_SIZE, chunked)
     end = bystander.mark()
-    assert status == 413, f"a {BODY_SIZE // _MIB} MiB body was answered {status}"
+    assert status == 413, f"a {BODY_SIZE // MIB} MiB body was answered {status}"
     held(watch.cost, BODY_RSS_BOUND, "a big POST")
     bystander.check(start, end)
     # And a request of ordinary size still gets its answer.

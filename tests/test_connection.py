@@ -75,11 +75,17 @@ async def pvws(hub: Hub, ws: WebSocket) -> None:
 ENDPOINTS = [pytest.param(stream, id="stream"), pytest.param(pvws, id="pvws")]
 
 
+async def connected(hub: Hub, serve: Serve, ws: FakeSocket) -> asyncio.Task[None]:
+    """`serve` running on `ws`, returned once its session is in the hub."""
+    task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
+    await eventually_async(lambda: len(hub.sessions) == 1)
+    return task
+
+
 @pytest.mark.parametrize("serve", ENDPOINTS)
 async def test_a_cancelled_connection_closes_with_1012(hub: Hub, serve: Serve) -> None:
     ws = FakeSocket()
-    task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
-    await eventually_async(lambda: len(hub.sessions) == 1)
+    task = await connected(hub, serve, ws)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -94,8 +100,7 @@ async def test_the_session_is_released_before_its_close_frame_gets_out(
     hub: Hub, serve: Serve
 ) -> None:
     ws = FakeSocket(held=True)
-    task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
-    await eventually_async(lambda: len(hub.sessions) == 1)
+    task = await connected(hub, serve, ws)
     (session,) = hub.sessions
     session.request_close(4008, "too slow")
     await eventually_async(lambda: bool(ws.closes))
@@ -112,8 +117,7 @@ async def test_a_client_close_releases_the_session_and_counts_its_code(
     hub: Hub, serve: Serve
 ) -> None:
     ws = FakeSocket()
-    task = asyncio.create_task(serve(hub, cast(WebSocket, ws)))
-    await eventually_async(lambda: len(hub.sessions) == 1)
+    task = await connected(hub, serve, ws)
     await ws.incoming.put({"type": "websocket.disconnect", "code": 4000})
     await asyncio.wait_for(task, 30)
     assert not hub.sessions and not ws.closes
@@ -157,8 +161,7 @@ async def test_a_fault_in_the_writers_catch_up_is_logged_counted_and_closed_with
     hub.start()
     try:
         ws = GatedSocket()
-        task = asyncio.create_task(stream(hub, cast(WebSocket, ws)))
-        await eventually_async(lambda: len(hub.sessions) == 1)
+        task = await connected(hub, stream, ws)
         token = hub.signer.issue(["fake://a"]).token
         await ws.incoming.put({"type": "websocket.receive", "bytes": msgpack.packb([16, 1, token])})
         await eventually_async(lambda: "a" in backend.sinks)
@@ -192,8 +195,7 @@ async def test_a_fault_in_the_reader_is_logged_counted_and_closed_with_1011(
 
     monkeypatch.setattr(Session, "receive", fault)
     ws = FakeSocket()
-    task = asyncio.create_task(stream(hub, cast(WebSocket, ws)))
-    await eventually_async(lambda: len(hub.sessions) == 1)
+    task = await connected(hub, stream, ws)
     with caplog.at_level(logging.ERROR, logger="pvwire.stream"):
         await ws.incoming.put({"type": "websocket.receive", "bytes": b"\x91\x12"})
         await asyncio.wait_for(task, 30)

@@ -713,20 +713,28 @@ async def test_an_array_channel_records_through_the_hub_only_when_asked(
             await hub.stop()
 
 
-async def test_an_array_channel_s_backfill_is_2d_before_the_snapshot_with_no_duplicate(
-    backend: FakeBackend,
-) -> None:
+async def backfill_of_frames(
+    backend: FakeBackend, n: int, seconds: float
+) -> tuple[int, list[list[object]]]:
+    """`n` frames (frame(i)) recorded on fake://a one a second up to now (s, returned), then
+    what a new attachment asking `seconds` of backfill gets."""
     settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=16)
     hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
     hub.start()
     try:
         attach(HubClient(hub), hub, ["fake://a"])
         now = int(time.time())
-        for i in range(20):
-            backend.update("a", frame(i), t=now - 20 + i)
-        msgs = attach_with_backfill(hub, ["fake://a"], 60)
+        for i in range(n):
+            backend.update("a", frame(i), t=now - n + i)
+        return now, attach_with_backfill(hub, ["fake://a"], seconds)
     finally:
         await hub.stop()
+
+
+async def test_an_array_channel_s_backfill_is_2d_before_the_snapshot_with_no_duplicate(
+    backend: FakeBackend,
+) -> None:
+    now, msgs = await backfill_of_frames(backend, 20, 60)
     assert [m[0] for m in msgs] == [1, 8, 2]  # ATTACHED, HISTORY, SNAPSHOT
     assert msgs[1][3] == 0
     t, value, low, high, severity, status, gap = columns(msgs[1])
@@ -741,18 +749,8 @@ async def test_an_array_channel_s_backfill_is_2d_before_the_snapshot_with_no_dup
 async def test_an_array_channel_s_backfill_counts_elements_against_the_message_bound(
     backend: FakeBackend,
 ) -> None:
-    settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=16)
-    hub = Hub({"fake": backend}, settings, TokenSigner(KEYS, "k1"))
-    hub.start()
-    try:
-        attach(HubClient(hub), hub, ["fake://a"])
-        now = int(time.time())
-        n = 3 * HISTORY_MESSAGE_ROWS // 16  # frames of 16 elements: three messages' worth
-        for i in range(n):
-            backend.update("a", frame(i), t=now - n + i)
-        msgs = attach_with_backfill(hub, ["fake://a"], 3600)
-    finally:
-        await hub.stop()
+    n = 3 * HISTORY_MESSAGE_ROWS // 16  # frames of 16 elements: three messages' worth
+    now, msgs = await backfill_of_frames(backend, n, 3600)
     history = msgs[1:-1]
     assert [m[0] for m in history] == [8] * 3 and msgs[-1][0] == 2
     assert all(columns(m)[1].size <= HISTORY_MESSAGE_ROWS for m in history)  # rows x elements

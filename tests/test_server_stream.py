@@ -13,20 +13,9 @@ from pvwire_client import closecodes, wire
 
 from tests.eventually import eventually_async
 from tests.server_process import TEST_TOKEN_KEY, ServerProcess
+from tests.server_process import stream_token as token
 from tests.stream_client import RawStream
 from tests.test_metrics import samples
-
-
-def token(server: ServerProcess, ids: list[str], **options: object) -> str:
-    opts = ", ".join(f"{k}: {v}" for k, v in options.items())
-    doc = server.graphql(
-        "mutation($ids: [String!]!) { subscribe(ids: $ids"
-        + (f", options: {{{opts}}}" if opts else "")
-        + ") { token } }",
-        {"ids": ids},
-    )
-    assert "errors" not in doc, doc
-    return str(doc["data"]["subscribe"]["token"])
 
 
 async def test_snapshot_then_deltas_from_a_real_ioc(server: ServerProcess) -> None:

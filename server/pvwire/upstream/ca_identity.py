@@ -45,9 +45,9 @@ from caproto import (  # type: ignore[import-untyped]
 )
 from caproto._status import eca_value_to_status  # type: ignore[import-untyped]
 
-from ..errors import ChannelNotFound, ChannelTimeout, IocDenied, PutRejected, WriteDenied
+from ..errors import ChannelNotFound, IocDenied, PutRejected, WriteDenied
 from ..limits import integer, number
-from .user_links import Address, UserLinks
+from .user_links import Address, LinkBase, UserLinks
 
 __all__ = ["Address", "IdentityCircuits", "check_user_name"]
 
@@ -81,24 +81,21 @@ def check_user_name(user: str) -> None:
         raise WriteDenied(f"the user name {user[:40]!r} cannot be sent to an IOC")
 
 
-class _Circuit:
+class _Circuit(LinkBase):
     """One TCP circuit to one CA server under one user's name."""
 
+    ended = "circuit closed"
+
     def __init__(self, user: str, address: Address, host_name: str) -> None:
-        self.user = user
-        self.address = address
-        self.last_used = time.monotonic()
-        self.busy = 0  # puts in flight
-        self.closed = False
+        super().__init__(user, address)
+        self._host_name = host_name
         self._vc = VirtualCircuit(CLIENT, address, 0)
-        self._writer: asyncio.StreamWriter | None = None
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[None] = loop.create_future()
         self._channels: OrderedDict[str, Any] = OrderedDict()  # name -> connected ClientChannel
         self._creating: dict[int, asyncio.Future[Any]] = {}  # cid -> channel once created
         self._writes: dict[int, asyncio.Future[int]] = {}  # ioid -> ECA status
-        self._failure: Exception | None = None
-        self._task = asyncio.ensure_future(self._run(host_name))
+        self._start()
 
     def __repr__(self) -> str:
         return f"<CA circuit of {self.user!r} to {self.address[0]}:{self.address[1]}>"
@@ -136,34 +133,7 @@ class _Circuit:
     def keepalive(self) -> None:
         """Nothing to send: an IOC keeps a quiet circuit, which is closed when idle here."""
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._fail_all(ConnectionError("circuit closed"))
-        if self._writer is not None:
-            self._writer.close()
-        if not self._task.done():
-            self._task.cancel()
-
     # -- inside ----------------------------------------------------------------------------------
-
-    def _where(self) -> str:
-        return f"{self.address[0]}:{self.address[1]} as {self.user}"
-
-    async def _wait(self, future: asyncio.Future[Any], deadline: float, what: str) -> Any:
-        left = deadline - time.monotonic()
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), max(left, 0.001))
-        except TimeoutError:
-            if self._failure is not None:
-                raise self._error(what) from None
-            raise ChannelTimeout(f"{what} in time") from None
-        except ConnectionError:
-            raise self._error(what) from None
-
-    def _error(self, what: str) -> PutRejected:
-        return PutRejected(f"{what}: {self._failure or 'circuit closed'}")
 
     async def _create(self, name: str, deadline: float) -> Any:
         chan = ClientChannel(name, self._vc)
@@ -190,38 +160,26 @@ class _Circuit:
         self._writer.write(b"".join(self._vc.send(*commands)))
         await self._writer.drain()
 
-    async def _run(self, host_name: str) -> None:
-        try:
-            reader, self._writer = await asyncio.open_connection(*self.address)
-            # What libca sends first on every circuit, with this user's name (caproto sends
-            # text as UTF-8 with its NUL; the IOC compares the bytes with its ACF's).
-            self._writer.write(
-                b"".join(
-                    self._vc.send(
-                        VersionRequest(0, DEFAULT_PROTOCOL_VERSION),
-                        HostNameRequest(host_name),
-                        ClientNameRequest(self.user),
-                    )
+    async def _talk(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # What libca sends first on every circuit, with this user's name (caproto sends
+        # text as UTF-8 with its NUL; the IOC compares the bytes with its ACF's).
+        writer.write(
+            b"".join(
+                self._vc.send(
+                    VersionRequest(0, DEFAULT_PROTOCOL_VERSION),
+                    HostNameRequest(self._host_name),
+                    ClientNameRequest(self.user),
                 )
             )
-            while True:
-                data = await reader.read(_READ_SIZE)
-                commands, _ = self._vc.recv(data)
-                for command in commands:
-                    if command is DISCONNECTED:
-                        raise ConnectionError("the IOC closed the circuit")
-                    self._vc.process_command(command)
-                    self._handle(command)
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # a refused connection, a protocol violation: this circuit only
-            log.info("%r ends: %s", self, exc)
-            self._failure = exc
-        finally:
-            self.closed = True
-            self._fail_all(ConnectionError(str(self._failure or "circuit closed")))
-            if self._writer is not None:
-                self._writer.close()
+        )
+        while True:
+            data = await reader.read(_READ_SIZE)
+            commands, _ = self._vc.recv(data)
+            for command in commands:
+                if command is DISCONNECTED:
+                    raise ConnectionError("the IOC closed the circuit")
+                self._vc.process_command(command)
+                self._handle(command)
 
     def _handle(self, command: Any) -> None:
         if isinstance(command, VersionResponse):
@@ -253,11 +211,8 @@ class _Circuit:
         elif not isinstance(command, AccessRightsResponse):
             log.debug("%r: %r ignored", self, command)
 
-    def _fail_all(self, exc: Exception) -> None:
-        for future in (self._ready, *self._creating.values(), *self._writes.values()):
-            if not future.done():
-                future.set_exception(exc)
-                future.exception()  # retrieved: nobody may be waiting any more
+    def _waiting(self) -> list[asyncio.Future[Any]]:
+        return [self._ready, *self._creating.values(), *self._writes.values()]
 
 
 class IdentityCircuits:

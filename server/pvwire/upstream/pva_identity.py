@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ChannelNotFound, ChannelTimeout, IocDenied, PutRejected, TypeMismatch
+from ..errors import ChannelNotFound, IocDenied, PutRejected, TypeMismatch
 from ..limits import (
     PVA_IDENTITY_ADDRESSES,
     PVA_IDENTITY_CHANNELS,
@@ -52,7 +52,7 @@ from .pvaproto import (
     search_request,
     search_response,
 )
-from .user_links import Address, UserLinks
+from .user_links import Address, LinkBase, UserLinks
 
 __all__ = ["Address", "IdentityConnections", "PvaSearch", "Unreachable"]
 
@@ -75,26 +75,22 @@ def _is_refusal(status: Status) -> bool:
     return any(w in text for w in _DENIED)
 
 
-class _Connection:
+class _Connection(LinkBase):
     """One TCP connection to one PVA server under one user's name."""
 
+    ended = "connection closed"
+
     def __init__(self, user: str, address: Address, host_name: str, max_channels: int) -> None:
-        self.user = user
+        super().__init__(user, address)
         self.max_channels = max_channels
-        self.address = address
-        self.last_used = time.monotonic()
-        self.busy = 0  # puts in flight
-        self.closed = False
         self._proto = ClientProtocol(user, host_name, PVA_IDENTITY_MESSAGE_BYTES)
-        self._writer: asyncio.StreamWriter | None = None
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Status] = loop.create_future()
         # name -> (cid, sid); (name, wait) -> (ioid, the put's structure)
         self._channels: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._puts: dict[tuple[str, bool], tuple[int, FieldDesc]] = {}
         self._pending: dict[int, asyncio.Future[Any]] = {}  # cid or ioid -> its answer
-        self._failure: Exception | None = None
-        self._task = asyncio.ensure_future(self._run())
+        self._start()
 
     def __repr__(self) -> str:
         return f"<PVA connection of {self.user!r} to {self.address[0]}:{self.address[1]}>"
@@ -134,20 +130,7 @@ class _Connection:
         if self._writer is not None and self._proto.state == "ready" and not self.closed:
             self._writer.write(self._proto.echo())
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._fail_all(ConnectionError("connection closed"))
-        if self._writer is not None:
-            self._writer.close()
-        if not self._task.done():
-            self._task.cancel()
-
     # -- inside ----------------------------------------------------------------------------------
-
-    def _where(self) -> str:
-        return f"{self.address[0]}:{self.address[1]} as {self.user}"
 
     async def _channel(self, name: str, deadline: float) -> int:
         found = self._channels.get(name)
@@ -205,48 +188,22 @@ class _Connection:
         finally:
             self._pending.pop(key, None)
 
-    async def _wait(self, future: asyncio.Future[Any], deadline: float, what: str) -> Any:
-        left = deadline - time.monotonic()
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), max(left, 0.001))
-        except TimeoutError:
-            if self._failure is not None:
-                raise self._error(what) from None
-            raise ChannelTimeout(f"{what} in time") from None
-        except ConnectionError:
-            raise self._error(what) from None
-
-    def _error(self, what: str) -> PutRejected:
-        return PutRejected(f"{what}: {self._failure or 'connection closed'}")
-
     def _send(self, data: bytes) -> None:
         if self._writer is None or self.closed:
             raise self._error(f"connection to {self._where()}")
         self._writer.write(data)
 
-    async def _run(self) -> None:
-        try:
-            reader, self._writer = await asyncio.open_connection(*self.address)
-            while True:
-                data = await reader.read(_READ_SIZE)
-                if not data:
-                    raise ConnectionError("the IOC closed the connection")
-                events = self._proto.receive(data)
-                out = self._proto.take_outgoing()
-                if out:
-                    self._writer.write(out)
-                for event in events:
-                    self._handle(event)
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # a refused connection, a protocol violation: this one only
-            log.info("%r ends: %s", self, exc)
-            self._failure = exc
-        finally:
-            self.closed = True
-            self._fail_all(ConnectionError(str(self._failure or "connection closed")))
-            if self._writer is not None:
-                self._writer.close()
+    async def _talk(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            data = await reader.read(_READ_SIZE)
+            if not data:
+                raise ConnectionError("the IOC closed the connection")
+            events = self._proto.receive(data)
+            out = self._proto.take_outgoing()
+            if out:
+                writer.write(out)
+            for event in events:
+                self._handle(event)
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, Validated):
@@ -269,11 +226,8 @@ class _Connection:
         if answer is not None and not answer.done():
             answer.set_result(event)
 
-    def _fail_all(self, exc: Exception) -> None:
-        for future in (self._ready, *self._pending.values()):
-            if not future.done():
-                future.set_exception(exc)
-                future.exception()  # retrieved: nobody may be waiting any more
+    def _waiting(self) -> list[asyncio.Future[Any]]:
+        return [self._ready, *self._pending.values()]
 
 
 class IdentityConnections:

@@ -1,18 +1,23 @@
 """The connections that carry one user's name to one upstream server, as a bounded pool: one per
 (user, server), opened by the first put, at most `max_links` at once (the least recently used is
 closed first, failing its puts in flight), closed after `idle_s` without a put and kept alive
-until then. CA circuits (ca_identity.py) and PVA connections (pva_identity.py) share it."""
+until then. CA circuits (ca_identity.py) and PVA connections (pva_identity.py) share it, and
+LinkBase: what the two do alike around their own protocol (the TCP stream, waiting for answers
+until a deadline, failing what waits when the link ends)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["Address", "Link", "UserLinks"]
+from ..errors import ChannelTimeout, PutRejected
+
+__all__ = ["Address", "Link", "LinkBase", "UserLinks"]
 
 Address = tuple[str, int]
 
@@ -27,6 +32,82 @@ class Link(Protocol):
     def close(self) -> None: ...
 
     def keepalive(self) -> None: ...
+
+
+class LinkBase:
+    """A TCP stream to one server under one user's name; a subclass speaks the protocol over it
+    (`_talk`) and says which futures wait on it (`_waiting`)."""
+
+    ended = "link closed"  # the cause a put is told when the link ended without another
+
+    def __init__(self, user: str, address: Address) -> None:
+        self.user = user
+        self.address = address
+        self.last_used = time.monotonic()
+        self.busy = 0  # puts in flight
+        self.closed = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._failure: Exception | None = None
+        self._task: asyncio.Future[None] | None = None
+
+    def _start(self) -> None:
+        """Open the stream; called last in a subclass's __init__, once its state is set."""
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _talk(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def _waiting(self) -> Iterable[asyncio.Future[Any]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._fail_all(ConnectionError(self.ended))
+        if self._writer is not None:
+            self._writer.close()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def _where(self) -> str:
+        return f"{self.address[0]}:{self.address[1]} as {self.user}"
+
+    async def _wait(self, future: asyncio.Future[Any], deadline: float, what: str) -> Any:
+        left = deadline - time.monotonic()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), max(left, 0.001))
+        except TimeoutError:
+            if self._failure is not None:
+                raise self._error(what) from None
+            raise ChannelTimeout(f"{what} in time") from None
+        except ConnectionError:
+            raise self._error(what) from None
+
+    def _error(self, what: str) -> PutRejected:
+        return PutRejected(f"{what}: {self._failure or self.ended}")
+
+    async def _run(self) -> None:
+        try:
+            reader, self._writer = await asyncio.open_connection(*self.address)
+            await self._talk(reader, self._writer)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # a refused connection, a protocol violation: this link only
+            # Logged under the subclass's module, as before it shared this code.
+            logging.getLogger(type(self).__module__).info("%r ends: %s", self, exc)
+            self._failure = exc
+        finally:
+            self.closed = True
+            self._fail_all(ConnectionError(str(self._failure or self.ended)))
+            if self._writer is not None:
+                self._writer.close()
+
+    def _fail_all(self, exc: Exception) -> None:
+        for future in self._waiting():
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: nobody may be waiting any more
 
 
 L = TypeVar("L", bound=Link)
