@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,7 +34,8 @@ from pathlib import Path
 from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
 
-DBS = Path(__file__).resolve().parent.parent / "tests" / "dbs"
+ROOT = Path(__file__).resolve().parent.parent
+DBS = ROOT / "tests" / "dbs"
 
 
 async def timed(put: Callable[[int], Awaitable[None]], n: int) -> list[float]:
@@ -97,12 +101,18 @@ async def run_ca(puts: int, rounds: int) -> dict[str, list[float]]:
 
 
 def measure(puts: int, rounds: int) -> dict[str, dict[str, float]]:
-    """Each kind of put's median and 90th percentile in ms, on an IOC of its own (os.environ
-    then names that IOC: the caller restores it)."""
+    """Each kind of put's median and 90th percentile in ms, on an IOC of its own. The puts run
+    in a child process: libca and pvxs read the environment that names the IOC once per
+    process, and a caller (the test suite) may have made its contexts for another IOC already."""
     apply_loopback_env()
     with IocProcess([DBS / "acf.db"], acf=DBS / "acf.acf") as ioc:
-        os.environ.update(ioc.ports.client_env())
-        results = asyncio.run(run(puts, rounds))
+        child = subprocess.run(
+            [sys.executable, "-m", "bench.identity_puts", "--puts", str(puts),
+             "--rounds", str(rounds), "--json"],
+            env={**os.environ, **ioc.ports.client_env()},
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+    results: dict[str, list[float]] = json.loads(child.stdout)
     return {
         name: {
             "median_ms": statistics.median(times),
@@ -116,7 +126,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--puts", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--json", action="store_true",
+        help="put to the IOC the environment names; print every put's time as JSON",
+    )  # fmt: skip
     args = p.parse_args()
+    if args.json:
+        print(json.dumps(asyncio.run(run(args.puts, args.rounds))))
+        return
     print(f"{'put':<20} {'median ms':>10} {'p90 ms':>8}")
     for name, figures in measure(args.puts, args.rounds).items():
         print(f"{name:<20} {figures['median_ms']:>10.2f} {figures['p90_ms']:>8.2f}")
