@@ -188,7 +188,7 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules attach_failures backend_
 	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
 	pyclient_session_fuzz pyclient_state pyclient_wire ratelimit reconnect_storm refusals roundtrip \
-	session_hub tick tokens vectors)
+	session_hub stream_client tick tokens vectors)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 
