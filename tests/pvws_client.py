@@ -45,7 +45,8 @@ class PvwsClient:
         await self.send(type="subscribe", pvs=list(pvs))
 
     async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
-        text = await asyncio.wait_for(self.ws.recv(), timeout)
+        async with asyncio.timeout(timeout):  # not `wait_for`: see tests/stream_client.py
+            text = await self.ws.recv()
         assert isinstance(text, str), "pvws sends text frames only"
         message: dict[str, Any] = json.loads(text)
         if message.get("type") == "update":
