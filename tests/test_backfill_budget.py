@@ -252,37 +252,51 @@ async def test_a_channel_whose_past_cannot_be_read_is_skipped_once(
     assert np.all(np.diff([ts for ts, _ in rows[0]]) > 0)
 
 
-async def test_a_reader_slower_than_its_channels_still_gets_its_snapshot(
+async def test_a_reader_slower_than_its_channels_gets_a_gap_and_its_snapshot_within_budget(
     hub: Hub, backend: FakeBackend
 ) -> None:
     """Each pass sends what was recorded while the previous one was read; for a reader slower
-    than its channels that never shrinks, so after BACKFILL_PASSES the rest comes at once,
-    with the snapshot: still every update once, no gap at the join."""
+    than its channels that never shrinks, so after BACKFILL_PASSES passes the backfill ends
+    with a gap row where each channel's rows stop, then the snapshot: never more than the
+    budget queued, every update before the gap once, none after it passed off as complete."""
     ids = IDS[:4]
     attach(Client(hub), hub, ids)
     now = int(time.time())
     record(hub, backend, ids, 100, now - 10_000)
     # A pass over the 4 channels, each with the 10 rows of one read, never fits in the room
     # half this budget leaves: the passes do not end by themselves.
-    reader = Client(hub, SessionLimits(send_budget=1024))
+    budget = 1024
+    chunk = HISTORY_MESSAGE_ROWS * ROW_BYTES + 200
+    reader = Client(hub, SessionLimits(send_budget=budget))
     read(reader, 1)  # HELLO
     reader.send(16, 1, backfill_token(hub, ids, seconds=20_000))
     t = now - 9_000
     for _ in range(10 * BACKFILL_PASSES * len(ids)):
         record(hub, backend, ids, 10, t)  # (one tick: live, they would be conflated)
         t += 10
+        assert reader.session.queued_bytes <= budget + chunk
         read(reader, 1)
         if any(m[0] == 2 for m in reader.received):
             break
     else:
         pytest.fail("no snapshot: the passes never ended")
-    # The past and the snapshot hold every update up to the snapshot's, once each (what came
-    # live after it is conflated: ten updates a tick).
     upto = [m for m in reader.received if m[0] != 3]
     rows, late = channel_rows(upto, 1)
     assert late == 0
     every = list(range(now - 10_000, now - 9_900)) + list(range(now - 9_000, t))
+    gaps = 0
     for sid in range(len(ids)):
         values = [v for _, v in rows[sid]]
-        assert values == [float(x) for x in every[: len(values)]], sid
-        assert len(values) > 100 + 4 * 10, sid  # past the first pass: rows of later ones too
+        gap = next((i for i, v in enumerate(values) if np.isnan(v)), None)
+        if gap is None:  # this channel's rows were all sent in the last pass: none left out
+            assert values == [float(x) for x in every[: len(values)]], sid
+            continue
+        gaps += 1
+        assert values[:gap] == [float(x) for x in every[:gap]], sid
+        assert gap > 100 + 10, sid  # past the first pass: rows of later ones too
+        # The gap row stands where the rows stop; after it only the snapshot's current value,
+        # a later update than any row (those between were left out, and the gap says so).
+        assert rows[sid][gap][0] == every[gap - 1] * NS + 1, sid
+        (current,) = values[gap + 1 :]
+        assert current in every and current > every[gap], sid
+    assert gaps > 0  # the reader was slower than its channels: some rows were left out

@@ -270,7 +270,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit("backfill_passes", 4, "passes",
           "passes over an attachment's channels sending what they recorded while its "
           "backfill was being read (section 2.8)",
-          "the next pass, and the snapshot, are queued whole"),
+          "the backfill ends: a gap row where each channel's unsent rows begin, then the "
+          "snapshot"),
     # --- the OIDC provider's keys (access/oidc.py) ---
     Limit("oidc_refresh_s", 600.0, "s", "between scheduled fetches of the issuer's keys",
           "the keys are fetched again", setting=True),

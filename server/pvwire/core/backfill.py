@@ -13,8 +13,10 @@ the snapshot, built from the channels' current state, in the same call as the la
 recorded while a pass was being read come in the next pass. A pass produced whole within one
 call is the last: no update can land during a call, so its rows reach each channel's current
 value and the snapshot carries that, with no gap and no duplicate. A reader faster than its
-channels record needs two or three passes; after BACKFILL_PASSES the next pass is produced in
-one call whatever its size, so a reader slower than its channels still gets its snapshot.
+channels record needs two or three passes. A reader slower than its channels never catches up,
+so after BACKFILL_PASSES passes (each made under the budget, as every other) the backfill ends:
+a channel that recorded more than that reader took gets one gap row where its rows stop, then
+comes the snapshot. It knows what it lacks, and it never costs more than its budget.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+
+import numpy as np
 
 from ..limits import BACKFILL_PASSES, HISTORY_MESSAGE_ROWS, MAX_BACKFILL_S
 from ..wire import codec as wire
@@ -63,17 +67,17 @@ class Backfill:
         frames: list[bytes] = []
         size = 0
         whole = not self._begun  # the pass under way started in this call
-        forced = False
         n = len(self.channels)
         while True:
             if self._sid >= n:
-                if whole or forced:
+                if whole:
                     return frames, True
+                if self.passes >= BACKFILL_PASSES:
+                    return frames + self._left_out(), True
                 self.passes += 1
                 self._sid, self._begun, whole = 0, False, True
-                forced = self.passes > BACKFILL_PASSES
                 continue
-            if size >= room and not forced:
+            if size >= room:
                 return frames, False
             self._begun = True
             produced, more = self._next(self._sid)
@@ -106,6 +110,32 @@ class Backfill:
         # A bucket covers [t, t + resolution): the next row starts after it.
         self._lower[sid] = int(last.t[-1]) + max(last.resolution, 1)
         return frames, last.truncated
+
+    def _left_out(self) -> list[bytes]:
+        """A reader slower than its channels, after the last pass: one gap row for each channel
+        with rows not sent, at its cursor (PROTOCOL.md section 2.8): its plot breaks there, and a
+        re-attach's `since` (that row's time) asks for every row not sent."""
+        frames = []
+        for sid, lower in enumerate(self._lower):
+            ch = self.channels[sid]
+            if ch.recorder is None or sid in self._failed:
+                continue
+            try:
+                parts = ch.recorder.backfill(lower, 1)
+            except Exception:
+                log.exception("backfill of %s failed; its past is not sent", ch.id)
+                ch.listener.count_failure("history")
+                continue
+            if not parts or not len(parts[0].t):
+                continue
+            first = parts[0]
+            nan = np.full((1, *first.value.shape[1:]), np.nan)
+            columns = (
+                np.array([lower], np.int64), nan, nan, nan,
+                np.full(1, 3, np.int64), np.zeros(1, np.int64), np.ones(1, np.bool_),
+            )  # fmt: skip
+            frames.append(wire.encode_history(self.att, sid, 0, columns))
+        return frames
 
     def _encode(self, sid: int, part: HistorySlice) -> bytes:
         columns = (part.t, part.value, part.min, part.max, part.severity, part.status, part.gap)
