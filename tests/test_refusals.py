@@ -11,6 +11,7 @@ from typing import Any
 
 import jwt
 import pytest
+from pvwire.access import refusals as refusals_module
 from pvwire.access.audit import AuditLog
 from pvwire.access.identity import Authenticator, AuthError, JwtSettings
 from pvwire.access.refusals import REASONS, RefusalLog
@@ -144,6 +145,40 @@ def test_each_reason_has_its_own_budget(tmp_path: Path) -> None:
     with pytest.raises(AuthError):
         auth.identify({"authorization": f"Bearer {token(exp=1)}"}, "10.6.6.7")
     assert [x["reason"] for x in written] == ["bad_signature"] * 5 + ["expired"]
+
+
+def test_one_source_flooding_does_not_hide_another_sources_refusal(tmp_path: Path) -> None:
+    """The same reason from another address still gets its line while the first floods."""
+    clock = Clock()
+    written: list[dict[str, Any]] = []
+    auth = authenticator(tmp_path, RefusalLog(written.append, burst=5, clock=clock))
+    for _ in range(100):
+        with pytest.raises(AuthError):
+            auth.identify({"authorization": f"Bearer {token('z' * 48)}"}, "10.6.6.6")
+    with pytest.raises(AuthError):
+        auth.identify({"authorization": f"Bearer {token('z' * 48)}"}, "10.7.7.7")
+    assert [x["address"] for x in written] == ["10.6.6.6"] * 5 + ["10.7.7.7"]
+
+
+def test_sources_past_the_bound_are_forgotten_and_their_lines_left_out_still_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """refusal_log_sources buckets at most: the least recently refused goes first, and what it
+    had left out is in the next summary."""
+    monkeypatch.setattr(refusals_module, "SOURCES", 3)
+    clock = Clock()
+    written: list[dict[str, Any]] = []
+    log = RefusalLog(written.append, burst=1, clock=clock)
+    for address in ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"):
+        for _ in range(3):  # one line, two left out, per address
+            log.refused("expired", address, "query")
+        assert len(log._buckets) <= 3
+    log.close()
+    lines_written = [x for x in written if x["event"] == "auth_refused"]
+    summaries = [x for x in written if x["event"] == "auth_refused_summary"]
+    assert [x["address"] for x in lines_written] == [f"10.0.0.{i}" for i in range(1, 6)]
+    assert sum(x["suppressed"] for x in summaries) == 5 * 2
+    assert log.counts["expired"] == 15
 
 
 def test_an_unknown_reason_is_a_programming_error() -> None:

@@ -233,6 +233,10 @@ LIMITS: tuple[Limit, ...] = (
           "a failure of another one is logged each time"),
     Limit("ready_max_loop_lag_s", 5.0, "s", "the event loop's lag for `/readyz` to say ready",
           "`/readyz` answers 503"),
+    Limit("refusal_log_sources", 1_024, "sources",
+          "clients (addresses; users for puts) whose refusals are written to the audit file "
+          "each under its own flood bound",
+          "the least recently refused is forgotten; its lines left out still summarised"),
     # --- HTTP request bodies (api/body_limit.py) ---
     # 4 MiB: a `putMany` of `max_graphql_elements` float64 in their longest JSON form (~25
     # bytes each, 2.5 MB) with room for the query; a GraphQL query itself needs a few KiB.

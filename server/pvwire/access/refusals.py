@@ -3,10 +3,11 @@
 A forged, expired or misaddressed token, or a proxy's user header from an address that is not a
 trusted proxy, is what an attacker's probing looks like; it must leave a trace. But whoever can
 reach the server can send bad tokens as fast as it answers them, so what is written is
-bounded: a token bucket per reason lets `burst` lines through, then `rate` per second; past
-that, refusals are only counted, and one summary line per reason and `interval` says how many
-were left out. The counters (`/metrics`)
-see every refusal.
+bounded: a token bucket per reason and source (the client's address, or the user for puts)
+lets `burst` lines through, then `rate` per second; past that, refusals are only counted, and
+one summary line per reason and `interval` says how many were left out. A bucket per source, so
+that one client's flood does not hide another's refusals; at most `refusal_log_sources` of them
+(the least recently refused forgotten first). The counters (`/metrics`) see every refusal.
 
 Reasons come from a fixed allow-list (`REASONS`), so neither the audit file nor the metrics can
 be grown by what a client sends; the free text of a refusal (the client is told it) stays out.
@@ -22,9 +23,12 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ..limits import integer
 
 __all__ = ["PUT_REASONS", "REASONS", "RefusalLog"]
 
@@ -57,6 +61,8 @@ PUT_REASONS = (
 
 Write = Callable[[dict[str, Any]], None]
 
+SOURCES = integer("refusal_log_sources")
+
 
 @dataclass(slots=True)
 class _Bucket:
@@ -83,31 +89,39 @@ class RefusalLog:
         self._clock = clock
         self.reasons, self.event = reasons, event
         self.counts: dict[str, int] = dict.fromkeys(reasons, 0)
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: OrderedDict[tuple[str, str], _Bucket] = OrderedDict()  # (reason, source)
+        self._left_out: dict[str, int] = {}  # reason -> refusals left out, of forgotten buckets
         self._summary_due: float | None = None  # when the pending summary is to be written
         self._timer: asyncio.TimerHandle | None = None
 
     def refused(
         self, reason: str, address: str, operation: str, detail: str = "", user: str = ""
     ) -> None:
-        if self.admit(reason):
+        if self.admit(reason, address):
             self._emit(
                 {"event": self.event, "reason": reason, "address": address,
                  "operation": operation, "user": user or None, "detail": detail[:200]}
             )  # fmt: skip
 
-    def admit(self, reason: str) -> bool:
-        """Count a refusal for `reason`; whether its line may be written now (else it is left
-        out and counted in the next summary)."""
+    def admit(self, reason: str, source: str = "") -> bool:
+        """Count a refusal for `reason` by `source`; whether its line may be written now (else
+        it is left out and counted in the next summary)."""
         if reason not in self.counts:
             raise ValueError(f"refusal reason {reason!r} is not one of {self.reasons}")
         self.counts[reason] += 1
         now = self._clock()
         if self._summary_due is not None and now >= self._summary_due:
             self.flush()  # no event loop to do it on time (or it is late): do it now
-        b = self._buckets.get(reason)
+        key = (reason, source)
+        b = self._buckets.get(key)
         if b is None:
-            b = self._buckets[reason] = _Bucket(float(self.burst), now)
+            if len(self._buckets) >= SOURCES:
+                (old, _), gone = self._buckets.popitem(last=False)
+                if gone.suppressed:
+                    self._left_out[old] = self._left_out.get(old, 0) + gone.suppressed
+            b = self._buckets[key] = _Bucket(float(self.burst), now)
+        else:
+            self._buckets.move_to_end(key)
         b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
         b.at = now
         if b.tokens >= 1.0:
@@ -127,13 +141,16 @@ class RefusalLog:
             self._timer.cancel()
             self._timer = None
         self._summary_due = None
-        for reason, b in self._buckets.items():
+        suppressed, self._left_out = self._left_out, {}
+        for (reason, _), b in self._buckets.items():
             if b.suppressed:
-                self._emit(
-                    {"event": f"{self.event}_summary", "reason": reason,
-                     "suppressed": b.suppressed, "interval_s": self.interval}
-                )  # fmt: skip
+                suppressed[reason] = suppressed.get(reason, 0) + b.suppressed
                 b.suppressed = 0
+        for reason, n in suppressed.items():
+            self._emit(
+                {"event": f"{self.event}_summary", "reason": reason,
+                 "suppressed": n, "interval_s": self.interval}
+            )  # fmt: skip
 
     def close(self) -> None:
         self.flush()
