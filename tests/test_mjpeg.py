@@ -34,6 +34,7 @@ from pvwire.limits import integer
 from pvwire.upstream.loc import LocBackend
 from pvwire.upstream.sim import SimBackend
 from pvwire_client import wire
+from starlette.requests import Request
 
 from tests.eventually import eventually_async
 from tests.p4p_server import p4p_server
@@ -526,3 +527,19 @@ async def test_feeds_encode_in_threads_of_their_own_and_are_not_connections() ->
         async with websockets.connect(ws_url) as ws:
             hello = wire.decode_message(await asyncio.wait_for(ws.recv(), 30))
             assert isinstance(hello, wire.Hello), "admitted beside the MJPEG viewer"
+
+
+async def test_a_viewer_gone_before_its_first_picture_keeps_no_feed() -> None:
+    """The request ends (cancelled) while it waits for a first picture that never comes: its
+    feed and its count from the address go with it."""
+    async with in_process() as (_, endpoint):
+        scope = {
+            "type": "http", "method": "GET", "path": "/mjpeg/x", "headers": [],
+            "query_string": b"", "client": ("127.0.0.1", 40000),
+        }  # fmt: skip
+        viewer = asyncio.create_task(endpoint.serve(Request(scope), "sim://sine"))  # no image
+        await eventually_async(lambda: endpoint.feeds and endpoint.viewers, "the viewer waits")
+        viewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await viewer
+        assert not endpoint.feeds and not endpoint.viewers

@@ -39,6 +39,7 @@ from ..access.identity import Authenticator, AuthError, Identity
 from ..core.mjpeg import Frame, MjpegFeed, MjpegOptions, MjpegStats
 from ..errors import PvwireError
 from ..limits import MIN_PIXELS, integer, number
+from ..wire.codes import FORBIDDEN
 from ..wire.session import AttachRefused
 
 if TYPE_CHECKING:
@@ -172,18 +173,31 @@ class MjpegEndpoint:
             return _text(503, f"{per_address} MJPEG viewers from {address} already")
         feeds: list[MjpegFeed] = []
         refusal: _Refused | None = None
-        for canonical in readable:
-            try:
-                feeds.append(self._join(canonical, options, identity))
-            except _Refused as exc:
-                refusal = refusal or exc
-            except AttachRefused as exc:
-                refusal = refusal or _Refused(403, str(exc))
+        try:
+            for canonical in readable:
+                try:
+                    feeds.append(self._join(canonical, options, identity))
+                except _Refused as exc:
+                    refusal = refusal or exc
+                except AttachRefused as exc:
+                    status = 403 if exc.code == FORBIDDEN else 404
+                    refusal = refusal or _Refused(status, str(exc))
+        except BaseException:
+            for feed in feeds:  # a fault joining a later candidate keeps no earlier one
+                self.leave(feed, None)
+            raise
         if not feeds:
             assert refusal is not None
             return _text(refusal.status, str(refusal))
         self.viewers[address] = self.viewers.get(address, 0) + 1
-        first = await self._first_frame(feeds)
+        try:
+            first = await self._first_frame(feeds)
+        except BaseException:
+            # The viewer left (or the server stops) before its first picture: nothing is kept.
+            for feed in feeds:
+                self.leave(feed, None)
+            self._uncount(address)
+            raise
         for feed in feeds:
             if first is None or feed is not first[0]:
                 self.leave(feed, None)
