@@ -472,7 +472,9 @@ async def test_small_array_frames_come_back_from_history_with_the_ioc_times(
     for elements, t in seen:  # every frame the monitor saw, at its IOC time
         assert rows[t] == elements
     steps = [v[-1] for v in rows.values() if None not in v]  # a gap's row is all null
-    assert len(steps) >= 30 and all(b - a == 1 for a, b in itertools.pairwise(steps))
+    # Every frame the monitor saw is there (above), in order; not every step of the IOC's:
+    # libca merges updates while the server falls behind, which a busy machine causes.
+    assert len(steps) >= 30 and all(b > a for a, b in itertools.pairwise(steps))
     assert got["min"] == got["value"] == got["max"] and set(got["mean"]) == {None}
     # A frame longer than --history-array-max is not kept, and the answer says why.
     doc = array_server.graphql(ARRAY_HISTORY, {"id": WAVE20})
