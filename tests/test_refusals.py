@@ -134,29 +134,29 @@ def test_a_flood_of_bad_tokens_writes_a_bounded_number_of_lines_and_a_summary(
     assert refusals.counts["bad_signature"] == 10_000
 
 
-def test_each_reason_has_its_own_budget(tmp_path: Path) -> None:
-    """A flood of one kind cannot hide another: the first expired token is written."""
-    clock = Clock()
+def flooded(tmp_path: Path, then: str, address: str) -> list[dict[str, Any]]:
+    """The lines written for 100 forged tokens from 10.6.6.6 (a burst of 5 lines), then one
+    more refused token, `then`, from `address`."""
     written: list[dict[str, Any]] = []
-    auth = authenticator(tmp_path, RefusalLog(written.append, burst=5, clock=clock))
-    for _ in range(100):
+    auth = authenticator(tmp_path, RefusalLog(written.append, burst=5, clock=Clock()))
+    for bearer in [token("z" * 48)] * 100 + [then]:
         with pytest.raises(AuthError):
-            auth.identify({"authorization": f"Bearer {token('z' * 48)}"}, "10.6.6.6")
-    with pytest.raises(AuthError):
-        auth.identify({"authorization": f"Bearer {token(exp=1)}"}, "10.6.6.7")
+            auth.identify(
+                {"authorization": f"Bearer {bearer}"}, "10.6.6.6" if bearer != then else address
+            )
+    return written
+
+
+def test_each_reason_has_its_own_budget(tmp_path: Path) -> None:
+    """A flood of one kind cannot hide another from the same address: the expired token's line
+    is written."""
+    written = flooded(tmp_path, token(exp=1), "10.6.6.6")
     assert [x["reason"] for x in written] == ["bad_signature"] * 5 + ["expired"]
 
 
 def test_one_source_flooding_does_not_hide_another_sources_refusal(tmp_path: Path) -> None:
     """The same reason from another address still gets its line while the first floods."""
-    clock = Clock()
-    written: list[dict[str, Any]] = []
-    auth = authenticator(tmp_path, RefusalLog(written.append, burst=5, clock=clock))
-    for _ in range(100):
-        with pytest.raises(AuthError):
-            auth.identify({"authorization": f"Bearer {token('z' * 48)}"}, "10.6.6.6")
-    with pytest.raises(AuthError):
-        auth.identify({"authorization": f"Bearer {token('z' * 48)}"}, "10.7.7.7")
+    written = flooded(tmp_path, token("y" * 48), "10.7.7.7")
     assert [x["address"] for x in written] == ["10.6.6.6"] * 5 + ["10.7.7.7"]
 
 
