@@ -18,17 +18,22 @@ Every input takes ``now``, a monotonic time in seconds: the session reads no clo
 routed, not merged: merging them into channel states is :meth:`ChannelState.merge`, as pure, and
 ``protocol/cases/`` drive both (tests/test_pyclient_cases.py), as they drive the TypeScript
 client's session (clients/ts/src/session.ts), which behaves the same way.
+
+Each subscription moves through the states of :mod:`pvwire_client.subscription` by its one
+transition table (REGISTERING, WAITING, ATTACHING, ATTACHED, ABANDONED, CLOSED), as the
+TypeScript client's do.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from . import closecodes
 from .entry import TIME, VALUE
+from .subscription import Subscription, SubscriptionEvent, SubscriptionState
 from .wire import (
     Attached,
     Data,
@@ -192,23 +197,10 @@ Event: TypeAlias = (
 # --- the session --------------------------------------------------------------------------------
 
 
-@dataclass(eq=False, slots=True)
-class _Sub:
-    key: Hashable
-    token: str | None  # None while a fresh one is being registered (Renew)
-    ids: tuple[str, ...] | None  # the token's channels, when the client knows them
-    expires_at: float | None  # the token's expiry, on the clock of ``now``
-    renewable: bool
-    att: int | None = None
-    attach_req: int | None = None
-    count: int = 0  # channels of the attachment (len(ATTACHED ids))
-    # A token was refused (4401/4402) and registered again: one more refusal before an
-    # ATTACHED ends the subscription, so a server refusing every token causes no loop.
-    renewed: bool = False
-    backfill: bool = False  # the token asked for `backfill`: re-attach with `since`
-    # Per channel of the last ATTACHED: the newest time (ns) it delivered, from HISTORY rows
-    # and entries; sent as the next ATTACH's `since` (section 2.8). None: not tracked.
-    newest: list[int] | None = None
+# Called at every subscription transition with (key, state, event, next state): tests, logs.
+TransitionHook: TypeAlias = Callable[
+    [Hashable, SubscriptionState, SubscriptionEvent, SubscriptionState], None
+]
 
 
 class Session:
@@ -220,14 +212,17 @@ class Session:
         request_timeout: float = 30.0,
         watchdog: float | None = None,
         reconnect: bool = True,
+        on_transition: TransitionHook | None = None,
     ) -> None:
         self.request_timeout = request_timeout  # section 2.7
         self._watchdog_override = watchdog  # else 2 x heartbeat + 1 s (section 2.1)
         self._reconnect = reconnect
-        self._subs: dict[Hashable, _Sub] = {}
-        self._by_att: dict[int, _Sub] = {}
-        # Requests sent on this connection and not answered yet: req -> (what, sub, sent at).
-        self._requests: dict[int, tuple[str, _Sub | None, float]] = {}
+        self.on_transition = on_transition
+        self._subs: dict[Hashable, Subscription] = {}  # REGISTERING to ATTACHED
+        self._by_att: dict[int, Subscription] = {}  # ATTACHED
+        # Requests sent on this connection and not answered yet: req -> (what, sub, sent at);
+        # an ATTACH's sub is ATTACHING, or ABANDONED when removed since.
+        self._requests: dict[int, tuple[str, Subscription | None, float]] = {}
         self._pings: dict[int | str, float] = {}
         self._events: collections.deque[Event] = collections.deque()
         self._out: list[bytes] = []
@@ -271,6 +266,11 @@ class Session:
     def __len__(self) -> int:
         return len(self._subs)
 
+    def state(self, key: Hashable) -> SubscriptionState | None:
+        """``key``'s state; None once it is removed or ended (CLOSED), or was never added."""
+        sub = self._subs.get(key)
+        return sub.state if sub is not None else None
+
     # --- commands -----------------------------------------------------------------------------
 
     def add(
@@ -293,8 +293,11 @@ class Session:
         """
         if key in self._subs:
             raise ValueError(f"subscription {key!r} already added")
-        self._subs[key] = _Sub(key, token, ids, expires_at, renewable, backfill=backfill)
-        self._attach(self._subs[key], now)
+        sub = Subscription(key, ids, expires_at, renewable, backfill)
+        if token is not None:
+            self._move(sub, "token", token=token)
+        self._subs[key] = sub
+        self._attach(sub, now)
 
     def set_token(
         self,
@@ -305,11 +308,13 @@ class Session:
         expires_at: float | None = None,
         now: float = 0.0,
     ) -> None:
-        """A fresh token for ``key`` (after :class:`Renew`): attach it when connected."""
+        """A fresh token for ``key`` (after :class:`Renew`): attach it when connected. Only a
+        subscription in REGISTERING takes one (:class:`TransitionError` otherwise)."""
         sub = self._subs.get(key)
         if sub is None:
             return
-        sub.token, sub.expires_at = token, expires_at
+        self._move(sub, "token", token=token)
+        sub.expires_at = expires_at
         if ids is not None:
             if ids != sub.ids:
                 sub.newest = None  # other channels: what it holds says nothing of them
@@ -319,13 +324,15 @@ class Session:
     def remove(self, key: Hashable, now: float = 0.0) -> None:
         """End a subscription: DETACH it if attached (its entries are dropped from now on); one
         still attaching is detached when its ATTACHED comes."""
-        sub = self._subs.pop(key, None)
+        sub = self._subs.get(key)
         if sub is None:
             return
-        if sub.att is not None:
-            self._by_att.pop(sub.att, None)
-            self._request("detach", None, encode_detach(self._next_req, sub.att), now)
-            sub.att = None
+        att = sub.att
+        self._move(sub, "remove")
+        del self._subs[key]
+        if att is not None:
+            self._by_att.pop(att, None)
+            self._request("detach", None, encode_detach(self._next_req, att), now)
 
     def ping(self, nonce: int | str, now: float) -> bool:
         """Send PING (section 2.6); False when not connected. :class:`PingAnswered` follows."""
@@ -418,36 +425,52 @@ class Session:
         for nonce in self._pings:
             self._events.append(PingAnswered(nonce, None, f"{why} before the PONG"))
         self._pings.clear()
+        for _, sub_asked, _ in self._requests.values():
+            if sub_asked is not None and sub_asked.state is SubscriptionState.ABANDONED:
+                self._move(sub_asked, "lost")  # its ATTACH will have no answer
         self._requests.clear()
         self._by_att.clear()
         for sub in self._subs.values():
-            sub.att = sub.attach_req = None
+            self._move(sub, "lost")
 
-    def _attach(self, sub: _Sub, now: float) -> None:
-        if not self.ready or sub.att is not None or sub.attach_req is not None:
-            return
-        if sub.token is None:
-            return  # a fresh token is on its way
+    def _move(
+        self,
+        sub: Subscription,
+        event: SubscriptionEvent,
+        *,
+        token: str | None = None,
+        att: int | None = None,
+    ) -> None:
+        before = sub.state
+        sub.move(event, token=token, att=att)
+        if self.on_transition is not None:
+            self.on_transition(sub.key, before, event, sub.state)
+
+    def _attach(self, sub: Subscription, now: float) -> None:
+        if not self.ready or sub.state is not SubscriptionState.WAITING:
+            return  # attached or attaching already, a fresh token on its way, or no HELLO yet
         if sub.renewable and sub.expires_at is not None and sub.expires_at < now + 1:
-            sub.token = None
+            self._move(sub, "expiring")
             self._events.append(Renew(sub.key))
             return
-        sub.attach_req = self._next_req
+        assert sub.token is not None  # held in WAITING
         held = sub.newest if sub.newest is not None and any(sub.newest) else None
         self._request("attach", sub, encode_attach(self._next_req, sub.token, held), now)
+        self._move(sub, "attach")
 
-    def _request(self, what: str, sub: _Sub | None, data: bytes, now: float) -> None:
+    def _request(self, what: str, sub: Subscription | None, data: bytes, now: float) -> None:
         if not self.ready:
             return  # the connection is gone: nothing to ask of it
         self._requests[self._next_req] = (what, sub, now)
         self._next_req += 1
         self._out.append(data)
 
-    def _fail(self, sub: _Sub, kind: FailureKind, code: int | None, message: str) -> None:
-        if self._subs.pop(sub.key, None) is None:
-            return
-        if sub.att is not None:
-            self._by_att.pop(sub.att, None)
+    def _fail(self, sub: Subscription, kind: FailureKind, code: int | None, message: str) -> None:
+        att = sub.att
+        self._move(sub, kind)  # each kind of failure is the event that closes it
+        del self._subs[sub.key]
+        if att is not None:
+            self._by_att.pop(att, None)
         self._events.append(Failed(sub.key, kind, code, message))
 
     def _check_seq(self, seq: int) -> None:
@@ -538,8 +561,8 @@ class Session:
             raise ProtocolError(f"ATTACHED answers req {msg.req}, which is no ATTACH sent")
         sub = request[1]
         assert sub is not None
-        sub.attach_req = None
-        if self._subs.get(sub.key) is not sub:  # removed while attaching
+        if sub.state is SubscriptionState.ABANDONED:  # removed while attaching
+            self._move(sub, "attached")
             self._request("detach", None, encode_detach(self._next_req, msg.att), now)
             return
         if sub.ids is not None and msg.ids != sub.ids:
@@ -550,7 +573,8 @@ class Session:
             why = f"ATTACHED ids {list(msg.ids)} differ from the token's {list(sub.ids)}"
             self._fail(sub, "mismatch", None, why)
             return
-        sub.att, sub.count, sub.renewed = msg.att, len(msg.ids), False
+        self._move(sub, "attached", att=msg.att)
+        sub.count, sub.renewed = len(msg.ids), False
         if sub.backfill and (sub.newest is None or len(sub.newest) != sub.count):
             sub.newest = [0] * sub.count
         self._by_att[msg.att] = sub
@@ -561,13 +585,14 @@ class Session:
         what, sub = (request[0], request[1]) if request is not None else ("", None)
         if what == "attach":
             assert sub is not None
-            sub.attach_req = None
-            if self._subs.get(sub.key) is not sub:
-                return  # removed while attaching
+            if sub.state is SubscriptionState.ABANDONED:  # removed while attaching
+                self._move(sub, "refused")
+                return
             if msg.code in _RENEW_CODES and sub.renewable and not sub.renewed:
                 # Expired, or signed with a key the server no longer has (a restart without a
                 # shared key): register again, once (section 6).
-                sub.renewed, sub.token = True, None
+                self._move(sub, "renew")
+                sub.renewed = True
                 self._events.append(Renew(sub.key))
             else:
                 self._fail(sub, "refused", msg.code, msg.message)
