@@ -15,10 +15,14 @@
  * not merged: merging them into channel states is `applyEntry` (channel.ts), as pure. The
  * scripted exchanges of protocol/cases/ drive both (test/cases.test.ts), as they drive the Python
  * client's session (clients/py/pvwire_client/session.py), which behaves the same way.
+ *
+ * Each subscription moves through the states of subscription.ts by its one transition table
+ * (REGISTERING, WAITING, ATTACHING, ATTACHED, ABANDONED, CLOSED), as the Python client's do.
  */
 import { closeClass, closeName, CloseCode, ErrorCode } from "./closeCodes.js";
 import { ProtocolError } from "./errors.js";
 import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, type ClientMessage, type Entry, type History, type ServerMessage } from "./protocol.js";
+import { move, newSubscription, type Subscription, type SubscriptionEvent, type SubscriptionState } from "./subscription.js";
 
 export type Hello = Extract<ServerMessage, { kind: "HELLO" }>;
 type ErrorMessage = Extract<ServerMessage, { kind: "ERROR" }>;
@@ -67,6 +71,8 @@ export interface SessionOptions {
   watchdogMs?: number;
   /** Reconnect after reconnect-class closes (default true); false: every close is terminal. */
   reconnect?: boolean;
+  /** Called at every subscription transition with (key, state, event, next state): tests, logs. */
+  onTransition?: (key: unknown, state: SubscriptionState, event: SubscriptionEvent, next: SubscriptionState) => void;
 }
 
 /** The default heartbeat (section 2.1), for the watchdog before HELLO says otherwise. */
@@ -78,35 +84,19 @@ const RENEW_CODES: readonly number[] = [ErrorCode.BAD_TOKEN, ErrorCode.TOKEN_EXP
  * follows reports them, as the subscription's failure. */
 const DETACH_REASONS: readonly number[] = [ErrorCode.BAD_TOKEN, ErrorCode.TOKEN_EXPIRED, ErrorCode.FORBIDDEN];
 
-interface SubState<K> {
-  key: K;
-  /** undefined while a fresh one is being registered ("renew"). */
-  token: string | undefined;
-  /** The token's channels when the client knows them (an ATTACHED naming others fails it). */
-  ids: readonly string[] | undefined;
-  expiresAt: number | undefined;
-  renewable: boolean;
-  att: number | undefined;
-  attachReq: number | undefined;
-  count: number;
-  /** A token was refused (4401/4402) and registered again: one more refusal before an ATTACHED
-   * ends the subscription, so a server refusing every token causes no loop. */
-  renewed: boolean;
-  /** The token asked for `backfill`: re-attach with `since`. */
-  backfill: boolean;
-  /** Per channel of the last ATTACHED: the newest time (ns) it delivered, from HISTORY rows and
-   * entries; sent as the next ATTACH's `since` (section 2.8). undefined: not tracked. */
-  newest: bigint[] | undefined;
-}
-
-interface Request<K> { what: "attach" | "detach"; sub: SubState<K> | undefined; at: number }
+/** A request sent on this connection and not answered yet; an ATTACH's sub is ATTACHING, or
+ * ABANDONED when removed since. */
+interface Request<K> { what: "attach" | "detach"; sub: Subscription<K> | undefined; at: number }
 
 export class Session<K> {
   readonly requestTimeoutMs: number;
   private readonly watchdogOverride: number | undefined;
   private readonly reconnectAllowed: boolean;
-  private subs = new Map<K, SubState<K>>();
-  private byAtt = new Map<number, SubState<K>>();
+  private readonly onTransition: SessionOptions["onTransition"];
+  /** REGISTERING to ATTACHED. */
+  private subs = new Map<K, Subscription<K>>();
+  /** ATTACHED. */
+  private byAtt = new Map<number, Subscription<K>>();
   private requests = new Map<number, Request<K>>();
   private pings = new Map<number | string, number>();
   private events: SessionEvent<K>[] = [];
@@ -125,6 +115,7 @@ export class Session<K> {
     this.requestTimeoutMs = options.requestTimeoutMs ?? 30_000;
     this.watchdogOverride = options.watchdogMs;
     this.reconnectAllowed = options.reconnect ?? true;
+    this.onTransition = options.onTransition;
   }
 
   // ------------------------------------------------------------------ outputs
@@ -152,25 +143,27 @@ export class Session<K> {
 
   has(key: K): boolean { return this.subs.has(key); }
 
+  /** `key`'s state; undefined once it is removed or ended (CLOSED), or was never added. */
+  state(key: K): SubscriptionState | undefined { return this.subs.get(key)?.state; }
+
   // ------------------------------------------------------------------ commands
 
   /** A subscription: attach `token` now if connected, else after the next HELLO. `backfill`: the
    * token asked for it; a re-attach then says which rows it holds (section 2.8). */
   add(key: K, token: string | undefined, ids: readonly string[] | undefined, o: { expiresAt?: number; renewable?: boolean; backfill?: boolean; now: number }): void {
     if (this.subs.has(key)) throw new Error("subscription already added");
-    const sub: SubState<K> = {
-      key, token, ids, expiresAt: o.expiresAt, renewable: o.renewable ?? true,
-      att: undefined, attachReq: undefined, count: 0, renewed: false, backfill: o.backfill ?? false, newest: undefined,
-    };
+    const sub = newSubscription(key, ids, { expiresAt: o.expiresAt, renewable: o.renewable ?? true, backfill: o.backfill ?? false });
+    if (token !== undefined) this.move(sub, "token", { token });
     this.subs.set(key, sub);
     this.attach(sub, o.now);
   }
 
-  /** A fresh token for `key` (after "renew"): attach it when connected. */
+  /** A fresh token for `key` (after "renew"): attach it when connected. Only a subscription in
+   * REGISTERING takes one (a TransitionError otherwise). */
   setToken(key: K, token: string, ids: readonly string[] | undefined, o: { expiresAt?: number; now: number }): void {
     const sub = this.subs.get(key);
     if (sub === undefined) return;
-    sub.token = token;
+    this.move(sub, "token", { token });
     sub.expiresAt = o.expiresAt;
     if (ids !== undefined) {
       // Other channels: what it holds says nothing of them.
@@ -185,11 +178,12 @@ export class Session<K> {
   remove(key: K, now: number): void {
     const sub = this.subs.get(key);
     if (sub === undefined) return;
+    const att = sub.att;
+    this.move(sub, "remove");
     this.subs.delete(key);
-    if (sub.att !== undefined) {
-      this.byAtt.delete(sub.att);
-      this.request("detach", undefined, (req) => ({ kind: "DETACH", req, att: sub.att! }), now);
-      sub.att = undefined;
+    if (att !== undefined) {
+      this.byAtt.delete(att);
+      this.request("detach", undefined, (req) => ({ kind: "DETACH", req, att }), now);
     }
   }
 
@@ -284,35 +278,46 @@ export class Session<K> {
     this.hello = undefined;
     for (const nonce of this.pings.keys()) this.events.push({ type: "pong", nonce, rttMs: null, error: `${why} before the PONG` });
     this.pings.clear();
+    for (const r of this.requests.values()) {
+      if (r.sub?.state === "ABANDONED") this.move(r.sub, "lost"); // its ATTACH will have no answer
+    }
     this.requests.clear();
     this.byAtt.clear();
-    for (const sub of this.subs.values()) sub.att = sub.attachReq = undefined;
+    for (const sub of this.subs.values()) this.move(sub, "lost");
   }
 
-  private attach(sub: SubState<K>, now: number): void {
-    if (!this.ready || sub.att !== undefined || sub.attachReq !== undefined || sub.token === undefined) return;
+  private move(sub: Subscription<K>, event: SubscriptionEvent, data: { token?: string; att?: number } = {}): void {
+    const before = sub.state;
+    move(sub, event, data);
+    this.onTransition?.(sub.key, before, event, sub.state);
+  }
+
+  private attach(sub: Subscription<K>, now: number): void {
+    // Attached or attaching already, a fresh token on its way, or no HELLO yet.
+    if (!this.ready || sub.state !== "WAITING") return;
     if (sub.renewable && sub.expiresAt !== undefined && sub.expiresAt < now + 1000) {
-      sub.token = undefined;
+      this.move(sub, "expiring");
       this.events.push({ type: "renew", key: sub.key });
       return;
     }
-    const token = sub.token;
+    const token = sub.token!; // held in WAITING
     const since = sub.newest !== undefined && sub.newest.some((t) => t > 0n) ? [...sub.newest] : undefined;
-    sub.attachReq = this.request("attach", sub, (req) => (since === undefined ? { kind: "ATTACH", req, token } : { kind: "ATTACH", req, token, since }), now);
+    this.request("attach", sub, (req) => (since === undefined ? { kind: "ATTACH", req, token } : { kind: "ATTACH", req, token, since }), now);
+    this.move(sub, "attach");
   }
 
-  private request(what: "attach" | "detach", sub: SubState<K> | undefined, message: (req: number) => ClientMessage, now: number): number | undefined {
-    if (!this.ready) return undefined; // the connection is gone: nothing to ask of it
+  private request(what: "attach" | "detach", sub: Subscription<K> | undefined, message: (req: number) => ClientMessage, now: number): void {
+    if (!this.ready) return; // the connection is gone: nothing to ask of it
     const req = this.nextReq++;
     this.requests.set(req, { what, sub, at: now });
     this.out.push(encodeClientMessage(message(req)));
-    return req;
   }
 
-  private fail(sub: SubState<K>, kind: FailureKind, code: number | null, message: string): void {
-    if (this.subs.get(sub.key) !== sub) return;
+  private fail(sub: Subscription<K>, kind: FailureKind, code: number | null, message: string): void {
+    const att = sub.att;
+    this.move(sub, kind); // each kind of failure is the event that closes it
     this.subs.delete(sub.key);
-    if (sub.att !== undefined) this.byAtt.delete(sub.att);
+    if (att !== undefined) this.byAtt.delete(att);
     this.events.push({ type: "failed", key: sub.key, kind, code, message });
   }
 
@@ -415,8 +420,8 @@ export class Session<K> {
     if (request === undefined || request.what !== "attach") throw new ProtocolError(`ATTACHED answers req ${msg.req}, which is no ATTACH sent`);
     this.requests.delete(msg.req);
     const sub = request.sub!;
-    sub.attachReq = undefined;
-    if (this.subs.get(sub.key) !== sub) { // removed while attaching
+    if (sub.state === "ABANDONED") { // removed while attaching
+      this.move(sub, "attached");
       this.request("detach", undefined, (req) => ({ kind: "DETACH", req, att: msg.att }), now);
       return;
     }
@@ -428,7 +433,7 @@ export class Session<K> {
       this.fail(sub, "mismatch", null, `ATTACHED ids ${JSON.stringify(msg.ids)} differ from the token's ${JSON.stringify(sub.ids)}`);
       return;
     }
-    sub.att = msg.att;
+    this.move(sub, "attached", { att: msg.att });
     sub.count = msg.ids.length;
     sub.renewed = false;
     if (sub.backfill && (sub.newest === undefined || sub.newest.length !== sub.count)) sub.newest = new Array<bigint>(sub.count).fill(0n);
@@ -441,13 +446,15 @@ export class Session<K> {
     if (msg.req !== null) this.requests.delete(msg.req);
     if (request?.what === "attach") {
       const sub = request.sub!;
-      sub.attachReq = undefined;
-      if (this.subs.get(sub.key) !== sub) return; // removed while attaching
+      if (sub.state === "ABANDONED") { // removed while attaching
+        this.move(sub, "refused");
+        return;
+      }
       if (RENEW_CODES.includes(msg.code) && sub.renewable && !sub.renewed) {
         // Expired, or signed with a key the server no longer has (a restart without a shared
         // key): register again, once (section 6).
+        this.move(sub, "renew");
         sub.renewed = true;
-        sub.token = undefined;
         this.events.push({ type: "renew", key: sub.key });
       } else {
         this.fail(sub, "refused", msg.code, msg.message);
