@@ -187,7 +187,8 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules attach_failures backend_
 	cli_identity close_codes codec_align connection control_put graphql_schema history hub_faults \
 	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
-	pyclient_session_fuzz pyclient_state pyclient_wire ratelimit reconnect_storm refusals roundtrip \
+	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \
+	ratelimit reconnect_storm refusals roundtrip \
 	session_hub stream_client tick tokens vectors)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
@@ -200,7 +201,7 @@ unit: venv ext
 # against the newest Python's server and a real IOC.
 MATRIX_PY_TESTS := $(UNIT_TESTS) tests/test_packaging.py tests/test_install_smoke.py
 MATRIX_TS_TESTS := $(patsubst %,test/%.test.ts,unit cases client closeCodes sessionFuzz \
-	storedToken vectors integration)
+	storedToken subscription vectors integration)
 MATRIX_NODE := .tools/node-$(MATRIX_NODE_VERSION)/bin/node
 MATRIX_SERVER_PY := .venv-$(lastword $(MATRIX_PYTHONS))/bin/python
 matrix: $(addprefix matrix-python-,$(MATRIX_PYTHONS)) matrix-node
