@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Hashable
 from pathlib import Path
+from typing import get_args
 
 import msgpack
 import pytest
@@ -139,6 +140,16 @@ def _protocol_table() -> Table:
     return table
 
 
-def test_the_typescript_client_and_the_spec_have_this_table() -> None:
+def _typescript_names(const: str) -> list[str]:
+    source = (ROOT / "clients" / "ts" / "src" / "subscription.ts").read_text()
+    listed = re.search(rf"^export const {const} = \[(.*)\] as const;$", source, re.M)
+    assert listed is not None, const
+    return re.findall(r'"(\w+)"', listed.group(1))
+
+
+def test_the_typescript_client_and_the_spec_have_these_states_events_and_table() -> None:
+    assert _typescript_names("SUBSCRIPTION_STATES") == [s.value for s in SubscriptionState]
+    assert _typescript_names("SUBSCRIPTION_EVENTS") == list(SUBSCRIPTION_EVENTS)
+    assert get_args(SubscriptionEvent) == SUBSCRIPTION_EVENTS
     assert _typescript_table() == _python_table()
     assert _protocol_table() == _python_table()

@@ -8,6 +8,8 @@ export type { CloseClass } from "./closeCodes.js";
 export { backoffDelay, DEFAULT_BACKOFF, transition, TRANSITIONS } from "./connection.js";
 export { Session } from "./session.js";
 export type { FailureKind, SessionEvent, SessionOptions } from "./session.js";
+export { SUBSCRIPTION_EVENTS, SUBSCRIPTION_STATES, SUBSCRIPTION_TRANSITIONS, subscriptionTransition, TransitionError } from "./subscription.js";
+export type { SubscriptionEvent, SubscriptionState } from "./subscription.js";
 export type { BackoffOptions, ConnectionEvent, ConnectionState } from "./connection.js";
 export { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequestError } from "./errors.js";
 export type { Channel, PutResult, StreamRegistration, GqlLimits, GqlMetadata } from "./graphql.js";
