@@ -300,7 +300,12 @@ async def _quiet_socket(url: str) -> Any:
     host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
     return await websockets.connect(
-        url, sock=sock, subprotocols=["pvwire.v1"], compression=None, max_size=None, max_queue=1
+        url,
+        sock=sock,
+        subprotocols=[websockets.Subprotocol("pvwire.v1")],
+        compression=None,
+        max_size=None,
+        max_queue=1,
     )
 
 
@@ -474,7 +479,9 @@ async def pvws_write_burst(server: ServerProcess, pv: str, writes: int) -> list[
 
 
 async def _connect(url: str) -> Any:
-    ws = await websockets.connect(url, subprotocols=["pvwire.v1"], compression=None, max_size=None)
+    ws = await websockets.connect(
+        url, subprotocols=[websockets.Subprotocol("pvwire.v1")], compression=None, max_size=None
+    )
     await ws.recv()  # HELLO
     return ws
 

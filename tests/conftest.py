@@ -113,6 +113,12 @@ class RecordingSink:
     def state(self) -> ConnState | None:
         return self.states[-1][0] if self.states else None
 
+    def numbers(self) -> list[float]:
+        """The updates' values, in order, each a number (a counter's, say)."""
+        numbers = [u.value for u in self.updates if isinstance(u.value, int | float)]
+        assert len(numbers) == len(self.updates), f"not all numbers: {self.updates[-10:]}"
+        return numbers
+
     async def wait(self, predicate: Callable[[], object], timeout: float = TIMEOUT) -> None:
         """Until `predicate()` is true; fails with what was recorded after `timeout`."""
         await eventually_async(

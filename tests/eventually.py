@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 __all__ = ["TIMEOUT", "eventually", "eventually_async"]
 
@@ -31,7 +31,11 @@ def _failure(what: What, timeout: float) -> AssertionError:
 
 
 def eventually(
-    check: Callable[[], T], what: What = "", *, timeout: float = TIMEOUT, interval: float = 0.05
+    check: Callable[[], T | None],
+    what: What = "",
+    *,
+    timeout: float = TIMEOUT,
+    interval: float = 0.05,
 ) -> T:
     """`check()`'s first true result, polled every `interval` s; AssertionError after `timeout`."""
     deadline = time.monotonic() + timeout
@@ -44,8 +48,28 @@ def eventually(
         time.sleep(interval)
 
 
+@overload
 async def eventually_async(
-    check: Callable[[], T | Awaitable[T]],
+    check: Callable[[], Awaitable[T | None]],
+    what: What = "",
+    *,
+    timeout: float = TIMEOUT,
+    interval: float = 0.05,
+) -> T: ...
+
+
+@overload
+async def eventually_async(
+    check: Callable[[], T | None],
+    what: What = "",
+    *,
+    timeout: float = TIMEOUT,
+    interval: float = 0.05,
+) -> T: ...
+
+
+async def eventually_async(
+    check: Callable[[], T | Awaitable[T | None] | None],
     what: What = "",
     *,
     timeout: float = TIMEOUT,
@@ -58,7 +82,7 @@ async def eventually_async(
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return result  # type: ignore[return-value]
+            return result
         if time.monotonic() > deadline:
             raise _failure(what, timeout)
         await asyncio.sleep(interval)

@@ -21,7 +21,11 @@ class RawStream:
     @classmethod
     async def connect(cls, ws_url: str, **kwargs: Any) -> RawStream:
         ws = await websockets.connect(
-            ws_url, subprotocols=["pvwire.v1"], compression=None, max_size=None, **kwargs
+            ws_url,
+            subprotocols=[websockets.Subprotocol("pvwire.v1")],
+            compression=None,
+            max_size=None,
+            **kwargs,
         )
         stream = cls(ws)
         hello = await stream.recv()

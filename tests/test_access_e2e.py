@@ -191,7 +191,7 @@ async def test_stream_metadata_says_writable_by_the_rules_and_the_upstream(
 @pytest.mark.parametrize(
     ("token", "message"),
     [(mint("olga", "operators", ttl=-600), "expired"), ("x.y.z", "rejected"),
-     (jwt.encode({"sub": "mallory", "exp": int(time.time()) + 60}, None, "none"), "'none'")],
+     (jwt.encode({"sub": "mallory", "exp": int(time.time()) + 60}, "", "none"), "'none'")],
 )  # fmt: skip
 def test_bad_bearer_tokens_get_401(access: Access, token: str, message: str) -> None:
     status, doc = access.graphql("query { server { version } }", token=token)

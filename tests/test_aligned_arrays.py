@@ -18,7 +18,7 @@ from websockets import Subprotocol
 
 from tests.alignment import message_of
 from tests.server_process import ServerProcess, server_args_for_tests
-from tests.test_server_stream import token
+from tests.server_process import stream_token as token
 
 # Every array is at least 64 KiB in a message of at least 256 KiB, so the client views the
 # message (pvwire_client.wire.VIEWS_FROM, VIEW_ARRAYS_FROM) rather than a copy of the ext.

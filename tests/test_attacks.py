@@ -175,9 +175,8 @@ async def test_b_backfill_read_by_nobody_costs_a_send_budget(
                 # for a socket that reads nothing, its frames queued.
                 def taken() -> bool:
                     new = [c for c in attachments_of(target) if c["id"] not in before]
-                    return sum(c["attachments"] > 0 or c["queuedBytes"] > 0 for c in new) >= (
-                        BACKFILL_SOCKETS
-                    )
+                    held = [c for c in new if c["attachments"] > 0 or c["queuedBytes"] > 0]
+                    return len(held) >= BACKFILL_SOCKETS
 
                 await eventually_async(
                     lambda: asyncio.to_thread(taken), "every attacker's ATTACH taken", timeout=60

@@ -131,8 +131,11 @@ async def reads_everything(server: ServerProcess, ids: list[str]) -> None:
         assert {g.att for g in live.groups} == {1}
         # Attached again saying what it holds (the snapshot's times): only the steps after.
         held = {
-            e.sid: (e.seconds * 1_000_000_000 + e.nanoseconds, e.value) for e in snapshot.entries
+            e.sid: (e.seconds * 1_000_000_000 + e.nanoseconds, e.value)
+            for e in snapshot.entries
+            if e.seconds is not None and e.nanoseconds is not None
         }
+        assert len(held) == len(snapshot.entries), "every snapshot entry has its time"
         await stream.send(
             16, 2, backfill_token(server, ids), [held[sid][0] for sid in sorted(held)]
         )

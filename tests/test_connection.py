@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import msgpack
@@ -28,7 +28,7 @@ from starlette.websockets import WebSocket
 from tests.eventually import eventually_async
 from tests.hub_doubles import KEYS, FakeBackend
 
-Serve = Callable[[Hub, WebSocket], Awaitable[None]]
+Serve = Callable[[Hub, WebSocket], Coroutine[Any, Any, None]]
 
 
 class FakeSocket:

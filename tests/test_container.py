@@ -210,6 +210,10 @@ class Stream:
     resumes: list[float] = field(default_factory=list)  # first value after each loss
     lost: bool = False
 
+    def counted(self, n: int, *, lost_none: bool = False) -> Callable[[], bool]:
+        """Whether `n` values are in (and, if asked, none lost since), whenever asked."""
+        return lambda: len(self.values) >= n and not (lost_none and self.lost)
+
     def value(self, v: float) -> None:
         if self.lost:
             self.lost = False
@@ -333,14 +337,14 @@ async def test_replicas_replaced_under_load_clients_stream_on(
     new: list[KubeReplica] = []
     try:
         for s in (py, ts):
-            await until(f"the {s.name} client streaming", lambda s=s: len(s.values) >= 3)
+            await until(f"the {s.name} client streaming", s.counted(3))
         for r, port in zip(old, ports[count:], strict=True):
             seen = {s.name: len(s.values) for s in (py, ts)}
             new.append(await asyncio.to_thread(rollout.replace, r, BOUND, port))
             for s in (py, ts):
                 await until(
                     f"the {s.name} client streaming after {r.pod}",
-                    lambda s=s, n=seen[s.name]: len(s.values) >= n + 5 and not s.lost,
+                    s.counted(seen[s.name] + 5, lost_none=True),
                 )
         assert sum(stream_clients(r.url) for r in new) == 2  # everyone on the new pods
         for s in (py, ts):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -174,13 +175,13 @@ def test_the_journal_keeps_what_bare_histories_keep_over_many_channels() -> None
     histories fed the same: the same points and buckets, across the rings' ends."""
     store = HistoryStore(64 * CHANNEL_BYTES)
     ids = [f"fake://c{k}" for k in range(40)]
-    held = [store.attach(cid) for cid in ids]
+    held = [h for cid in ids if (h := store.attach(cid)) is not None]
+    assert len(held) == len(ids)
     bare = [ChannelHistory(cid) for cid in ids]
     start = (time.time_ns() // NS + 86_400) // 300 * 300 * NS
     for i in range(1100):  # 44,000 points: two full journals and a part
         t = start + i * NS // 10
         for k, (h, b) in enumerate(zip(held, bare, strict=True)):
-            assert h is not None
             value = float(i * 40 + k)
             severity = 1 if (i + k) % 50 == 0 else 0
             h.record(value, t // NS, t % NS, severity, k)
@@ -190,7 +191,6 @@ def test_the_journal_keeps_what_bare_histories_keep_over_many_channels() -> None
             bare[3].mark_gap()
     assert store.journal.j > 0  # some points still wait: the reads below flush them
     for h, b in zip(held, bare, strict=True):
-        assert h is not None
         got, want = h.points(), b.points()
         assert h.wrapped and len(got) == RAW_POINTS
         for column in ("t", "v", "sev", "stat", "gap"):
@@ -216,16 +216,11 @@ def test_a_reclaimed_slot_s_new_channel_gets_none_of_the_old_points() -> None:
 
 def test_a_channel_s_buffers_cost_what_the_store_counts() -> None:
     h = ChannelHistory("ca://X")
-    held = h._t.nbytes + h._v.nbytes + h._a.nbytes + sum(t.data.nbytes for t in _tiers(h))
+    tiers = [h.tier]  # the finest; the others hang from it by `next`
+    while (coarser := tiers[-1].next) is not None:
+        tiers.append(coarser)
+    held = h._t.nbytes + h._v.nbytes + h._a.nbytes + sum(t.data.nbytes for t in tiers)
     assert held == CHANNEL_BYTES
-
-
-def _tiers(h: ChannelHistory) -> list[object]:
-    out, tier = [], h.tier
-    while tier is not None:
-        out.append(tier)
-        tier = tier.next
-    return out
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -444,7 +439,7 @@ def joined(msgs: list[list[object]]) -> list[np.ndarray]:
     return [np.concatenate([p[k] for p in parts]) for k in range(7)]
 
 
-def attach_with_backfill(hub: Hub, ids: list[str], seconds: float) -> list[list[object]]:
+def attach_with_backfill(hub: Hub, ids: list[str], seconds: float) -> list[list[Any]]:
     client = HubClient(hub)
     client.send(16, 1, hub.signer.issue(ids, backfill=seconds).token)
     return [m for m in client.drain() if m[0] != 0]  # after HELLO
@@ -640,11 +635,12 @@ def test_an_array_channel_costs_its_allocated_bytes_under_a_per_channel_cap() ->
         arrays = h.arrays
         assert arrays is not None
         held = arrays._t.nbytes + arrays._v.nbytes + arrays._a.nbytes
-        tier = arrays.tier
-        while tier is not None:
+        tiers = [arrays.tier]
+        while (coarser := tiers[-1].next) is not None:
+            tiers.append(coarser)
+        for tier in tiers:
             held += sum(getattr(tier, f).nbytes for f in ("t", "last", "lo", "hi", "count", "sev",
                         "gap", "o_last", "o_lo", "o_hi"))  # fmt: skip
-            tier = tier.next
         assert arrays.nbytes == held == array_bytes(width)
         assert held <= HISTORY_ARRAY_BYTES + 3 * 8 * width * len(TIERS)
         assert h.nbytes == CHANNEL_BYTES + held
@@ -715,7 +711,7 @@ async def test_an_array_channel_records_through_the_hub_only_when_asked(
 
 async def backfill_of_frames(
     backend: FakeBackend, n: int, seconds: float
-) -> tuple[int, list[list[object]]]:
+) -> tuple[int, list[list[Any]]]:
     """`n` frames (frame(i)) recorded on fake://a one a second up to now (s, returned), then
     what a new attachment asking `seconds` of backfill gets."""
     settings = Settings(default_scheme="fake", linger_s=0.0, history_array_max=16)

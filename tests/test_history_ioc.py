@@ -166,6 +166,7 @@ async def test_backfill_then_live_with_no_gap_or_duplicate_at_the_join(
             if mine:
                 first = mine[0]
                 break
+        assert first.value is not None and first.serial is not None
         assert first.value - entry.value == first.serial - entry.serial >= 1
     finally:
         await stream.close()

@@ -200,8 +200,8 @@ async def test_entries_nobody_reads_are_not_encoded(hub: Hub, backend: FakeBacke
     key = next(k for k in hub.registry.views if k.ids == ("fake://a",))
     masks_view = hub.registry.open_view(
         type(key)(("fake://a", "fake://b"), "LATEST", 0.0),
-        reader,
-        1,  # type: ignore[arg-type]
+        reader,  # type: ignore[arg-type]  # a double of the parts of Client a view reads
+        1,
     )
     hub.ticker.tick()
     reader.masks.clear()

@@ -55,7 +55,7 @@ def test_hs256_token_names_the_user_and_groups(hs: Authenticator) -> None:
         (lambda: jwt.encode(claims(aud="other"), SECRET, "HS256"), "audience"),
         (lambda: jwt.encode(claims(iss="https://evil"), SECRET, "HS256"), "issuer"),
         (lambda: jwt.encode(claims(), "x" * 48, "HS256"), "signature"),
-        (lambda: jwt.encode(claims(), None, "none"), "algorithm 'none'"),
+        (lambda: jwt.encode(claims(), "", "none"), "algorithm 'none'"),
         (lambda: "not.a.jwt", "rejected"),
         (lambda: jwt.encode({k: v for k, v in claims().items() if k != "exp"}, SECRET, "HS256"),
          "exp"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from tests.server_process import ServerProcess
+from tests.server_process import stream_token as token
 from tests.stream_client import RawStream
-from tests.test_server_stream import token
 
 
 async def test_a_throttled_client_does_not_slow_an_unrelated_fast_one(

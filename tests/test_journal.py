@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from pvwire.core import _journal, history
 from pvwire.core import channel as channel_module
@@ -26,7 +27,9 @@ from pvwire.core.history import (
 from pvwire.model import ConnState
 
 WRITERS = pytest.mark.parametrize("writer", [_journal.Writer, PyWriter], ids=["compiled", "python"])
-Columns = tuple[np.ndarray[Any, Any], ...]
+Columns = tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.uint16], npt.NDArray[np.int32]
+]
 
 
 def columns(n: int) -> Columns:
@@ -35,7 +38,7 @@ def columns(n: int) -> Columns:
 
 def test_the_server_uses_the_compiled_writer() -> None:
     # `make test` builds it: a fallback to Python here would only show as a slower server.
-    assert history.Writer is _journal.Writer
+    assert vars(history)["Writer"] is _journal.Writer  # not in history's __all__
     assert type(HistoryStore(1 << 20).journal.writer) is _journal.Writer
 
 
@@ -127,7 +130,7 @@ def test_columns_of_different_lengths_are_refused(writer: Callable[..., Any]) ->
 def test_the_compiled_writer_takes_only_columns_of_its_types(wrong: int) -> None:
     """It writes through raw pointers: a column of another item size or type, or one it may
     not write, would be memory it does not own."""
-    cols = list(columns(4))
+    cols: list[npt.NDArray[Any]] = list(columns(4))  # of any type: the writer checks
     cols[wrong] = cols[wrong].astype("<f4" if wrong != 2 else "<i2")
     with pytest.raises(TypeError, match="must be a 1-D buffer"):
         _journal.Writer(*cols)
@@ -326,7 +329,7 @@ def test_the_batch_takes_only_a_class_with_these_slots() -> None:
     with pytest.raises(TypeError, match="not a writable slot of its own"):
         _journal.Pending(Props)
     with pytest.raises(TypeError):
-        _journal.Pending(Channel).write((), 0)  # a list only
+        _journal.Pending(Channel).write((), 0)  # type: ignore[arg-type]  # a list only
 
 
 @BATCHES
@@ -379,9 +382,9 @@ def journal_of(points: list[tuple[int, float]]) -> Columns:
 def test_the_compiled_flush_moves_each_ring_on_as_advance_does() -> None:
     rings = _journal.Rings(ChannelHistory, RAW_POINTS, AGGREGATE_EVERY)
     store = HistoryStore(4 * history.CHANNEL_BYTES)
-    hs = [store.attach(f"fake://{k}") for k in range(3)]
-    assert all(h is not None for h in hs)
-    h0, h1, h2 = hs  # type: ignore[misc]
+    hs = [h for k in range(3) if (h := store.attach(f"fake://{k}")) is not None]
+    assert len(hs) == 3
+    h0, h1, h2 = hs
     h0.i = h0.folded = RAW_POINTS - 3  # its 8 points wrap around the ring's end
     h1.i, h1.folded = 600, 99  # 11 more make 512 waiting: due for the tiers
     # Interleaved as the journal holds them; the fourth slot has no history.

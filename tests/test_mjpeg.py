@@ -525,7 +525,7 @@ async def test_feeds_encode_in_threads_of_their_own_and_are_not_connections() ->
         assert endpoint.executor._max_workers == integer("mjpeg_encode_threads")
         ws_url = base.replace("http://", "ws://") + "/stream"
         async with websockets.connect(ws_url) as ws:
-            hello = wire.decode_message(await asyncio.wait_for(ws.recv(), 30))
+            hello = wire.decode_message(await asyncio.wait_for(ws.recv(decode=False), 30))
             assert isinstance(hello, wire.Hello), "admitted beside the MJPEG viewer"
 
 

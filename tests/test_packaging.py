@@ -30,7 +30,7 @@ LEFT_OUT = shutil.ignore_patterns("*.so", "__pycache__", "node_modules", "*.egg-
 
 
 def lock() -> dict[str, Version]:
-    pins = {}
+    pins: dict[str, Version] = {}
     for line in (ROOT / "requirements.lock").read_text().splitlines():
         if line and not line.startswith("#"):
             name, _, version = line.partition("==")

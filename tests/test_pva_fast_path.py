@@ -128,6 +128,7 @@ async def test_a_fast_update_equals_the_full_path_for_every_plain_type(
             assert (fast.seconds, fast.nanoseconds) == (full.seconds, full.nanoseconds), name
             assert (fast.severity, fast.status, fast.message) == (0, 0, ""), name
             if isinstance(second, np.ndarray):
+                assert isinstance(fast.value, np.ndarray), name
                 assert np.array_equal(fast.value, second), name
             else:
                 assert fast.value == second, name
@@ -210,7 +211,7 @@ async def test_arrays_from_the_fast_path_outlive_later_updates_unchanged(
             await sink.wait(lambda k=k: len(sink.updates) >= k + 2, timeout=20.0)  # type: ignore[misc]
         gc.collect()
         for k, update in enumerate(sink.updates[1:]):
-            assert not update.value.flags.writeable
+            assert isinstance(update.value, np.ndarray) and not update.value.flags.writeable
             assert np.array_equal(update.value, np.full(1000, float(k))), k
     finally:
         mon.close()

@@ -89,4 +89,5 @@ async def test_a_pva_channel_fails_on_the_stream_and_ca_streams_beside_it(
             pva, ca = states.get("pva://PVW:AO"), states.get("ca://PVW:COUNTER")
             if pva is not None and pva.connection == "FAILED" and ca is not None and ca.connected:
                 break
+    assert pva is not None
     assert HOW in pva.reason and "PVA module is not built" in pva.reason

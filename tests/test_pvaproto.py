@@ -84,9 +84,10 @@ def message(cmd: int, body: bytes | bytearray, big: bool = False, flags: int = 0
     return header(cmd, FLAG_SERVER | flags, len(body), big) + bytes(body)
 
 
-def body(big: bool, build: Callable[[Writer], None]) -> bytes:
+def body(big: bool, *steps: Callable[[Writer], object]) -> bytes:
     w = Writer(big)
-    build(w)
+    for step in steps:
+        step(w)
     return bytes(w.buf)
 
 
@@ -180,17 +181,20 @@ def test_a_put_from_channel_to_completion(big: bool, how: str) -> None:
     assert r.string() == "true"
     # The server's answers: the type arrives through its introspection cache (0xFD), and a
     # second INIT names the cached type by its key alone (0xFE).
-    init_body = body(big, lambda w: (w.pack("IB", 8, 0x08), w.status(Status())))
-    cached = body(big, lambda w: (w.buf.extend(b"\xfd"), w.pack("H", 3), w.type_desc(NT_SCALAR)))
-    again = body(big, lambda w: (w.pack("IB", 9, 0x08), w.status(Status()), w.buf.extend(b"\xfe"),
-                                 w.pack("H", 3)))  # fmt: skip
-    created = body(big, lambda w: (w.pack("II", 7, 99), w.status(Status())))
+    init_body = body(big, lambda w: w.pack("IB", 8, 0x08), lambda w: w.status(Status()))
+    cached = body(big, lambda w: w.buf.extend(b"\xfd"), lambda w: w.pack("H", 3),
+                  lambda w: w.type_desc(NT_SCALAR))  # fmt: skip
+    again = body(big, lambda w: w.pack("IB", 9, 0x08), lambda w: w.status(Status()),
+                 lambda w: w.buf.extend(b"\xfe"), lambda w: w.pack("H", 3))  # fmt: skip
+    created = body(big, lambda w: w.pack("II", 7, 99), lambda w: w.status(Status()))
+    done = body(big, lambda w: w.pack("IB", 8, 0), lambda w: w.status(Status()))
+    said = body(big, lambda w: w.pack("IB", 8, 1), lambda w: w.string("hm"))
     data = (
         message(CMD_CREATE_CHANNEL, created, big)
         + message(CMD_PUT, init_body + cached, big)
         + message(CMD_PUT, again, big)
-        + message(CMD_PUT, body(big, lambda w: (w.pack("IB", 8, 0), w.status(Status()))), big)
-        + message(CMD_MESSAGE, body(big, lambda w: (w.pack("IB", 8, 1), w.string("hm"))), big)
+        + message(CMD_PUT, done, big)
+        + message(CMD_MESSAGE, said, big)
         + message(CMD_DESTROY_CHANNEL, body(big, lambda w: w.pack("II", 99, 7)), big)
         + message(CMD_ECHO, b"", big)
     )  # fmt: skip
@@ -210,8 +214,10 @@ def test_a_put_from_channel_to_completion(big: bool, how: str) -> None:
 def test_a_refused_put_carries_the_servers_words() -> None:
     proto = ready(False)
     refusal = Status(STATUS_ERROR, "Put not permitted", "")
-    done = message(CMD_PUT, body(False, lambda w: (w.pack("IB", 5, 0), w.status(refusal))))
-    failed_init = message(CMD_PUT, body(False, lambda w: (w.pack("IB", 6, 8), w.status(refusal))))
+    done = message(CMD_PUT, body(False, lambda w: w.pack("IB", 5, 0), lambda w: w.status(refusal)))
+    failed_init = message(
+        CMD_PUT, body(False, lambda w: w.pack("IB", 6, 8), lambda w: w.status(refusal))
+    )
     assert proto.receive(done + failed_init) == [
         PutDone(5, refusal),
         PutInitialized(6, refusal, None),  # no type follows a refusal
@@ -220,7 +226,9 @@ def test_a_refused_put_carries_the_servers_words() -> None:
 
 def test_segments_are_joined() -> None:
     proto = ready(False)
-    whole = body(False, lambda w: (w.pack("II", 7, 99), w.status(Status(1, "careful", "t"))))
+    whole = body(
+        False, lambda w: w.pack("II", 7, 99), lambda w: w.status(Status(1, "careful", "t"))
+    )
     parts = (whole[:3], whole[3:5], whole[5:])
     data = (
         message(CMD_CREATE_CHANNEL, parts[0], flags=FLAG_SEGMENT_FIRST)

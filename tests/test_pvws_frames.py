@@ -19,7 +19,7 @@ def parse(data: bytes) -> list[Frame]:
     reader = StreamReader()
     reader.feed_data(data)
     reader.feed_eof()
-    frames = []
+    frames: list[Frame] = []
     while True:
         at_eof = reader.at_eof()
         try:
@@ -41,7 +41,7 @@ def test_frames_of_every_length_form_read_back_as_sent() -> None:
     frames = parse(text_frames(texts))
     assert [f.opcode for f in frames] == [Opcode.TEXT] * len(texts)
     assert all(f.fin and not (f.rsv1 or f.rsv2 or f.rsv3) for f in frames)
-    assert [f.data.decode() for f in frames] == texts
+    assert [bytes(f.data).decode() for f in frames] == texts
 
 
 def drain_frames(s: PvwsSession, limit: int = 1 << 16) -> tuple[list[str], list[bytes]]:
@@ -49,7 +49,7 @@ def drain_frames(s: PvwsSession, limit: int = 1 << 16) -> tuple[list[str], list[
     writes: list[bytes] = []
     while (data := s.next_frames(limit)) is not None:
         writes.append(data)
-        texts.extend(f.data.decode() for f in parse(data))
+        texts.extend(bytes(f.data).decode() for f in parse(data))
         s.frames_written(len(data))
     return texts, writes
 

@@ -200,7 +200,8 @@ def test_a_subscribe_past_max_per_subscribe_is_refused_whole_and_others_go_on() 
 
 
 def test_names_wait_for_the_opener_and_open_as_it_asks() -> None:
-    ch, calls = FakeChannel(), []
+    ch = FakeChannel()
+    calls: list[PvwsSession] = []
     s = PvwsSession(
         1, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None, opener=calls.append
     )

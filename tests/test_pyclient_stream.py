@@ -533,6 +533,7 @@ async def test_backoff_restarts_after_a_hello_and_grows_while_refused(fake_facto
         else:
             await ws.wait_closed()
 
+    client: Client
     _, client = await fake_factory(script)
     attempts: list[int] = []
     backoff = client._backoff
@@ -556,9 +557,8 @@ async def test_backoff_defaults_are_the_typescript_clients(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """0.5 s doubling, capped at 5 s (PROTOCOL.md section 8; clients/ts DEFAULT_BACKOFF)."""
-    import pvwire_client.client as module
-
-    monkeypatch.setattr(module.random, "uniform", lambda low, high: high)  # the whole window
+    # The whole window: the client's random.uniform returns its upper bound.
+    monkeypatch.setattr("pvwire_client.client.random.uniform", lambda low, high: high)
     async with Client("http://127.0.0.1:1") as client:
         assert [client._backoff(a) for a in range(6)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
 

@@ -6,9 +6,10 @@ The hub is the real one (in memory, tests/hub_doubles.py's backend)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import msgpack
+import pytest
 from pvwire.core.hub import Hub
 from pvwire.wire.session import Session, SessionLimits
 
@@ -30,7 +31,7 @@ class CountedSession(Session):
     def __hash__(self) -> int:
         return id(self)
 
-    @property  # type: ignore[override]
+    @property
     def address(self) -> str:
         CountedSession.address_reads += 1
         return self._address
@@ -73,14 +74,24 @@ async def test_n_clients_leaving_one_view_make_no_comparison_per_other_client(
 
 
 async def test_the_tick_still_serves_attachments_in_the_order_they_came(
-    hub: Hub, backend: FakeBackend
+    hub: Hub, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sessions = storm(hub, [f"10.0.0.{i}" for i in range(5)])
     for s in sessions[1:4]:
         hub.remove_session(s)
-    order: list[Any] = []
+    order: list[Session] = []
+
+    def in_order(s: Session) -> Callable[[int, object], bool]:
+        """A `collect` that records which session the tick served."""
+
+        def collect(att: int, view: object) -> bool:
+            order.append(s)
+            return True
+
+        return collect
+
     for s in (sessions[0], sessions[4]):
-        s.collect = lambda att, view, s=s: order.append(s) or True  # type: ignore[method-assign]
+        monkeypatch.setattr(s, "collect", in_order(s))
     backend.update("a", 1.0)
     hub.ticker.tick()
     assert order == [sessions[0], sessions[4]]

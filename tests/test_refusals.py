@@ -60,7 +60,7 @@ def authenticator(tmp_path: Path, refusals: RefusalLog) -> Authenticator:
         (lambda: token(nbf=int(time.time()) + 600), "not_yet_valid"),
         (lambda: token(aud="other"), "wrong_audience"),
         (lambda: token(iss="https://evil"), "wrong_issuer"),
-        (lambda: jwt.encode({"exp": int(time.time()) + 60}, None, "none"), "bad_algorithm"),
+        (lambda: jwt.encode({"exp": int(time.time()) + 60}, "", "none"), "bad_algorithm"),
         (lambda: "not.a.jwt", "malformed_token"),
     ],
 )

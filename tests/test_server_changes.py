@@ -10,8 +10,8 @@ import pytest
 from pvwire_client import wire
 
 from tests.server_process import ServerProcess
+from tests.server_process import stream_token as token
 from tests.stream_client import RawStream
-from tests.test_server_stream import token
 
 
 def put(server: ServerProcess, channel: str, value: Any) -> None:

@@ -23,7 +23,7 @@ async def test_snapshot_then_deltas_from_a_real_ioc(server: ServerProcess) -> No
     attached, snapshot = await s.attach(token(server, ["ca://PVW:COUNTER", "ca://PVW:AO"]))
     assert attached.ids == ("ca://PVW:COUNTER", "ca://PVW:AO")
     assert snapshot.seq == 1 and snapshot.att == attached.att
-    serials = []
+    serials: list[int] = []
     seqs = [snapshot.seq]
     while len(serials) < 5:
         data = await s.next_data()
@@ -242,7 +242,9 @@ async def test_max_rate_throttles_a_subscription(server: ServerProcess) -> None:
 
 async def test_per_message_deflate_is_refused(server: ServerProcess) -> None:
     # Browsers offer deflate; it cut 64 KB frames from 13,500/s to 623/s (DESIGN.md section 9).
-    ws = await websockets.connect(server.ws_url, subprotocols=["pvwire.v1"])  # offers deflate
+    ws = await websockets.connect(  # offers deflate
+        server.ws_url, subprotocols=[websockets.Subprotocol("pvwire.v1")]
+    )
     assert ws.response is not None
     assert "Sec-WebSocket-Extensions" not in ws.response.headers
     assert ws.subprotocol == "pvwire.v1"

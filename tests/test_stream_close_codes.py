@@ -14,8 +14,8 @@ from pvwire_client import wire
 
 from tests.eventually import eventually_async
 from tests.server_process import ServerProcess, server_args_for_tests
+from tests.server_process import stream_token as token
 from tests.stream_client import RawStream
-from tests.test_server_stream import token
 
 
 @pytest.fixture
@@ -44,12 +44,14 @@ async def closed_with(ws: websockets.ClientConnection, timeout: float = 30.0) ->
 async def test_client_offering_other_subprotocols_only_is_closed_with_4406(
     server: ServerProcess,
 ) -> None:
-    async with websockets.connect(server.ws_url, subprotocols=["pvwire.v2"]) as ws:
+    async with websockets.connect(
+        server.ws_url, subprotocols=[websockets.Subprotocol("pvwire.v2")]
+    ) as ws:
         # The server selected the offer (so a browser's handshake succeeds) to say why: 4406,
         # after HELLO, first on every connection (PROTOCOL.md section 2.1): its version tells
         # the client what this server speaks.
         assert ws.subprotocol == "pvwire.v2"
-        hello = wire.decode_message(await ws.recv())
+        hello = wire.decode_message(await ws.recv(decode=False))
         assert isinstance(hello, wire.Hello) and hello.version == 1
         assert await closed_with(ws) == 4406
 
@@ -57,13 +59,15 @@ async def test_client_offering_other_subprotocols_only_is_closed_with_4406(
 async def test_client_offering_no_subprotocol_is_served(server: ServerProcess) -> None:
     async with websockets.connect(server.ws_url) as ws:
         assert ws.subprotocol is None
-        assert isinstance(wire.decode_message(await ws.recv()), wire.Hello)
+        assert isinstance(wire.decode_message(await ws.recv(decode=False)), wire.Hello)
 
 
 async def test_client_offering_v1_among_others_gets_v1(server: ServerProcess) -> None:
-    async with websockets.connect(server.ws_url, subprotocols=["pvwire.v2", "pvwire.v1"]) as ws:
+    async with websockets.connect(
+        server.ws_url, subprotocols=[websockets.Subprotocol(p) for p in ("pvwire.v2", "pvwire.v1")]
+    ) as ws:
         assert ws.subprotocol == "pvwire.v1"
-        assert isinstance(wire.decode_message(await ws.recv()), wire.Hello)
+        assert isinstance(wire.decode_message(await ws.recv(decode=False)), wire.Hello)
 
 
 async def test_sigterm_closes_streams_with_1012(own_server: ServerProcess) -> None:

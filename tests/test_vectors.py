@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +63,14 @@ def test_vector_is_one_complete_msgpack_value(name: str) -> None:
 def test_server_decodes_client_vectors(name: str) -> None:
     doc = DOCS[name]["message"]
     msg = wire.decode_client_message((VECTORS / f"{name}.bin").read_bytes())
-    expected = {
+    expected: dict[str, Callable[[], wire.ClientMessage]] = {
         "ATTACH": lambda: wire.Attach(
             doc["req"], doc["token"], tuple(doc["since"]) if "since" in doc else None
         ),
         "DETACH": lambda: wire.Detach(doc["req"], doc["att"]),
         "PING": lambda: wire.Ping(doc["nonce"]),
-    }[doc["kind"]]()
-    assert msg == expected
+    }
+    assert msg == expected[doc["kind"]]()
 
 
 @pytest.mark.parametrize("name", CLIENT_REJECT)

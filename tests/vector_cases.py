@@ -26,7 +26,7 @@ META_FLOAT = {
 }  # fmt: skip
 META_ENUM = {"type": "enum", "count": 1, "description": "Mode", "choices": ["Off", "On", "Auto"],
              "writable": True}  # fmt: skip
-DTYPE_SAMPLES = {
+DTYPE_SAMPLES: dict[str, list[Any]] = {
     "int8": [-128, 0, 127], "uint8": [0, 1, 255], "int16": [-32768, 0, 32767],
     "uint16": [0, 1, 65535], "int32": [-2147483648, 0, 2147483647], "uint32": [0, 1, 4294967295],
     "int64": [-(2**63), 0, 2**63 - 1], "uint64": [0, 1, 2**64 - 1],
@@ -474,6 +474,7 @@ def build(msg: dict[str, Any]) -> bytes:
     if k == "PONG":
         return wire.encode_pong(msg["nonce"])
     # Client kinds: the reference bytes are plain msgpack of the positional array.
+    layout: dict[str, tuple[int, *tuple[str, ...]]]
     layout = {"ATTACH": (16, "req", "token"), "DETACH": (17, "req", "att"), "PING": (18, "nonce")}
     code, *names = layout[k]
     since = [msg["since"]] if "since" in msg else []  # ATTACH's optional field
