@@ -218,13 +218,22 @@ matrix-install-%: .venv-%/.locked
 		. ./clients/py
 	.venv-$*/bin/python -m pip check
 
-matrix-python-%: matrix-install-%
-	.venv-$*/bin/python -m pytest -q -p no:cacheprovider --benchmark-disable $(MATRIX_PY_TESTS)
+# The tests' IOCs and the demo IOC (server/pvwire_dev), which the wheel leaves out, next to it: a
+# folder holding that package alone goes on PYTHONPATH, so pvwire itself still comes from the wheel.
+MATRIX_DEV_PATH := $(abspath .cache/matrix-dev)
+$(MATRIX_DEV_PATH)/pvwire_dev:
+	mkdir -p $(MATRIX_DEV_PATH) && ln -sfn $(abspath server/pvwire_dev) $@
 
-matrix-node: node $(MATRIX_NODE) matrix-install-$(lastword $(MATRIX_PYTHONS))
+matrix-python-%: matrix-install-% $(MATRIX_DEV_PATH)/pvwire_dev
+	PYTHONPATH=$(MATRIX_DEV_PATH) .venv-$*/bin/python -m pytest -q -p no:cacheprovider \
+		--benchmark-disable $(MATRIX_PY_TESTS)
+
+matrix-node: node $(MATRIX_NODE) matrix-install-$(lastword $(MATRIX_PYTHONS)) \
+		$(MATRIX_DEV_PATH)/pvwire_dev
 	export PATH=$(abspath $(dir $(MATRIX_NODE))):$$PATH && node --version && cd $(TS) \
 		&& npm run --silent build && npm run --silent typecheck \
-		&& PVWIRE_PYTHON=$(abspath $(MATRIX_SERVER_PY)) npx vitest run $(MATRIX_TS_TESTS)
+		&& PYTHONPATH=$(MATRIX_DEV_PATH) PVWIRE_PYTHON=$(abspath $(MATRIX_SERVER_PY)) \
+		npx vitest run $(MATRIX_TS_TESTS)
 
 # The bench suite (bench/README.md): pytest-benchmark over bench/bench_*.py and bench/test_micro.py,
 # every figure of bench/README.md in its tests' extra_info. Each run is saved under

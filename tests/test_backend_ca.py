@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 from pvwire.errors import ChannelNotFound, ReadOnlyChannel, TypeMismatch
-from pvwire.ioc import IocProcess
 from pvwire.model import ConnState, Severity
 from pvwire.upstream import ca as ca_module
 from pvwire.upstream.ca import CaBackend
+from pvwire_dev.ioc import IocProcess
 
 from tests.conftest import RecordingSink
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 from pvwire.errors import ChannelNotFound, TypeMismatch
-from pvwire.ioc import IocProcess
 from pvwire.model import ConnState, Severity
 from pvwire.upstream import pva as pva_module
 from pvwire.upstream.pva import PvaBackend
+from pvwire_dev.ioc import IocProcess
 
 from tests.conftest import RecordingSink
 
