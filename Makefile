@@ -183,7 +183,7 @@ tstest: venv ext node tsbuild graphiql chromium keycloak
 test: lint pytest tstest matrix
 
 # The unit tests: no IOC, server, browser or container; what `make matrix` runs on every Python.
-UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules attach_failures backend_loc backfill_budget \
+UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_failures backend_loc backfill_budget \
 	cli_identity close_codes codec_align connection control_put graphql_schema history hub_faults \
 	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
@@ -219,13 +219,22 @@ matrix-install-%: .venv-%/.locked
 		. ./clients/py
 	.venv-$*/bin/python -m pip check
 
-matrix-python-%: matrix-install-%
-	.venv-$*/bin/python -m pytest -q -p no:cacheprovider --benchmark-disable $(MATRIX_PY_TESTS)
+# The tests' IOCs and the demo IOC (server/pvwire_dev), which the wheel leaves out, next to it: a
+# folder holding that package alone goes on PYTHONPATH, so pvwire itself still comes from the wheel.
+MATRIX_DEV_PATH := $(abspath .cache/matrix-dev)
+$(MATRIX_DEV_PATH)/pvwire_dev:
+	mkdir -p $(MATRIX_DEV_PATH) && ln -sfn $(abspath server/pvwire_dev) $@
 
-matrix-node: node $(MATRIX_NODE) matrix-install-$(lastword $(MATRIX_PYTHONS))
+matrix-python-%: matrix-install-% $(MATRIX_DEV_PATH)/pvwire_dev
+	PYTHONPATH=$(MATRIX_DEV_PATH) .venv-$*/bin/python -m pytest -q -p no:cacheprovider \
+		--benchmark-disable $(MATRIX_PY_TESTS)
+
+matrix-node: node $(MATRIX_NODE) matrix-install-$(lastword $(MATRIX_PYTHONS)) \
+		$(MATRIX_DEV_PATH)/pvwire_dev
 	export PATH=$(abspath $(dir $(MATRIX_NODE))):$$PATH && node --version && cd $(TS) \
 		&& npm run --silent build && npm run --silent typecheck \
-		&& PVWIRE_PYTHON=$(abspath $(MATRIX_SERVER_PY)) npx vitest run $(MATRIX_TS_TESTS)
+		&& PYTHONPATH=$(MATRIX_DEV_PATH) PVWIRE_PYTHON=$(abspath $(MATRIX_SERVER_PY)) \
+		npx vitest run $(MATRIX_TS_TESTS)
 
 # The bench suite (bench/README.md): pytest-benchmark over bench/bench_*.py and bench/test_micro.py,
 # every figure of bench/README.md in its tests' extra_info. Each run is saved under

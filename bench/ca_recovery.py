@@ -18,9 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
-from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
 from pvwire_client import Client
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess, server_args_for_tests
 

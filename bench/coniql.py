@@ -13,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from pvwire.ioc import _wait_tcp, free_port
+from pvwire_dev.ioc import _wait_tcp, free_port
 
 VERSION = "0.4.2"
 VENV = Path(__file__).resolve().parent.parent / ".venv-coniql"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from bench.big_arrays import RATE, RESULTS
 from bench.coniql import ConiqlServer, coniql_python

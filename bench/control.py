@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from .harness import (
     UPDATE_HZ,

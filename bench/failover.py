@@ -16,8 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
+from pvwire_dev.ioc import IocProcess
 
 from tests.replicas import Haproxy, start_replicas
 from tests.server_process import ServerProcess

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
 from pvwire_client import Client
 from pvwire_client.state import CONNECTED
+from pvwire_dev.ioc import IocProcess
 
 from tests.pva_gateway import PvaGateway
 from tests.server_process import ServerProcess

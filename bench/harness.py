@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess
 

@@ -31,8 +31,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
+from pvwire_dev.ioc import IocProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 DBS = ROOT / "tests" / "dbs"

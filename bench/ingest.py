@@ -139,7 +139,7 @@ def run(
 ) -> list[dict[str, Any]]:
     """Every mode in its own child process, `rounds` times; one row per child, printed too. The
     first mode is the floor the others are divided by."""
-    from pvwire.ioc import IocProcess
+    from pvwire_dev.ioc import IocProcess
 
     from .harness import _bench_env, write_db
 

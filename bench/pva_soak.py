@@ -106,7 +106,7 @@ async def soak(names: list[str], churn: int, duration: float, every: float) -> d
 
 def run(pvs: int, churn: int, duration: float, every: float) -> dict[str, Any]:
     """The soak against a fresh IOC of `pvs` counters (EPICS_PVA_* pointed at it)."""
-    from pvwire.ioc import IocProcess
+    from pvwire_dev.ioc import IocProcess
 
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "soak.db"

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
-from pvwire.ioc import IocProcess
 from pvwire.loopback import apply_loopback_env
 from pvwire.model import ConnState, Metadata, Value
 from pvwire.wire.tokens import TokenSigner
 from pvwire_client import Client
+from pvwire_dev.ioc import IocProcess
 
 from tests.keycloak import Keycloak
 from tests.leaks import collect_after_each_module  # noqa: F401  (autouse: applies here)
@@ -57,7 +57,7 @@ hypothesis_settings.load_profile(
 
 
 # For this process and every process it starts, whether or not a test needs the IOC: its ports
-# are chosen now (below the ephemeral range, see pvwire.ioc.free_port), the IOC starts later.
+# are chosen now (below the ephemeral range, see pvwire_dev.ioc.free_port), the IOC starts later.
 apply_loopback_env()
 _SHARED_IOC = IocProcess([DBS / "test.db"])
 os.environ.update(_SHARED_IOC.ports.client_env())

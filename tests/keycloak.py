@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 import jwt
-from pvwire.ioc import free_port
+from pvwire_dev.ioc import free_port
 
 __all__ = ["OTHER", "OTHER_SECRET", "REALM", "Keycloak", "keycloak_home"]
 

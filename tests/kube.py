@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pvwire.cli import start_demo_ioc
-from pvwire.ioc import free_port
+from pvwire_dev.demo_ioc import start_demo_ioc
+from pvwire_dev.ioc import free_port
 
 from tests.replicas import Haproxy
 from tests.stream_client import RawStream

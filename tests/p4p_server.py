@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 from p4p.server import Server, StaticProvider
 from p4p.server.thread import SharedPV
-from pvwire.ioc import free_port
 from pvwire.loopback import loopback_env
+from pvwire_dev.ioc import free_port
 
 
 @contextmanager

@@ -15,8 +15,8 @@ from collections import Counter
 from itertools import count
 from pathlib import Path
 
-from pvwire.ioc import IocPorts, IocProcess, free_port
 from pvwire.loopback import apply_loopback_env
+from pvwire_dev.ioc import IocPorts, IocProcess, free_port
 
 from tests.eventually import eventually
 

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pvwire.ioc import free_port
 from pvwire_client import Client
 from pvwire_client.state import CONNECTED, DISCONNECTED
+from pvwire_dev.ioc import free_port
 
 from tests.server_process import ServerProcess, listens, server_args_for_tests
 

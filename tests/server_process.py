@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import psutil
-from pvwire.ioc import free_port
 from pvwire.loopback import apply_loopback_env
+from pvwire_dev.ioc import free_port
 
 __all__ = ["TEST_TOKEN_KEY", "ServerProcess", "listens", "stream_token"]
 
@@ -55,7 +55,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0, keep_port: bool = False) -> None:
         """Start the server and wait until it answers on its port. A port it chose itself that
-        another process took first (another suite's allocator: pvwire.ioc.free_port) is
+        another process took first (another suite's allocator: pvwire_dev.ioc.free_port) is
         replaced by a new pick, twice at most; a port given to it, or kept for clients to
         come back to, is not."""
         for attempt in range(3):

@@ -14,8 +14,8 @@ from typing import Any
 
 import jwt
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import wire
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess
 from tests.stream_client import RawStream

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import Client, Update
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess
 

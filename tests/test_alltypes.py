@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import Client, TypeMismatch
 from pvwire_client.state import ChannelState
+from pvwire_dev.ioc import IocProcess
 
 from tests.alltypes_expect import COUNTERS, EXPECT, QSRV_ENUM_ARRAY_MONITOR, same_value
 from tests.server_process import ServerProcess, server_args_for_tests

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from pvwire import limits
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from tests.attacks import (
     MIB,

@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 from pvwire.errors import ChannelNotFound, TypeMismatch
-from pvwire.ioc import IocProcess
 from pvwire.model import ConnState, Severity
 from pvwire.upstream.base import Backend
 from pvwire.upstream.ca import CaBackend
 from pvwire.upstream.pva import PvaBackend
 from pvwire.upstream.sim import SimBackend
+from pvwire_dev.ioc import IocProcess
 
 from tests.conftest import RecordingSink
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually
 from tests.server_process import ServerProcess, server_args_for_tests

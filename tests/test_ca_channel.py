@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from aioca import DBE_ALARM, DBE_VALUE, FORMAT_TIME
 from epicscorelibs.ca import cadef
-from pvwire.ioc import IocProcess
 from pvwire.upstream import ca_channel
 from pvwire.upstream.ca_channel import CaChannel
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually_async
 

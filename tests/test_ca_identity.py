@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pvwire.errors import ChannelNotFound, IocDenied, PutRejected, WriteDenied
-from pvwire.ioc import IocProcess, free_port
 from pvwire.upstream.ca_identity import Address, IdentityCircuits
+from pvwire_dev.ioc import IocProcess, free_port
 
 from tests.eventually import eventually_async
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import websockets
-from pvwire.ioc import IocProcess
 from pvwire_client import wire
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually_async
 from tests.pvws_client import PvwsClient

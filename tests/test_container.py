@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from pvwire.ioc import IocProcess, free_port
 from pvwire_client import Client
 from pvwire_client.state import CONNECTED, DISCONNECTED
+from pvwire_dev.ioc import IocProcess, free_port
 
 from tests.kube import (
     IMAGE,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually_async
 from tests.replicas import (

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import Client
 from pvwire_client.state import CONNECTED, DISCONNECTED, ChannelState
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess, server_args_for_tests
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from pvwire.cli import build_parser
 from pvwire.config import Settings
-from pvwire.ioc import IocProcess
 from pvwire_client import Client, NotFound, ReadOnly, TypeMismatch, WriteDenied
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pvwire.ioc import free_port
+from pvwire_dev.ioc import free_port
 
 
 def test_ports_are_below_the_ephemeral_range_and_free_for_tcp_and_udp() -> None:

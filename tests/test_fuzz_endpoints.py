@@ -25,8 +25,8 @@ import pytest
 import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pvwire.ioc import IocProcess
 from pvwire_client import closecodes
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually_async
 from tests.fuzz_frames import HOSTILE, mutate

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import Client
 from pvwire_client.state import CONNECTED
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually_async
 from tests.pva_gateway import PvaGateway, qsrv_monitors

@@ -19,9 +19,9 @@ import numpy.typing as npt
 import psutil
 import pytest
 from pvwire.core.history import CHANNEL_BYTES, array_bytes
-from pvwire.ioc import IocProcess
 from pvwire.limits import HISTORY_MESSAGE_ROWS
 from pvwire_client import Client, wire
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually_async
 from tests.server_process import ServerProcess, server_args_for_tests

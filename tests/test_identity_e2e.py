@@ -22,7 +22,6 @@ from typing import Any
 
 import jwt
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import (
     Client,
     Forbidden,
@@ -32,6 +31,7 @@ from pvwire_client import (
     WriteDenied,
 )
 from pvwire_client.sync import SyncClient
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess
 

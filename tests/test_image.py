@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pvwire.ioc import free_port
 from pvwire.loopback import apply_loopback_env
+from pvwire_dev.ioc import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_TOOLS = {"pytest", "mypy", "ruff", "hypothesis", "httpx", "matplotlib", "py-spy", "psutil"}
@@ -83,6 +83,8 @@ def context_files() -> list[str]:
         "server/pvwire/core/_journal.cpython-311-x86_64-linux-gnu.so",
         "clients/ts/dist/index.js",
         "tests/test_cli.py",
+        "server/pvwire_dev/ioc.py",  # development only: not in the wheel either
+        "server/pvwire_dev/demo/demo.db",
     ],
 )
 def test_dockerignore_leaves_out(path: str) -> None:
@@ -102,6 +104,7 @@ def test_dockerfile_copies_only_what_the_context_has() -> None:
     for src in sources:
         assert src in files or any(f.startswith(src.rstrip("/") + "/") for f in files), src
     assert "server/pvwire/cli.py" in files and "clients/ts/page/main.ts" in files
+    assert not [f for f in files if f.startswith("server/pvwire_dev/")]
     assert not any("node_modules" in f or f.startswith(".venv/") for f in files)
 
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import Client
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess, server_args_for_tests
 

@@ -136,3 +136,36 @@ def test_api_app_and_cli_go_through_the_hub_and_read_nothing_private() -> None:
         if (hits := reaches_around(ast.parse(path.read_text())))
     }
     assert len(OUTSIDE_CORE) > 5 and found == {}
+
+
+def dev_imports(tree: ast.Module) -> list[tuple[int, bool]]:
+    """(line, at module level) of each import of pvwire_dev in a module."""
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n.split(".")[0] == "pvwire_dev" for n in names):
+            found.append((node.lineno, id(node) in top))
+    return found
+
+
+def test_the_dev_check_sees_module_level_and_nested_imports() -> None:
+    code = "import pvwire_dev.ioc\ndef f():\n    from pvwire_dev.demo_ioc import DEMO_DB\n"
+    assert dev_imports(ast.parse(code)) == [(1, True), (3, False)]
+    assert dev_imports(ast.parse("from pvwire import ioc\nimport pvwire_client")) == []
+
+
+def test_the_server_imports_the_dev_package_only_in_the_demo_commands() -> None:
+    """pvwire_dev (test IOCs, the demo IOC) is not in the wheel or the image: the server never
+    needs it; the command line imports it inside its demo commands only."""
+    found = {
+        str(path.relative_to(PACKAGE)): hits
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (hits := dev_imports(ast.parse(path.read_text())))
+    }
+    assert set(found) == {"cli.py"} and not any(top for _, top in found["cli.py"])

@@ -27,6 +27,7 @@ MODULES = {
 # that `make` leaves in the checkout stay out, so the build has to make the module itself.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "scripts/build_ext.py")
 LEFT_OUT = shutil.ignore_patterns("*.so", "__pycache__", "node_modules", "*.egg-info")
+DEV_ONLY = ("pvwire_dev/", "pvwire/ioc.py", "pvwire/demo_images.py", "pvwire/demo/")
 
 
 def lock() -> dict[str, Version]:
@@ -74,6 +75,10 @@ def test_wheel_is_tagged_for_this_platform_and_holds_the_modules(tmp_path: Path)
     assert set(MODULES.values()) <= names
     assert "Root-Is-Purelib: false" in info
     assert not any(n.endswith((".cpp", ".c")) for n in names), "the sources are not package data"
+    # The test IOCs and the demo IOC are development only: neither their package nor the
+    # modules' old places inside pvwire.
+    dev = [n for n in names if n.startswith(DEV_ONLY)]
+    assert dev == [] and "pvwire/cli.py" in names, dev
     # The modules in the wheel load (against this environment's pvxslibs), not the checkout's.
     for name, path in MODULES.items():
         where = subprocess.run(

@@ -18,9 +18,9 @@ from p4p.client.thread import Context
 from p4p.nt import NTEnum, NTScalar
 from p4p.server.thread import SharedPV
 from pvwire.errors import ChannelNotFound, IocDenied, PutRejected, TypeMismatch, WriteDenied
-from pvwire.ioc import IocProcess, free_port
 from pvwire.limits import PVA_IDENTITY_MESSAGE_BYTES
 from pvwire.upstream.pva_identity import Address, IdentityConnections, PvaSearch
+from pvwire_dev.ioc import IocProcess, free_port
 
 from tests.eventually import eventually_async
 from tests.p4p_server import p4p_server

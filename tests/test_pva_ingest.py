@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from pvwire.app import make_backends
 from pvwire.config import Settings
-from pvwire.ioc import IocProcess
 from pvwire.model import ConnState
 from pvwire.upstream import pva_ingest
 from pvwire.upstream.pva import PvaBackend
+from pvwire_dev.ioc import IocProcess
 
 from tests.conftest import RecordingSink
 from tests.eventually import eventually_async

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire_client import Client
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually
 from tests.server_process import ServerProcess, server_args_for_tests

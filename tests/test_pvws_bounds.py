@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from pvwire import limits
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests

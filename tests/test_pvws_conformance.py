@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pvwire.ioc import IocProcess
 from pvwire.wire.pvws import CLIENT_MESSAGES
+from pvwire_dev.ioc import IocProcess
 from websockets.exceptions import ConnectionClosed
 
 from tests.eventually import eventually_async

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from tests.eventually import eventually_async
 from tests.pvws_client import PingRecorder, PvwsClient, array_of

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from tests.pvws_client import PvwsClient, array_of
 from tests.server_process import ServerProcess, server_args_for_tests

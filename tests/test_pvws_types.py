@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from p4p.nt import NTNDArray, NTScalar
 from p4p.server.thread import SharedPV
-from pvwire.ioc import IocProcess
+from pvwire_dev.ioc import IocProcess
 
 from tests.p4p_server import p4p_server
 from tests.pvws_client import PvwsClient

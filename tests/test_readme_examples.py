@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pvwire.cli import DEMO_DB, DEMO_PREFIX, demo_write_rules, start_demo_ioc
-from pvwire.ioc import IocProcess
+from pvwire_dev.demo_ioc import DEMO_DB, DEMO_PREFIX, demo_write_rules, start_demo_ioc
+from pvwire_dev.ioc import IocProcess
 
 from tests.server_process import ServerProcess
 

@@ -15,8 +15,8 @@ from pvwire.access import refusals as refusals_module
 from pvwire.access.audit import AuditLog
 from pvwire.access.identity import Authenticator, AuthError, JwtSettings
 from pvwire.access.refusals import REASONS, RefusalLog
+from pvwire.api.graphql_http import graphql_operation
 from pvwire.api.metrics import render_metrics
-from pvwire.app import graphql_operation
 from pvwire.core.hub import Hub
 
 SECRET = "s" * 48

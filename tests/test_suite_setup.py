@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pvwire.ioc import free_port
 from pvwire.loopback import loopback_env
+from pvwire_dev.ioc import free_port
 
 from tests import server_process
 from tests.server_process import ServerProcess

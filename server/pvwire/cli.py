@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import importlib.util
 import json
 import logging
 import logging.config
@@ -15,48 +16,29 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .ioc import IocPorts, IocProcess, free_port
 from .limits import number
 from .logs import TEXT_FORMAT, logging_config
 from .loopback import apply_loopback_env
 
 __all__ = ["build_parser", "main"]
 
-DEMO_DB = Path(__file__).parent / "demo" / "demo.db"
-DEMO_PREFIX = "PVWIRE:DEMO:"
-DEMO_SAMPLES = 1000  # the demo waveform's length
-# NTNDArrays served by a p4p server in the demo IOC's process (pvwire.demo_images), PVA only.
-DEMO_IMAGES = ("IMAGE", "IMAGE:RGB", "IMAGE:LZ4")
+DEV_PACKAGE = "pvwire_dev"  # the demo IOC: in the repository's dev install, not in the wheel
+DEMO_COMMANDS = ("demo-ioc", "run-demo")
 
 
-def demo_write_rules(prefix: str) -> list[str]:
-    """The demo's own setpoints, over both protocols, plus sim's writable kinds."""
-    names = ("SP", "MODE", "MESSAGE")
-    return [f"{scheme}://{prefix}{n}" for scheme in ("ca", "pva") for n in names] + [
-        "sim://value*",
-        "sim://string*",
-    ]
+def _demo_setup(args: argparse.Namespace) -> None:
+    """The demo commands need the demo IOC, which the server's wheel and image leave out: say
+    where it comes from rather than fail with a traceback; then the demo's default prefix."""
+    if importlib.util.find_spec(DEV_PACKAGE) is None:
+        sys.exit(
+            f"pvwire-server: {args.command} needs the demo IOC (the package {DEV_PACKAGE}), "
+            "which comes with pvwire's source repository, not with its wheel or image: in a "
+            "checkout, run `make run`, or install it there with `pip install -e .`"
+        )
+    from pvwire_dev.demo_ioc import DEMO_PREFIX
 
-
-def start_demo_ioc(prefix: str, ports: IocPorts | None = None) -> IocProcess:
-    """The demo IOC, with its waveform pre-filled so it is 1000 points long from the start, and
-    its images (DEMO_IMAGES) served next to it."""
-    ioc = IocProcess([DEMO_DB], macros={"P": prefix}, ports=ports)
-    ioc.start()
-    # The IOC console is Python; process the chain COUNTER -> NOISE -> WAVEFORM 1000 times.
-    commands = [f"dbpf {prefix}{r}.PROC 1 >/dev/null" for r in ("COUNTER", "NOISE", "WAVEFORM")]
-    ioc.execute(
-        "import epicscorelibs.ioc as _e; "
-        f"_ = [_e.iocshCmd(c.encode()) for _ in range({DEMO_SAMPLES}) for c in {commands!r}]"
-    )
-    serve_demo_images(ioc, prefix)
-    return ioc
-
-
-def serve_demo_images(ioc: IocProcess, prefix: str) -> None:
-    """Start the demo images' p4p server in the IOC's process: again after each IOC restart, as
-    a restarted IOC process serves its records only."""
-    ioc.execute(f"import pvwire.demo_images as _i; _i.serve({prefix!r}, {ioc.ports.pva_broadcast})")
+    if args.prefix is None:
+        args.prefix = DEMO_PREFIX
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -218,23 +200,6 @@ def serve(settings: Any, workers: int = 1) -> None:
     uvicorn.run(app, **common)
 
 
-def _ports_or_default() -> IocPorts:
-    """EPICS's standard ports when free (so caget/pvget work as usual), else private ones."""
-    import socket
-
-    try:
-        for port, kind in (
-            (5064, socket.SOCK_STREAM),
-            (5075, socket.SOCK_STREAM),
-            (5076, socket.SOCK_DGRAM),
-        ):
-            with socket.socket(socket.AF_INET, kind) as s:
-                s.bind(("127.0.0.1", port))
-        return IocPorts(5064, 5065, 5075, 5076)
-    except OSError:
-        return IocPorts(free_port(), free_port(), free_port(), free_port())
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pvwire-server", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -323,20 +288,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     server_options(sub.add_parser("serve", help="run the server"))
     demo = sub.add_parser("demo-ioc", help="run the demo IOC (CA and PVA) until interrupted")
-    demo.add_argument("--prefix", default=DEMO_PREFIX)
+    prefix_help = "the demo records' name prefix (default PVWIRE:DEMO:)"
+    demo.add_argument("--prefix", help=prefix_help)
     run = sub.add_parser("run-demo", help="demo IOC + server + page (what `make run` does)")
     server_options(run)
-    run.add_argument("--prefix", default=DEMO_PREFIX)
+    run.add_argument("--prefix", help=prefix_help)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.command in DEMO_COMMANDS:
+        _demo_setup(args)
 
     if args.command == "demo-ioc":
+        from pvwire_dev.demo_ioc import ports_or_default, start_demo_ioc
+
         logging.basicConfig(level=logging.INFO, format=TEXT_FORMAT)
         apply_loopback_env()
-        ports = _ports_or_default()
+        ports = ports_or_default()
         ioc = start_demo_ioc(args.prefix, ports)
         print(
             f"demo IOC {args.prefix}* on CA port {ports.ca_server}, PVA port "
@@ -364,29 +334,18 @@ def main(argv: list[str] | None = None) -> None:
         serve(settings, args.workers)
         return
 
-    ports = _ports_or_default()
+    from pvwire_dev.demo_ioc import (
+        demo_catalogue,
+        demo_write_rules,
+        ports_or_default,
+        start_demo_ioc,
+    )
+
+    ports = ports_or_default()
     ioc = start_demo_ioc(args.prefix, ports)
     os.environ.update(ports.client_env())
     settings.write_rules = [*settings.write_rules, *demo_write_rules(args.prefix)]
-    settings.catalogue = [
-        *settings.catalogue,
-        *(
-            f"{s}://{args.prefix}{n}"
-            for s in ("ca", "pva")
-            for n in (
-                "COUNTER",
-                "COUNTER_1HZ",
-                "SINE",
-                "NOISE",
-                "MODE",
-                "MESSAGE",
-                "SP",
-                "RBV",
-                "WAVEFORM",
-            )
-        ),
-        *(f"pva://{args.prefix}{n}" for n in DEMO_IMAGES),
-    ]
+    settings.catalogue = [*settings.catalogue, *demo_catalogue(args.prefix)]
     url = f"http://{settings.host}:{settings.port}"
     print(
         f"\n  demo page   {url}/\n  GraphiQL    {url}/graphql\n  stream      "

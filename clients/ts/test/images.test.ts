@@ -17,7 +17,7 @@ const skip = stackUnavailable() ?? (existsSync(CHROMIUM) ? undefined : `no Chrom
 if (skip) throw new Error(`image tests cannot run: ${skip}`);
 
 const P = "pva://PVWIRE:DEMO:";
-// pvwire.demo_images: the RGB1 test card, 96 x 64; IMAGE:LZ4 is its red plane x 257, lz4.
+// pvwire_dev.demo_images: the RGB1 test card, 96 x 64; IMAGE:LZ4 is its red plane x 257, lz4.
 const W = 96;
 const H = 64;
 const card = (x: number, y: number): [number, number, number] => [(x * 2) % 256, (y * 4) % 256, (x + y) % 256];

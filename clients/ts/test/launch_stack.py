@@ -30,8 +30,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pvwire.cli import DEMO_IMAGES, DEMO_PREFIX, demo_write_rules, serve_demo_images, start_demo_ioc
-from pvwire.ioc import IocProcess, free_port
+from pvwire_dev.demo_ioc import (
+    DEMO_IMAGES,
+    DEMO_PREFIX,
+    demo_write_rules,
+    serve_demo_images,
+    start_demo_ioc,
+)
+from pvwire_dev.ioc import IocProcess, free_port
 
 PREFIX = DEMO_PREFIX
 NAMES = ("COUNTER", "COUNTER_1HZ", "SINE", "NOISE", "MODE", "MESSAGE", "SP", "RBV", "WAVEFORM")

@@ -58,7 +58,7 @@ class BodyLimit:
         )
 
     async def refuse(self, send: Send, size: int | None) -> None:
-        # GraphQL-shaped, as every other refusal of the control plane (app.py's `unauthenticated`).
+        # GraphQL-shaped, as every other refusal of the control plane (api/graphql_http.py).
         error = {"message": self.message(size), "extensions": {"code": "TOO_LARGE"}}
         body = orjson.dumps({"errors": [error]})
         headers = [

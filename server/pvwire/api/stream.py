@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from fastapi import APIRouter
 from starlette.websockets import WebSocket
 
 from .. import __version__
@@ -15,7 +16,7 @@ from ..wire.codes import POLICY, TRY_AGAIN, UNSUPPORTED
 from ..wire.session import Session, SessionLimits
 from .connection import Message, Wakeup, close_reason, refuse, run_connection
 
-__all__ = ["ALIGNED_SUBPROTOCOL", "SUBPROTOCOL", "serve_stream"]
+__all__ = ["ALIGNED_SUBPROTOCOL", "SUBPROTOCOL", "router", "serve_stream"]
 
 log = logging.getLogger("pvwire.stream")
 
@@ -45,6 +46,17 @@ def _hello(hub: Hub) -> bytes:
         round(s.heartbeat_s * 1000),
         s.max_in_bytes,
     )
+
+
+def router(hub: Hub, authenticator: Authenticator) -> APIRouter:
+    """The `/stream` WebSocket route."""
+    r = APIRouter()
+
+    @r.websocket("/stream")
+    async def stream(websocket: WebSocket) -> None:
+        await serve_stream(websocket, hub, authenticator)
+
+    return r
 
 
 async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authenticator) -> None:

@@ -62,9 +62,8 @@ def serve(prefix: str, broadcast_port: int) -> None:
     from p4p.nt import NTNDArray
     from p4p.server import Server, StaticProvider
     from p4p.server.thread import SharedPV
-
-    from .loopback import loopback_env
-    from .upstream.sim_image import image_frame
+    from pvwire.loopback import loopback_env
+    from pvwire.upstream.sim_image import image_frame
 
     nt = NTNDArray()
     params = {"width": IMAGE_SIZE, "height": IMAGE_SIZE, "dtype": "uint16", "color": "mono"}

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .loopback import loopback_env
+from pvwire.loopback import loopback_env
 
 __all__ = ["IocPorts", "IocProcess", "free_port"]
 

@@ -1,0 +1,90 @@
+"""The small HTTP routes: the probes and metrics, the sign-in settings and status page, and the
+demo page at `/`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+
+from ..config import Settings
+from ..core.hub import Hub
+from ..core.mjpeg import MjpegStats
+from ..limits import number
+from ..worker import WorkerIdentity
+from .metrics import render_metrics
+
+__all__ = ["STATIC", "mount_page", "pages", "probes"]
+
+STATIC = Path(__file__).parent.parent / "static"
+# A loop this late cannot serve anyone (DESIGN.md section 9).
+MAX_LOOP_LAG_READY = number("ready_max_loop_lag_s")
+
+
+def probes(hub: Hub, worker: WorkerIdentity, mjpeg_stats: Callable[[], MjpegStats]) -> APIRouter:
+    """/healthz (the process answers), /readyz (it can serve) and /metrics."""
+    router = APIRouter()
+
+    @router.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @router.get("/readyz")
+    async def readyz() -> JSONResponse:
+        lag = hub.loop_lag
+        ready = lag < MAX_LOOP_LAG_READY
+        # A scheme this process cannot serve (pva:// without its compiled module) leaves the
+        # others ready; it is named here, with the reason, for whoever looks at the probe.
+        body = {
+            "ready": ready,
+            "loop_lag_s": lag,
+            "channels": hub.channel_count,
+            "unavailable": hub.unavailable_schemes(),
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @router.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = render_metrics(hub.snapshot(detail=False), worker, mjpeg_stats())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    return router
+
+
+def pages(settings: Settings) -> APIRouter:
+    """/status (the status page) and /auth.json (where the page signs in)."""
+    router = APIRouter()
+
+    @router.get("/status", response_model=None)
+    async def status_page() -> FileResponse | PlainTextResponse:
+        page = STATIC / "status.html"
+        if page.is_file():
+            return FileResponse(page)
+        return PlainTextResponse("the status page is not built (run `make tsbuild`)", 404)
+
+    @router.get("/auth.json")
+    async def auth_config() -> dict[str, str]:
+        """Where to sign in: the provider, and the public client the page uses (PKCE); {} for
+        none. `pvwire login` reads it too."""
+        found = {"issuer": settings.oidc_issuer, "clientId": settings.oidc_client_id}
+        return {k: v for k, v in found.items() if v}
+
+    return router
+
+
+def mount_page(app: FastAPI) -> None:
+    """The demo page at `/`, or a line saying it is not built. Mounted last: it answers every
+    path no other route took."""
+    if (STATIC / "index.html").is_file():
+        app.mount("/", StaticFiles(directory=STATIC, html=True), name="page")
+        return
+
+    @app.get("/")
+    async def no_page() -> PlainTextResponse:
+        return PlainTextResponse(
+            "pvwire is running; the demo page is not built (run `make tsbuild`).\n"
+            "GraphQL: /graphql   stream: /stream   metrics: /metrics\n"
+        )
