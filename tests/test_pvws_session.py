@@ -1,4 +1,4 @@
-"""`wire/pvws.py` in memory: one text per channel state and variant shared by every client, and
+"""`pvws/session.py` in memory: one text per channel state and variant shared by every client, and
 `/stream`'s flow control (merge while behind, then the latest state)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from pvwire.model import VALUE, ConnState, Metadata
-from pvwire.wire.pvws import (
+from pvwire.pvws.session import (
     MAX_HELD_ERRORS,
     Opened,
     PvSource,
@@ -330,7 +330,7 @@ def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
 
 
 def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
-    from pvwire.api.pvws import _Opener
+    from pvwire.pvws.endpoint import _Opener
 
     opener = _Opener(per_pass=20, turn=10)
     ch = FakeChannel()

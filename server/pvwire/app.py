@@ -31,13 +31,13 @@ from .api.graphiql_offline import ASSETS, ASSETS_PATH, offline_page
 from .api.graphql import make_schema
 from .api.metrics import render_metrics
 from .api.mjpeg import MjpegEndpoint
-from .api.pvws import PvwsEndpoint
-from .api.pvws_js import router as pvws_js_router
 from .api.query_cost import ValueBudget
 from .api.stream import serve_stream
 from .config import Settings
 from .core.hub import Hub
 from .limits import number
+from .pvws.endpoint import PvwsEndpoint
+from .pvws.scripts import router as pvws_js_router
 from .upstream.base import Backend
 from .wire.tokens import TokenSigner
 from .worker import WorkerIdentity

@@ -1,7 +1,7 @@
 """What the tick and the hub need from one client connection, whatever its protocol.
 
 Two endpoints attach to the same views: `/stream` (`wire/session.py`, MessagePack) and `/pvws/pv`
-(`wire/pvws.py`, pvws's JSON). Both are driven the same way, so one upstream monitor and one
+(`pvws/session.py`, pvws's JSON). Both are driven the same way, so one upstream monitor and one
 encoding per tick serve the clients of both.
 """
 

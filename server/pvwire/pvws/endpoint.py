@@ -1,15 +1,15 @@
 """The pvws-compatible endpoint: `/pvws/pv` (WebSocket, JSON), `/pvws/pvget` and pvws's
 inspection URLs.
 
-Admission and the session only, as `stream.py` is for `/stream`: the connection's life is
-`run_connection` (connection.py), the protocol `wire/pvws.py`'s `PvwsSession`. Each PV is an
+Admission and the session only, as `api/stream.py` is for `/stream`: the connection's life is
+`run_connection` (api/connection.py), the protocol `session.py`'s `PvwsSession`. Each PV is an
 attachment of a one-channel view from the hub, so `/stream` and `/pvws/pv` clients share one
 upstream monitor and one encoding per tick.
 
 `/pvws/info` answers everyone (cs-web-lib 0.10 fetches it from the browser and switches host only
 on 200; it holds no client data). `/pvws/summary`, `/pvws/socket[/ID]` (GET, DELETE) and
 `/pvws/pool` answer with pvws's field names, for administrators only (they show who is connected
-from where), from snapshots of the sessions (wire/pvws_snapshot.py).
+from where), from snapshots of the sessions (snapshot.py).
 
 A pvws `ping` asks the server to send a WebSocket ping, which keeps proxies from dropping an idle
 connection (pvws.js sends it when idle; a browser cannot see the ping). ASGI cannot express a
@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from ..access.identity import Authenticator, AuthError, Identity
+from ..api.connection import Message, Wakeup, refuse, run_connection
 from ..core.clients import Client
 from ..core.hub import Hub
 from ..core.view import View
@@ -40,11 +41,10 @@ from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, P
 from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import INTERNAL, NORMAL, POLICY, TRY_AGAIN
-from ..wire.pvws import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
-from ..wire.pvws_snapshot import PvwsSocketSnapshot, snapshot
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
-from .connection import Message, Wakeup, refuse, run_connection
+from .session import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
+from .snapshot import PvwsSocketSnapshot, snapshot
 from .wsprotocol import FRAMES
 
 __all__ = ["PvwsEndpoint", "throttle_rates"]
@@ -162,7 +162,7 @@ class _Opener:
 
 @dataclass(frozen=True, slots=True)
 class _Read:
-    """A get's reading as the pvws encoder reads a channel's state (wire/pvws.py ChannelState)."""
+    """A get's reading as the pvws encoder reads a channel's state (session.py ChannelState)."""
 
     value: Value
     seconds: int
@@ -255,7 +255,7 @@ class PvwsEndpoint:
         self.sessions[session.id] = session
         try:
             if FRAMES in websocket.scope.get("extensions", {}):
-                # Every message queued since the last write, in one write (api/wsprotocol.py).
+                # Every message queued since the last write, in one write (wsprotocol.py).
                 async def send_frames(frames: bytes) -> None:
                     await websocket.send({"type": "websocket.send", FRAMES: frames})
 

@@ -1,6 +1,6 @@
 """WebSocket text frames (RFC 6455 section 5.2) as a server sends them: FIN set, unmasked, no
 extension. Made here so that many messages can go to the socket in one write
-(api/wsprotocol.py); websockets' own `Frame.serialize`, one call per message, was 5 % of the
+(wsprotocol.py); websockets' own `Frame.serialize`, one call per message, was 5 % of the
 server's CPU with 10 pvws clients x 200 PVs at 10 Hz.
 """
 

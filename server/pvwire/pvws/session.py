@@ -39,10 +39,10 @@ import orjson
 
 from ..limits import integer
 from ..model import VALUE, ConnState, Metadata, Severity
-from .flow import FlowControl, FlowView
-from .session import SessionLimits
-from .tokens import Claims
-from .wsframes import text_frames
+from ..wire.flow import FlowControl, FlowView
+from ..wire.session import SessionLimits
+from ..wire.tokens import Claims
+from .frames import text_frames
 
 __all__ = [
     "CA_TYPES",
@@ -292,7 +292,7 @@ class PvwsEncoder:
                 del self._entries[name]
 
     def frames(self, texts: list[str]) -> bytes:
-        """`texts` as WebSocket text frames for one write (wsframes.text_frames), made once for
+        """`texts` as WebSocket text frames for one write (frames.text_frames), made once for
         every client sent the same texts at a tick."""
         # A list compares its items by identity first: the texts shared by every client compare
         # without reading their characters.
@@ -812,7 +812,7 @@ class PvwsSession(FlowView[str]):
 
     def next_frames(self, limit: int = WRITE_BATCH) -> bytes | None:
         """What `next_text` would give one by one, up to about `limit` bytes, as WebSocket text
-        frames for one socket write (api/wsprotocol.py), or None; `frames_written` follows.
+        frames for one socket write (wsprotocol.py), or None; `frames_written` follows.
 
         A message per PV update is pvws' protocol; a write per message is not: with one
         `send()` system call per message, writing was 51 % of the server's CPU (py-spy, 10

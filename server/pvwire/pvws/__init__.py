@@ -1,0 +1,7 @@
+"""The pvws-compatible endpoint (`/pvws/pv`, pvws's JSON; DESIGN.md section 7a), as one package.
+
+The protocol, with no I/O: `session.py` (one connection), `frames.py` (WebSocket text frames for
+one write). Above the hub, as `api/` is: `endpoint.py` (admission, `/pvws/pvget` and the
+inspection pages, read from `snapshot.py`), `scripts.py` (pvws's browser client, `js/`) and
+`wsprotocol.py` (uvicorn's WebSocket protocol with several frames in one write).
+"""
