@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from pvwire.ioc import IocProcess
-from pvwire.pvws.session import CLIENT_MESSAGES
+from pvwire.pvws.messages import CLIENT_MESSAGES
 from websockets.exceptions import ConnectionClosed
 
 from tests.eventually import eventually_async

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 
+from pvwire.pvws.encoder import PvwsEncoder
 from pvwire.pvws.frames import text_frames
-from pvwire.pvws.session import PvwsEncoder, PvwsSession
+from pvwire.pvws.session import PvwsSession
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 

@@ -9,14 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from pvwire.model import VALUE, ConnState, Metadata
-from pvwire.pvws.session import (
-    MAX_HELD_ERRORS,
-    Opened,
-    PvSource,
-    PvwsEncoder,
-    PvwsRefused,
-    PvwsSession,
-)
+from pvwire.pvws.encoder import PvwsEncoder
+from pvwire.pvws.pv import Opened, PvSource, PvwsRefused
+from pvwire.pvws.session import MAX_HELD_ERRORS, PvwsSession
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import Claims
 

@@ -43,7 +43,10 @@ from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import INTERNAL, NORMAL, POLICY, TRY_AGAIN
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
-from .session import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
+from .encoder import PvwsEncoder
+from .messages import Write
+from .pv import Opened, PvSource, PvwsRefused
+from .session import PvwsSession
 from .snapshot import PvwsSocketSnapshot, snapshot
 from .wsprotocol import FRAMES
 
@@ -162,7 +165,7 @@ class _Opener:
 
 @dataclass(frozen=True, slots=True)
 class _Read:
-    """A get's reading as the pvws encoder reads a channel's state (session.py ChannelState)."""
+    """A get's reading as the pvws encoder reads a channel's state (encoder.py ChannelState)."""
 
     value: Value
     seconds: int

@@ -1,24 +1,23 @@
 """The pvws protocol (ornl-epics/pvws) for one client connection, with no I/O.
 
 pvws is JSON over a WebSocket at `/pvws/pv`: the client sends `subscribe` (alias `monitor`),
-`clear`, `list`, `write`, `ping`, `echo`; the server sends `update` messages shaped as pvws's
-`Vtype2Json` writes them (metadata, `vtype` and `severity` with a PV's first value, then the
-severity only when it changes; `readonly` first and on change; arrays as little-endian base64),
-`list` and `error`. Web UIs that speak it today (cs-web-lib, dbwr, pvws.js) work unchanged.
+`clear`, `list`, `write`, `ping`, `echo` (messages.py); the server sends `update` messages as
+pvws's `Vtype2Json` writes them (encoder.py), `list` and `error`. Web UIs that speak it today
+(cs-web-lib, dbwr, pvws.js) work unchanged.
 
 Engine (the same as `/stream`, DESIGN.md section 7a): each PV a client subscribes to is one
 attachment of a one-channel view shared with every other client of that channel, driven by the
-tick. The JSON of a channel's state is made once (`PvwsEncoder`, per PV name and per variant:
-with or without metadata, severity, readonly) and the same string is queued for every client that
-needs that variant; the per-client part is only which variant. Flow control is `/stream`'s: past
-`send_budget` queued the session merges (latest state per PV), and a queue that makes no progress
-for `stall_timeout` closes the connection with 4008.
+tick. The JSON of a channel's state is made once (`PvwsEncoder`) and the same string is queued
+for every client that needs it; what the session keeps per PV is what that client was sent
+(`pv.py`). Flow control is `/stream`'s: past `send_budget` queued the session merges (latest
+state per PV), and a queue that makes no progress for `stall_timeout` closes the connection with
+4008.
 
 Differences from pvws, on purpose: a severity change is sent for every type (pvws drops it for
 arrays and for a value whose type changed, e.g. after a disconnect); metadata is sent again when
 it changes (pvws sends it only once); a refused subscription or a bad PV name is answered with an
 `error` message (pvws only logs it), and so is a PV whose channel fails (pvws shows it as
-disconnected only), to clients that read errors (`_may_read_errors`: not to
+disconnected only), to clients that read errors (`may_read_errors`: not to
 Grafana's, which takes every message for data); updates are not throttled unless PV_THROTTLE_MS /
 PV_ARRAY_THROTTLE_MS say so. docs/PVWS.md has the whole comparison, message by message and type
 by type (`TYPES`).
@@ -26,399 +25,38 @@ by type (`TYPES`).
 
 from __future__ import annotations
 
-import base64
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
-import orjson
 
 from ..limits import integer
-from ..model import VALUE, ConnState, Metadata, Severity
+from ..model import VALUE, ConnState
 from ..wire.flow import FlowControl, FlowView
 from ..wire.session import SessionLimits
 from ..wire.tokens import Claims
-from .frames import text_frames
+from .encoder import UNDEFINED, PvwsEncoder, connected, failure, json_text, severity_name
+from .frames import utf8_size
+from .messages import BadMessage, Ping, Write, may_read_errors, parse, pv_names, shorten, write_of
+from .pv import Opened, Pv, PvSource, PvwsRefused
 
-__all__ = [
-    "CA_TYPES",
-    "CLIENT_MESSAGES",
-    "TYPES",
-    "ChannelState",
-    "Opened",
-    "Ping",
-    "PvSource",
-    "PvwsEncoder",
-    "PvwsHost",
-    "PvwsRefused",
-    "PvwsSession",
-    "PvwsType",
-    "Write",
-    "utf8_size",
-]
+__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession"]
 
 log = logging.getLogger("pvwire.pvws")
 
-# pvws names the EPICS severities as model.py does, except NO_ALARM, which it calls NONE.
-SEVERITIES = tuple("NONE" if s == Severity.NO_ALARM else s.name for s in Severity)
-# The client messages pvws handles (WebSocket.java), all handled here too (docs/PVWS.md section 2).
-CLIENT_MESSAGES = ("subscribe", "monitor", "clear", "list", "write", "ping", "echo")
 # Errors kept for a client not yet known to read them (then dropped).
 MAX_HELD_ERRORS = integer("pvws_max_held_errors")
 # Most bytes of messages joined into one socket write (`next_frames`); caproto batches up to
 # 64 KiB too. A tick of 200 changed PVs is ~30 KB of JSON.
 WRITE_BATCH = 64 * 1024
 _CONNECTED = ConnState.CONNECTED
-UNDEFINED = "UNDEFINED"  # pvws's severity of a disconnected PV (Phoebus' Alarm.disconnected())
-
-
-@dataclass(frozen=True, slots=True)
-class PvwsType:
-    """How pvws sends one value type: Phoebus' VType names and the array's base64 field."""
-
-    scalar: str  # vtype of a scalar
-    array: str  # vtype of an array
-    field: str  # the array's member: b64dbl, b64flt, b64srt, b64int or b64byt
-    packed: str  # the dtype its elements are packed as (little-endian)
-
-
-# Value type (metadata `type`, or an array's dtype) -> how pvws sends it, as pvws does: its
-# Vtype2Json packs VDoubleArray, VFloatArray, VShortArray and VByteArray as themselves and every
-# other VNumberArray as int32 (`getInt`: int64 and uint32 keep their low 32 bits), and Phoebus'
-# PVA decoder makes VUByteArray, VUShortArray... of unsigned arrays, which are not VByteArray or
-# VShortArray. So a PVA ubyte[] travels as b64int (0..255 stays 0..255 in every client) while a
-# byte[] is b64byt, which cs-web-lib decodes as signed. docs/PVWS.md has the table with what
-# cs-web-lib shows; tests/test_pvws_types.py checks it over CA and PVA.
-TYPES = {
-    "float64": PvwsType("VDouble", "VDoubleArray", "b64dbl", "<f8"),
-    "float32": PvwsType("VFloat", "VFloatArray", "b64flt", "<f4"),
-    "int64": PvwsType("VLong", "VLongArray", "b64int", "<i4"),
-    "uint64": PvwsType("VULong", "VULongArray", "b64int", "<i4"),
-    "int32": PvwsType("VInt", "VIntArray", "b64int", "<i4"),
-    "uint32": PvwsType("VUInt", "VUIntArray", "b64int", "<i4"),
-    "int16": PvwsType("VShort", "VShortArray", "b64srt", "<i2"),
-    "uint16": PvwsType("VUShort", "VUShortArray", "b64int", "<i4"),
-    "int8": PvwsType("VByte", "VByteArray", "b64byt", "i1"),
-    "uint8": PvwsType("VUByte", "VUByteArray", "b64int", "<i4"),
-    # pvws has no mapping for PVA booleans (it sends their text); bytes 0/1 read in every client.
-    "bool": PvwsType("VBoolean", "VBooleanArray", "b64byt", "u1"),
-}
-# CA's DBR_CHAR (FTVL CHAR and UCHAR alike) is one type, which Phoebus' CA client reads as Java
-# (signed) bytes: pvws sends VByte / VByteArray as b64byt, and so does pvwire.
-CA_TYPES = {**TYPES, "uint8": PvwsType("VByte", "VByteArray", "b64byt", "u1")}
-_OTHER_ARRAY = PvwsType("VNumber", "VNumberArray", "b64int", "<i4")
-
-
-class ChannelState(Protocol):
-    """What the encoder reads of a channel (core/channel.py's Channel)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def value(self) -> Any: ...
-    @property
-    def seconds(self) -> int: ...
-    @property
-    def nanoseconds(self) -> int: ...
-    @property
-    def severity(self) -> int: ...
-    @property
-    def meta(self) -> Metadata: ...
-    @property
-    def state(self) -> ConnState: ...
-    @property
-    def updates(self) -> int: ...
-    @property
-    def known(self) -> int: ...
-    @property
-    def fault(self) -> str: ...
-
-
-class PvSource(Protocol):
-    """A one-channel view (core/view.py)."""
-
-    @property
-    def channels(self) -> Sequence[ChannelState]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Opened:
-    view: PvSource
-    claims: Claims  # the identity it was opened for: the hub checks it again when rules change
-    may_write: bool  # the access rules let this identity write the channel
-
-
-class PvwsRefused(Exception):
-    """A PV name the host cannot open (bad name, not readable by this identity)."""
 
 
 class PvwsHost(Protocol):
     def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened: ...
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """The client asked to be pinged: send a WebSocket ping frame."""
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """The client writes `value` to subscribed PV `pv`; answer a failure with `write_failed`."""
-
-    pv: str
-    value: float | str
-
-
-# --- the encoder: one JSON text per PV name, channel state and variant -----------------------
-
-
-def _number(x: float) -> Any:
-    """A display limit as Jackson writes a double: non-finite numbers as strings."""
-    if math.isfinite(x):
-        return x
-    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
-
-
-def _json(obj: object) -> str:
-    return orjson.dumps(obj).decode()
-
-
-def _display(meta: Metadata) -> str:
-    out: dict[str, Any] = {"units": meta.units or "", "description": meta.description}
-    if meta.precision is not None:
-        out["precision"] = meta.precision
-    for (lo, hi), limits in (
-        (("min", "max"), meta.display),
-        (("warn_low", "warn_high"), meta.warning),
-        (("alarm_low", "alarm_high"), meta.alarm),
-    ):
-        if limits is not None:
-            out[lo], out[hi] = _number(limits[0]), _number(limits[1])
-    return _json(out)[1:-1]
-
-
-def _types(ch: ChannelState) -> dict[str, PvwsType]:
-    return CA_TYPES if ch.id.startswith("ca://") else TYPES
-
-
-def _scalar_vtype(ch: ChannelState, value: object) -> str:
-    known = _types(ch).get(ch.meta.type or "")
-    if known is not None:
-        return known.scalar
-    return "VDouble" if isinstance(value, float) else "VLong"
-
-
-def _value_parts(ch: ChannelState) -> tuple[str, str, bool]:
-    """(vtype, the value's JSON members, whether display metadata applies) of the state."""
-    value, meta = ch.value, ch.meta
-    if isinstance(value, np.ndarray):
-        arr = value.reshape(-1)  # images travel flattened, as pvws sends any array
-        kind = "bool" if meta.type == "bool" or arr.dtype.kind == "b" else arr.dtype.name
-        how = _types(ch).get(kind, _OTHER_ARRAY)
-        data = np.ascontiguousarray(arr, dtype=how.packed)  # no copy when already packed so
-        text = base64.b64encode(data.data).decode("ascii")
-        return how.array, f'"{how.field}":"{text}"', True
-    if meta.type == "enum" and isinstance(value, int):
-        choices = meta.choices or ()
-        label = choices[value] if 0 <= value < len(choices) else str(value)
-        return "VEnum", f'"value":{value},"text":{_json(label)}', False
-    if isinstance(value, bool):
-        return "VBoolean", f'"value":{int(value)}', True
-    if isinstance(value, float):
-        shown = repr(value) if math.isfinite(value) else '"NaN"'
-        return _scalar_vtype(ch, value), f'"value":{shown}', True
-    if isinstance(value, int):
-        return _scalar_vtype(ch, value), f'"value":{value}', True
-    if isinstance(value, str):
-        return "VString", f'"text":{_json(value)}', False
-    if isinstance(value, list) and all(type(x) is str for x in value):
-        # pvws sends what Java's toString() gives for types it does not map (VStringArray).
-        return "VStringArray", f'"text":{_json("[" + ", ".join(value) + "]")}', False
-    # Structures and tables: pvws passes them as text; JSON text is at least parseable.
-    return "VType", f'"text":{_json(_json_safe(value))}', False
-
-
-def _json_safe(value: object) -> str:
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
-    except TypeError:
-        return str(value)
-
-
-class _Entry:
-    __slots__ = ("disconnected_at", "head", "plain", "refs", "texts", "version")
-
-    def __init__(self, name: str) -> None:
-        self.head = '{"type":"update","pv":' + _json(name)
-        self.refs = 0
-        self.version: tuple[object, ...] = ()
-        self.texts: dict[tuple[bool, bool, bool | None], str] = {}
-        self.disconnected_at: tuple[int, int] = (0, 0)
-        # (updates, meta, text) of the last value-only text of a connected state (`value_text`)
-        self.plain: tuple[int, Metadata | None, str] = (-1, None, "")
-
-
-class PvwsEncoder:
-    """The hub-wide cache of pvws texts: a channel's change is encoded once per variant, however
-    many clients watch it (the variant is all that differs between clients)."""
-
-    def __init__(self, wall: Callable[[], int] = time.time_ns) -> None:
-        self._entries: dict[str, _Entry] = {}
-        self._wall = wall
-        self.encoded = 0  # texts made, for tests and benchmarks: once per state and variant
-        # The last write's messages and their frames: clients watching the same PVs get the
-        # same texts in the same order at a tick, so the first client's frames serve the rest.
-        self._last_texts: list[str] = []
-        self._last_frames = b""
-
-    def acquire(self, name: str) -> _Entry:
-        """Count a client of `name`; its entry, where the texts of `name` are kept."""
-        entry = self._entries.get(name)
-        if entry is None:
-            entry = self._entries[name] = _Entry(name)
-        entry.refs += 1
-        return entry
-
-    def release(self, name: str) -> None:
-        entry = self._entries.get(name)
-        if entry is not None:
-            entry.refs -= 1
-            if entry.refs <= 0:
-                del self._entries[name]
-
-    def frames(self, texts: list[str]) -> bytes:
-        """`texts` as WebSocket text frames for one write (frames.text_frames), made once for
-        every client sent the same texts at a tick."""
-        # A list compares its items by identity first: the texts shared by every client compare
-        # without reading their characters.
-        if texts != self._last_texts:
-            self._last_texts = texts
-            self._last_frames = text_frames(texts)
-        return self._last_frames
-
-    def value_text(self, name: str, ch: ChannelState) -> str:
-        """`text(name, ch, False, False, None)` of a connected `ch`: the update most sent, looked
-        up by what it depends on (the value's update count and the metadata that types it)."""
-        entry = self._entries.get(name)
-        if entry is not None:
-            updates, meta, text = entry.plain
-            if updates == ch.updates and meta is ch.meta:
-                return text
-            text = self.text(name, ch, False, False, None)
-            entry.plain = (ch.updates, ch.meta, text)
-            return text
-        return self.text(name, ch, False, False, None)
-
-    def text(
-        self, name: str, ch: ChannelState, meta: bool, severity: bool, readonly: bool | None
-    ) -> str:
-        """The update for `ch`'s current state, with metadata and/or severity and/or readonly."""
-        entry = self._entries.get(name)
-        if entry is None:  # not acquired (a caller's slip): still correct, just not shared
-            entry = _Entry(name)
-        version = (ch.updates, ch.meta, ch.state, ch.fault)
-        if entry.version != version:
-            entry.version = version
-            entry.texts = {}
-            if ch.state != ConnState.CONNECTED:
-                entry.disconnected_at = divmod(self._wall(), 1_000_000_000)
-        key = (meta, severity, readonly)
-        text = entry.texts.get(key)
-        if text is None:
-            text = entry.texts[key] = self._encode(entry, ch, meta, severity, readonly)
-            self.encoded += 1
-        return text
-
-    def _encode(
-        self, entry: _Entry, ch: ChannelState, meta: bool, severity: bool, readonly: bool | None
-    ) -> str:
-        parts = [entry.head]
-        if not connected(ch):
-            # pvws (Phoebus core-pv) shows a disconnect as a NaN double with severity UNDEFINED,
-            # stamped with the time it was noticed.
-            parts.append(f',"severity":"{UNDEFINED}","value":"NaN"')
-            seconds, nanos = entry.disconnected_at
-        else:
-            vtype, members, display = _value_parts(ch)
-            if meta:
-                parts.append(f',"vtype":"{vtype}"')
-                if vtype == "VEnum":
-                    parts.append(f',"labels":{_json(list(ch.meta.choices or ()))}')
-                elif display:
-                    parts.append("," + _display(ch.meta))
-            if meta or severity:
-                parts.append(f',"severity":"{severity_name(ch.severity)}"')
-            parts.append("," + members)
-            seconds, nanos = ch.seconds, ch.nanoseconds
-        if readonly is not None:
-            parts.append(',"readonly":true' if readonly else ',"readonly":false')
-        parts.append(f',"seconds":{seconds},"nanos":{nanos}}}')
-        return "".join(parts)
-
-
-def severity_name(severity: int) -> str:
-    return SEVERITIES[severity] if 0 <= severity < len(SEVERITIES) else UNDEFINED
-
-
-def failure(ch: ChannelState) -> str:
-    """Why `ch` cannot be served, or "" when it has not failed (it may still be connecting or
-    disconnected): a value the encoder could not carry, or the upstream's reason for FAILED
-    (Channel.reason: a PVA error, a value the backend cannot serve, the local PV cap)."""
-    if ch.fault:
-        return ch.fault
-    if ch.state == ConnState.FAILED:
-        # Read where it exists: the states the encoder also reads (a get's reading) have none.
-        return str(getattr(ch, "reason", "")) or "failed"
-    return ""
-
-
-def connected(ch: ChannelState) -> bool:
-    return ch.state == ConnState.CONNECTED and not ch.fault and bool(ch.known & VALUE)
-
-
-# --- one connection ------------------------------------------------------------------------
-
-
-class _Pv:
-    """One subscribed PV of one client, and what that client has been sent of it."""
-
-    __slots__ = (
-        "array",
-        "att",
-        "ch",
-        "entry",
-        "failure",
-        "image",
-        "level",
-        "meta",
-        "name",
-        "readonly",
-        "severity",
-        "shown",
-        "view",
-        "writes",
-    )
-
-    def __init__(self, name: str, att: int, opened: Opened) -> None:
-        self.name = name
-        self.att = att
-        self.view = opened.view
-        self.ch = opened.view.channels[0]  # the view's one channel, read at every update
-        self.writes = opened.may_write
-        self.array = False  # opened at the array rate
-        self.image = False  # its value is an image: sent within the connection's image budget
-        self.shown = False  # the client has a value (not a disconnect) of it
-        self.meta: Metadata | None = None  # metadata last sent; None: nothing sent yet
-        self.severity = ""
-        self.level = -1  # the severity number of `severity`
-        self.entry: _Entry | None = None  # the encoder's, once acquired
-        self.failure = ""  # the channel's failure last reported with an error ("": none)
-        self.readonly: bool | None = None
 
 
 class PvwsSession(FlowView[str]):
@@ -453,8 +91,8 @@ class PvwsSession(FlowView[str]):
         self.last_client_message_ms = self.created_ms
         self.client_messages = 0  # every message received, read or refused (admin pages)
         self.last_message_sent_ms = 0
-        self.pvs: dict[str, _Pv] = {}  # subscription order, as `list` answers
-        self._by_att: dict[int, _Pv] = {}
+        self.pvs: dict[str, Pv] = {}  # subscription order, as `list` answers
+        self._by_att: dict[int, Pv] = {}
         self.attachments: dict[int, PvSource] = {}
         self.claims: dict[int, Claims] = {}
         self.channel_count = 0
@@ -479,7 +117,7 @@ class PvwsSession(FlowView[str]):
         self.images_held = 0  # image frames replaced while held back (never sent)
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
-        self._reopen: list[_Pv] = []
+        self._reopen: list[Pv] = []
         self.conflated = 0
         self.bad_messages = 0
         self._messages = 0  # valid client messages received
@@ -498,7 +136,7 @@ class PvwsSession(FlowView[str]):
             return []
         try:
             return self._handle(text)
-        except _BadMessage as exc:
+        except BadMessage as exc:
             # pvws logs and answers nothing; logged once per connection, counted always, so a
             # client repeating a bad message cannot flood the log.
             self.bad_messages += 1
@@ -507,35 +145,26 @@ class PvwsSession(FlowView[str]):
             return []
 
     def _handle(self, text: str) -> list[Ping | Write]:
-        try:
-            msg = orjson.loads(text)
-        except orjson.JSONDecodeError as exc:
-            raise _BadMessage(f"not JSON ({exc}): {_shorten(text)}") from None
-        kind = msg.get("type") if isinstance(msg, dict) else None
-        if kind is None:
-            raise _BadMessage(f"Missing 'type' in {_shorten(text)}")
+        kind, msg = parse(text)
         self._messages += 1
-        if not self.reads_errors and _may_read_errors(self._messages, kind, msg):
+        if not self.reads_errors and may_read_errors(self._messages, kind, msg):
             self.reads_errors = True
             held, self._held = self._held, []
             for error in held:
                 self._queue_text(error)
         if kind in ("subscribe", "monitor"):
-            self._subscribe_all(_pvs(msg, text))
+            self._subscribe_all(pv_names(msg, text))
         elif kind == "clear":
-            for name in _pvs(msg, text):
+            for name in pv_names(msg, text):
                 pv = self.pvs.pop(name, None)
                 if pv is not None:
                     self._release(pv)
                 self._opening.pop(name, None)
         elif kind == "list":
-            self._queue_text(_json({"type": "list", "pvs": [*self.pvs, *self._opening]}))
+            self._queue_text(json_text({"type": "list", "pvs": [*self.pvs, *self._opening]}))
         elif kind == "write":
-            if "pv" not in msg:
-                raise _BadMessage(f"Missing 'pv' in {_shorten(text)}")
-            if "value" not in msg:
-                raise _BadMessage(f"Missing 'value' in {_shorten(text)}")
-            name, value = _text(msg["pv"]), msg["value"]
+            write = write_of(msg, text)
+            name = write.pv
             if name in self._opening:
                 # Opened now (one name): a write goes to a PV the access rules let it open, and
                 # one that cannot open is answered as unknown, as if it had been opened first.
@@ -544,14 +173,13 @@ class PvwsSession(FlowView[str]):
             if name not in self.pvs:
                 self.write_failed(f"Cannot write unknown PV {name}")
                 return []
-            is_number = isinstance(value, int | float) and not isinstance(value, bool)
-            return [Write(name, float(value) if is_number else _text(value))]
+            return [write]
         elif kind == "ping":
             return [Ping()]
         elif kind == "echo":
             self._queue_text(text)
         else:
-            raise _BadMessage(f"Unknown message type: {_shorten(text)}")
+            raise BadMessage(f"Unknown message type: {shorten(text)}")
         return []
 
     def _subscribe_all(self, names: list[str]) -> None:
@@ -607,7 +235,7 @@ class PvwsSession(FlowView[str]):
             self.write_failed(f"Cannot subscribe to {name}: {exc}")
             return
         self._next_att += 1
-        pv = _Pv(name, att, opened)
+        pv = Pv(name, att, opened)
         self.pvs[name] = pv
         self._by_att[att] = pv
         self.attachments[att] = opened.view
@@ -622,7 +250,7 @@ class PvwsSession(FlowView[str]):
                 self._image_tokens -= utf8_size(text)  # a first frame is sent at once, counted
             self._queue_text(text)
 
-    def _release(self, pv: _Pv) -> None:
+    def _release(self, pv: Pv) -> None:
         self._by_att.pop(pv.att, None)
         self._images_waiting.pop(pv.att, None)
         self.attachments.pop(pv.att, None)
@@ -634,7 +262,7 @@ class PvwsSession(FlowView[str]):
 
     def write_failed(self, message: str) -> None:
         """An `error` message, or held back while the client may not read errors."""
-        text = _json({"type": "error", "message": message})
+        text = json_text({"type": "error", "message": message})
         if self.reads_errors:
             self._queue_text(text)
         elif len(self._held) < MAX_HELD_ERRORS:
@@ -731,7 +359,7 @@ class PvwsSession(FlowView[str]):
         self._image_at = now
         return self._image_tokens >= 0.0
 
-    def _image_text(self, pv: _Pv) -> str | None:
+    def _image_text(self, pv: Pv) -> str | None:
         """`pv`'s update now if the image budget has room, else held back (its newest state is
         sent once there is room: `flush_tick`, `housekeeping`)."""
         if not self._image_room():
@@ -744,7 +372,7 @@ class PvwsSession(FlowView[str]):
             self._image_tokens -= utf8_size(text)
         return text
 
-    def _update(self, pv: _Pv) -> str | None:
+    def _update(self, pv: Pv) -> str | None:
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
         ch = pv.ch
         if not connected(ch):
@@ -853,58 +481,3 @@ class PvwsSession(FlowView[str]):
 
     def _queue_text(self, text: str) -> None:
         self._flow.push(text)
-
-
-class _BadMessage(Exception):
-    pass
-
-
-def _may_read_errors(count: int, kind: object, msg: dict[str, Any]) -> bool:
-    """Whether a client that sent this, its `count`-th message, reads `error` messages.
-
-    Grafana's Archiver Appliance data source (its live mode's Go proxy, pkg/aalive) opens one
-    socket per PV, sends one `subscribe` naming that PV and turns every message it receives into
-    a data point: an `error` became a value 0 at 1970. Clients that read errors send more than
-    that (cs-web-lib 0.10 subscribes its heartbeat PV besides the page's; pages of several PVs
-    subscribe several; they write and clear, and a write comes before its own error). So a
-    client that has sent nothing but one subscribe of one PV gets no `error` yet: errors wait, up
-    to MAX_HELD_ERRORS, for its next message.
-    """
-    if count > 1 or kind not in ("subscribe", "monitor"):
-        return True
-    pvs = msg.get("pvs")
-    return not isinstance(pvs, list | dict) or len(pvs) != 1
-
-
-def utf8_size(text: str) -> int:
-    """The bytes `text` takes on the socket: pvws's messages are mostly ASCII, for which this
-    costs nothing (`isascii` reads a flag of the string)."""
-    return len(text) if text.isascii() else len(text.encode())
-
-
-def _shorten(text: str) -> str:
-    return text if len(text) < 200 else text[:200] + " ..."
-
-
-def _text(node: object) -> str:
-    """A JSON node as Jackson's `asText()` gives it."""
-    if isinstance(node, str):
-        return node
-    if isinstance(node, bool):
-        return "true" if node else "false"
-    if node is None:
-        return "null"
-    if isinstance(node, int | float):
-        return str(node)
-    return ""
-
-
-def _pvs(msg: dict[str, Any], text: str) -> list[str]:
-    pvs = msg.get("pvs")
-    if pvs is None:
-        raise _BadMessage(f"Missing 'pvs' in {_shorten(text)}")
-    if isinstance(pvs, list):
-        return [_text(x) for x in pvs]
-    if isinstance(pvs, dict):
-        return [_text(x) for x in pvs.values()]
-    return []

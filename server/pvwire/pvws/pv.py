@@ -1,0 +1,68 @@
+"""One PV of one `/pvws/pv` client: what the host opened for it and what the client was sent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..model import Metadata
+from ..wire.tokens import Claims
+from .encoder import ChannelState, Entry
+
+__all__ = ["Opened", "Pv", "PvSource", "PvwsRefused"]
+
+
+class PvSource(Protocol):
+    """A one-channel view (core/view.py)."""
+
+    @property
+    def channels(self) -> Sequence[ChannelState]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    view: PvSource
+    claims: Claims  # the identity it was opened for: the hub checks it again when rules change
+    may_write: bool  # the access rules let this identity write the channel
+
+
+class PvwsRefused(Exception):
+    """A PV name the host cannot open (bad name, not readable by this identity)."""
+
+
+class Pv:
+    """One subscribed PV of one client, and what that client has been sent of it."""
+
+    __slots__ = (
+        "array",
+        "att",
+        "ch",
+        "entry",
+        "failure",
+        "image",
+        "level",
+        "meta",
+        "name",
+        "readonly",
+        "severity",
+        "shown",
+        "view",
+        "writes",
+    )
+
+    def __init__(self, name: str, att: int, opened: Opened) -> None:
+        self.name = name
+        self.att = att
+        self.view = opened.view
+        self.ch = opened.view.channels[0]  # the view's one channel, read at every update
+        self.writes = opened.may_write
+        self.array = False  # opened at the array rate
+        self.image = False  # its value is an image: sent within the connection's image budget
+        self.shown = False  # the client has a value (not a disconnect) of it
+        self.meta: Metadata | None = None  # metadata last sent; None: nothing sent yet
+        self.severity = ""
+        self.level = -1  # the severity number of `severity`
+        self.entry: Entry | None = None  # the encoder's, once acquired
+        self.failure = ""  # the channel's failure last reported with an error ("": none)
+        self.readonly: bool | None = None
