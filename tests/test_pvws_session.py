@@ -81,6 +81,18 @@ def test_a_connection_holds_at_most_max_channels_pvs() -> None:
     assert list(s.pvs) == ["b", "c"]
 
 
+def test_the_hub_reads_attachments_and_claims_from_the_pvs_themselves() -> None:
+    s = session(FakeChannel(), PvwsEncoder())
+    s.receive('{"type":"subscribe","pvs":["a","b","c"]}')
+    s.receive('{"type":"clear","pvs":["b"]}')
+    s.end_attachment(1, 4403, "may not read a")  # as a rules reload ends one
+    assert list(s.pvs) == ["c"] and s.channel_count == 1
+    assert dict(s.claims) == {3: s.pvs["c"].claims} and s.claims[3].ids == ("c",)
+    assert dict(s.attachments) == {3: s.pvs["c"].view}
+    s.close()
+    assert not s.pvs and not s.attachments and not s.claims and s.channel_count == 0
+
+
 def test_clients_share_one_text_per_state_and_variant() -> None:
     ch, encoder = FakeChannel(), PvwsEncoder()
     a, b = session(ch, encoder), session(ch, encoder)

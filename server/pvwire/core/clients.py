@@ -21,7 +21,9 @@ class Client(Protocol):
     number: int
     address: str
     endpoint: str  # "stream" or "pvws"
-    channel_count: int
+
+    @property
+    def channel_count(self) -> int: ...
 
     @property
     def queued_bytes(self) -> int: ...

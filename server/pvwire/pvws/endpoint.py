@@ -27,16 +27,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from ..access.identity import Authenticator, AuthError, Identity
 from ..api.connection import Message, Wakeup, refuse, run_connection
-from ..core.clients import Client
 from ..core.hub import Hub
-from ..core.view import View
 from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
 from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
@@ -111,13 +109,13 @@ class _Host:
             who.address,
         )
         try:
-            view = hub.open_view(claims, cast(Client, session), att)
+            view = hub.open_view(claims, session, att)
         except AttachRefused as exc:
             raise PvwsRefused(str(exc)) from None
-        return Opened(cast(View, view), claims, hub.may_write(who, canonical))
+        return Opened(view, claims, hub.may_write(who, canonical))
 
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None:
-        self._hub.close_view(cast(View, view), cast(Client, session), att)
+        self._hub.close_view(view, session, att)
 
 
 class _Opener:
@@ -263,12 +261,12 @@ class PvwsEndpoint:
                     await websocket.send({"type": "websocket.send", FRAMES: frames})
 
                 await run_connection(
-                    websocket, hub, cast(Client, session), wakeup, handle, send_frames,
+                    websocket, hub, session, wakeup, handle, send_frames,
                     session.next_frames, session.frames_written, log,
                 )  # fmt: skip
             else:
                 await run_connection(
-                    websocket, hub, cast(Client, session), wakeup, handle, websocket.send_text,
+                    websocket, hub, session, wakeup, handle, websocket.send_text,
                     session.next_text, session.sent, log,
                 )  # fmt: skip
         finally:

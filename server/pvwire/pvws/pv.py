@@ -1,16 +1,20 @@
-"""One PV of one `/pvws/pv` client: what the host opened for it and what the client was sent."""
+"""One PV of one `/pvws/pv` client: what the host opened for it and what the client was sent,
+in one record per PV (`Pv`), held by one table (`PvTable`) that the session, the hub and the
+inspection pages all read."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..model import Metadata
 from ..wire.tokens import Claims
 from .encoder import ChannelState, Entry
 
-__all__ = ["Opened", "Pv", "PvSource", "PvwsRefused"]
+__all__ = ["Opened", "Pv", "PvSource", "PvTable", "PvwsRefused"]
+
+T = TypeVar("T")
 
 
 class PvSource(Protocol):
@@ -38,6 +42,7 @@ class Pv:
         "array",
         "att",
         "ch",
+        "claims",
         "entry",
         "failure",
         "image",
@@ -55,6 +60,7 @@ class Pv:
         self.name = name
         self.att = att
         self.view = opened.view
+        self.claims = opened.claims
         self.ch = opened.view.channels[0]  # the view's one channel, read at every update
         self.writes = opened.may_write
         self.array = False  # opened at the array rate
@@ -66,3 +72,66 @@ class Pv:
         self.entry: Entry | None = None  # the encoder's, once acquired
         self.failure = ""  # the channel's failure last reported with an error ("": none)
         self.readonly: bool | None = None
+
+
+class PvTable(Mapping[str, Pv]):
+    """A connection's PVs by name, in subscription order (as pvws's `list` answers), and the
+    same records by attachment number, which is how the hub and the tick name them. Records
+    enter and leave only through `add` and `remove`, so the two lookups cannot drift apart."""
+
+    __slots__ = ("_by_att", "_by_name", "attachments", "by_att", "claims")
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Pv] = {}
+        self._by_att: dict[int, Pv] = {}
+        self.by_att: Mapping[int, Pv] = self._by_att
+        # What the hub reads of a client (core/clients.py), derived from the records.
+        self.attachments: Mapping[int, PvSource] = _Field(self._by_att, _view)
+        self.claims: Mapping[int, Claims] = _Field(self._by_att, _claims)
+
+    def __getitem__(self, name: str) -> Pv:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def add(self, pv: Pv) -> None:
+        self._by_name[pv.name] = pv
+        self._by_att[pv.att] = pv
+
+    def remove(self, pv: Pv) -> None:
+        del self._by_name[pv.name]
+        del self._by_att[pv.att]
+
+
+def _view(pv: Pv) -> PvSource:
+    return pv.view
+
+
+def _claims(pv: Pv) -> Claims:
+    return pv.claims
+
+
+class _Field(Mapping[int, T]):
+    """One field of the records, by attachment number: a view, nothing copied."""
+
+    __slots__ = ("_get", "_records")
+
+    def __init__(self, records: dict[int, Pv], get: Callable[[Pv], T]) -> None:
+        self._records = records
+        self._get = get
+
+    def __getitem__(self, att: int) -> T:
+        return self._get(self._records[att])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)

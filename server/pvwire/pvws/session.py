@@ -36,11 +36,10 @@ from ..limits import integer
 from ..model import VALUE, ConnState
 from ..wire.flow import FlowControl, FlowView
 from ..wire.session import SessionLimits
-from ..wire.tokens import Claims
 from .encoder import UNDEFINED, PvwsEncoder, connected, failure, json_text, severity_name
 from .frames import utf8_size
 from .messages import BadMessage, Ping, Write, may_read_errors, parse, pv_names, shorten, write_of
-from .pv import Opened, Pv, PvSource, PvwsRefused
+from .pv import Opened, Pv, PvSource, PvTable, PvwsRefused
 
 __all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession"]
 
@@ -91,11 +90,9 @@ class PvwsSession(FlowView[str]):
         self.last_client_message_ms = self.created_ms
         self.client_messages = 0  # every message received, read or refused (admin pages)
         self.last_message_sent_ms = 0
-        self.pvs: dict[str, Pv] = {}  # subscription order, as `list` answers
-        self._by_att: dict[int, Pv] = {}
-        self.attachments: dict[int, PvSource] = {}
-        self.claims: dict[int, Claims] = {}
-        self.channel_count = 0
+        self.pvs = PvTable()  # one record per PV, by name in subscription order and by att
+        self.attachments = self.pvs.attachments  # what the hub reads (core/clients.py)
+        self.claims = self.pvs.claims
         self._next_att = 1
         self._flow: FlowControl[str] = FlowControl(
             limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up, utf8_size
@@ -125,6 +122,11 @@ class PvwsSession(FlowView[str]):
         self._held: list[str] = []  # errors kept until the client shows it reads them
         self.errors_dropped = 0  # errors never sent: past MAX_HELD_ERRORS while held
         self._writing = (0, 0)  # messages and characters of the frames being written
+
+    @property
+    def channel_count(self) -> int:
+        """PVs opened: each holds one upstream channel."""
+        return len(self.pvs)
 
     # --- incoming -----------------------------------------------------------------------------
 
@@ -156,7 +158,7 @@ class PvwsSession(FlowView[str]):
             self._subscribe_all(pv_names(msg, text))
         elif kind == "clear":
             for name in pv_names(msg, text):
-                pv = self.pvs.pop(name, None)
+                pv = self.pvs.get(name)
                 if pv is not None:
                     self._release(pv)
                 self._opening.pop(name, None)
@@ -236,11 +238,7 @@ class PvwsSession(FlowView[str]):
             return
         self._next_att += 1
         pv = Pv(name, att, opened)
-        self.pvs[name] = pv
-        self._by_att[att] = pv
-        self.attachments[att] = opened.view
-        self.claims[att] = opened.claims
-        self.channel_count += 1
+        self.pvs.add(pv)
         pv.entry = self._encoder.acquire(name)
         # What the channel already holds goes out now: a client joining a watched channel must
         # not wait for its next change.
@@ -251,12 +249,9 @@ class PvwsSession(FlowView[str]):
             self._queue_text(text)
 
     def _release(self, pv: Pv) -> None:
-        self._by_att.pop(pv.att, None)
+        self.pvs.remove(pv)
         self._images_waiting.pop(pv.att, None)
-        self.attachments.pop(pv.att, None)
-        self.claims.pop(pv.att, None)
         self._pending.pop(pv.att, None)
-        self.channel_count -= 1
         self._encoder.release(pv.name)
         self._host.close(pv.view, self, pv.att)
 
@@ -272,10 +267,9 @@ class PvwsSession(FlowView[str]):
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends one PV (the rules changed): an error names why."""
-        pv = self._by_att.get(att)
+        pv = self.pvs.by_att.get(att)
         if pv is None or self.close_request:
             return
-        del self.pvs[pv.name]
         self._release(pv)
         self.write_failed(f"{pv.name}: {message}")
 
@@ -311,7 +305,7 @@ class PvwsSession(FlowView[str]):
         Per update and client this is the whole cost of a pvws client beside `/stream`'s, so
         the common case (a new value of a PV already shown, nothing else changed) is decided
         first, from fields compared without building anything."""
-        by_att = self._by_att
+        by_att = self.pvs.by_att
         value_text = self._encoder.value_text
         texts: list[str] = []
         append = texts.append
@@ -420,9 +414,9 @@ class PvwsSession(FlowView[str]):
                 continue  # keeps the scalar rate
             self._host.close(pv.view, self, pv.att)
             pv.view = opened.view
+            pv.claims = opened.claims
             pv.ch = opened.view.channels[0]
             pv.array = True
-            self.attachments[pv.att] = opened.view
 
     # --- outgoing -----------------------------------------------------------------------------
 
@@ -476,7 +470,6 @@ class PvwsSession(FlowView[str]):
         self._opening.clear()
         for pv in list(self.pvs.values()):
             self._release(pv)
-        self.pvs.clear()
         self._flow.clear()
 
     def _queue_text(self, text: str) -> None:
