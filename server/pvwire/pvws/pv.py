@@ -1,20 +1,18 @@
 """One PV of one `/pvws/pv` client: what the host opened for it and what the client was sent,
-in one record per PV (`Pv`), held by one table (`PvTable`) that the session, the hub and the
-inspection pages all read."""
+in one record per PV (`Pv`), held by one table (`PvTable`) that the session, the hub (through
+wire/attached.py) and the inspection pages all read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from ..model import Metadata
 from ..wire.tokens import Claims
 from .encoder import ChannelState, Entry
 
 __all__ = ["Opened", "Pv", "PvSource", "PvTable", "PvwsRefused"]
-
-T = TypeVar("T")
 
 
 class PvSource(Protocol):
@@ -75,19 +73,16 @@ class Pv:
 
 
 class PvTable(Mapping[str, Pv]):
-    """A connection's PVs by name, in subscription order (as pvws's `list` answers), and the
-    same records by attachment number, which is how the hub and the tick name them. Records
-    enter and leave only through `add` and `remove`, so the two lookups cannot drift apart."""
+    """A connection's PVs by name, in subscription order (as pvws's `list` answers), over the
+    session's records by attachment number (`by_att`: how the hub and the tick name them).
+    Records enter and leave only through `add` and `remove`, so the two cannot drift apart."""
 
-    __slots__ = ("_by_att", "_by_name", "attachments", "by_att", "claims")
+    __slots__ = ("_by_att", "_by_name", "by_att")
 
-    def __init__(self) -> None:
+    def __init__(self, by_att: dict[int, Pv]) -> None:
         self._by_name: dict[str, Pv] = {}
-        self._by_att: dict[int, Pv] = {}
-        self.by_att: Mapping[int, Pv] = self._by_att
-        # What the hub reads of a client (core/clients.py), derived from the records.
-        self.attachments: Mapping[int, PvSource] = _Field(self._by_att, _view)
-        self.claims: Mapping[int, Claims] = _Field(self._by_att, _claims)
+        self._by_att = by_att
+        self.by_att: Mapping[int, Pv] = by_att
 
     def __getitem__(self, name: str) -> Pv:
         return self._by_name[name]
@@ -108,30 +103,3 @@ class PvTable(Mapping[str, Pv]):
     def remove(self, pv: Pv) -> None:
         del self._by_name[pv.name]
         del self._by_att[pv.att]
-
-
-def _view(pv: Pv) -> PvSource:
-    return pv.view
-
-
-def _claims(pv: Pv) -> Claims:
-    return pv.claims
-
-
-class _Field(Mapping[int, T]):
-    """One field of the records, by attachment number: a view, nothing copied."""
-
-    __slots__ = ("_get", "_records")
-
-    def __init__(self, records: dict[int, Pv], get: Callable[[Pv], T]) -> None:
-        self._records = records
-        self._get = get
-
-    def __getitem__(self, att: int) -> T:
-        return self._get(self._records[att])
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._records)
-
-    def __len__(self) -> int:
-        return len(self._records)

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..limits import integer
 from ..model import VALUE, ConnState
-from ..wire.flow import FlowControl, FlowView
+from ..wire.attached import AttachedSession
 from ..wire.session import SessionLimits
 from .encoder import UNDEFINED, PvwsEncoder, connected, failure, json_text, severity_name
 from .frames import utf8_size
@@ -58,7 +58,7 @@ class PvwsHost(Protocol):
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None: ...
 
 
-class PvwsSession(FlowView[str]):
+class PvwsSession(AttachedSession[str, Pv]):
     endpoint = "pvws"
 
     def __init__(
@@ -76,27 +76,17 @@ class PvwsSession(FlowView[str]):
         opener: Callable[[PvwsSession], None] | None = None,
         image_bytes_per_s: float = 0.0,
     ) -> None:
-        self.number = number
+        super().__init__(number, address, limits, wake, clock, utf8_size)
         self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
-        self.address = address
-        self.limits = limits
         self.rates = rates  # (scalar, array) maxRate in Hz; 0 = every tick
         self._host = host
         self._encoder = encoder
-        self._clock = clock
         self._wall = wall
-        self.connected_at = clock()
         self.created_ms = round(wall() * 1000)
         self.last_client_message_ms = self.created_ms
         self.client_messages = 0  # every message received, read or refused (admin pages)
         self.last_message_sent_ms = 0
-        self.pvs = PvTable()  # one record per PV, by name in subscription order and by att
-        self.attachments = self.pvs.attachments  # what the hub reads (core/clients.py)
-        self.claims = self.pvs.claims
-        self._next_att = 1
-        self._flow: FlowControl[str] = FlowControl(
-            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up, utf8_size
-        )
+        self.pvs = PvTable(self._records)  # by name in subscription order, and by att
         self.max_per_subscribe = max_per_subscribe
         # Names subscribed but not opened yet, in order. Opening costs a resolve and a view per
         # name: `opener` is told there are some and opens them a few per event-loop pass
@@ -115,7 +105,6 @@ class PvwsSession(FlowView[str]):
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
         self._reopen: list[Pv] = []
-        self.conflated = 0
         self.bad_messages = 0
         self._messages = 0  # valid client messages received
         self.reads_errors = False  # see _may_read_errors
@@ -458,9 +447,7 @@ class PvwsSession(FlowView[str]):
         pending, self._pending = list(self._pending), {}
         self._send_updates(pending)
 
-    def housekeeping(self, now: float) -> None:
-        if self._flow.closing_slow(now):
-            return
+    def _idle(self, now: float) -> None:
         if self._images_waiting and not self._flow.merging() and self._image_room():
             # An image that stopped changing still gets its newest frame out.
             waiting, self._images_waiting = list(self._images_waiting), {}
@@ -468,9 +455,7 @@ class PvwsSession(FlowView[str]):
 
     def close(self) -> None:
         self._opening.clear()
-        for pv in list(self.pvs.values()):
-            self._release(pv)
-        self._flow.clear()
+        super().close()
 
     def _queue_text(self, text: str) -> None:
         self._flow.push(text)
