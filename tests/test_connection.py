@@ -15,11 +15,11 @@ import msgpack
 import pytest
 from pvwire.access.identity import Authenticator
 from pvwire.api.connection import refuse
-from pvwire.api.pvws import PvwsEndpoint
 from pvwire.api.stream import serve_stream
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.core.view import View
+from pvwire.pvws.endpoint import PvwsEndpoint
 from pvwire.wire.codec import Entries
 from pvwire.wire.session import Session
 from pvwire.wire.tokens import TokenSigner

@@ -11,18 +11,26 @@ from pathlib import Path
 import pvwire
 
 PACKAGE = Path(pvwire.__file__).parent
+# pvws's modules that sit above the hub, as api/ does; the rest of pvws/ is I/O-free, as wire/ is.
+PVWS_ENDPOINT = {"endpoint.py", "scripts.py", "wsprotocol.py"}
 # Everything above core/: the API, the ASGI application that wires it, and the command line.
-OUTSIDE_CORE = [*sorted((PACKAGE / "api").glob("*.py")), PACKAGE / "app.py", PACKAGE / "cli.py"]
+OUTSIDE_CORE = [
+    *sorted((PACKAGE / "api").glob("*.py")),
+    *sorted(PACKAGE / "pvws" / name for name in PVWS_ENDPOINT),
+    PACKAGE / "app.py",
+    PACKAGE / "cli.py",
+]
 # The hub's parts: the API asks the hub, which asks them.
 HUB_PARTS = {"registry", "control", "signer", "rules", "ticker", "audit", "sessions"}
 # Every import points down, api/ -> core/ -> upstream/ and wire/ -> model.py: what each of these
 # never imports (a module or package of pvwire, by its first name below `pvwire`).
 ABOVE = {
     "api": {"upstream"},  # the API reaches the backends through the hub
-    "core": {"api", "app", "cli"},
-    "upstream": {"api", "app", "cli", "core", "wire"},
-    "wire": {"api", "app", "cli", "core", "upstream"},
-    "model": {"api", "app", "cli", "core", "upstream", "wire"},
+    "pvws": {"upstream"},  # an endpoint, as api/ is
+    "core": {"api", "app", "cli", "pvws"},
+    "upstream": {"api", "app", "cli", "core", "pvws", "wire"},
+    "wire": {"api", "app", "cli", "core", "pvws", "upstream"},
+    "model": {"api", "app", "cli", "core", "pvws", "upstream", "wire"},
 }
 
 
@@ -110,6 +118,17 @@ def test_every_import_points_down() -> None:
                 if name in above
             ]
     assert found == []
+
+
+def test_the_pvws_protocol_is_below_the_hub_as_wire_is() -> None:
+    found = [
+        f"pvws/{path.name} line {line}: imports pvwire.{name}"
+        for path in sorted((PACKAGE / "pvws").glob("*.py"))
+        if path.name not in PVWS_ENDPOINT
+        for line, name in pvwire_imports(ast.parse(path.read_text()), ("pvws",))
+        if name in ABOVE["wire"] - {"pvws"}  # what wire/ never imports, but itself
+    ]
+    assert len(list((PACKAGE / "pvws").glob("*.py"))) > len(PVWS_ENDPOINT) and found == []
 
 
 def test_the_check_sees_what_it_looks_for() -> None:

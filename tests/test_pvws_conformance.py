@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pvwire.wire.pvws import CLIENT_MESSAGES
+from pvwire.pvws.messages import CLIENT_MESSAGES
 from pvwire_dev.ioc import IocProcess
 from websockets.exceptions import ConnectionClosed
 

@@ -1,4 +1,4 @@
-"""Several pvws messages in one socket write: `wire/wsframes.py`'s frames read back by the
+"""Several pvws messages in one socket write: `pvws/frames.py`'s frames read back by the
 `websockets` library's own parser, and a session's `next_frames` carrying exactly what
 `next_text` gives one by one."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 
-from pvwire.wire.pvws import PvwsEncoder, PvwsSession
-from pvwire.wire.wsframes import text_frames
+from pvwire.pvws.encoder import PvwsEncoder
+from pvwire.pvws.frames import text_frames
+from pvwire.pvws.session import PvwsSession
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 

@@ -1,4 +1,4 @@
-"""`wire/pvws.py` in memory: one text per channel state and variant shared by every client, and
+"""`pvws/session.py` in memory: one text per channel state and variant shared by every client, and
 `/stream`'s flow control (merge while behind, then the latest state)."""
 
 from __future__ import annotations
@@ -9,14 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from pvwire.model import VALUE, ConnState, Metadata
-from pvwire.wire.pvws import (
-    MAX_HELD_ERRORS,
-    Opened,
-    PvSource,
-    PvwsEncoder,
-    PvwsRefused,
-    PvwsSession,
-)
+from pvwire.pvws.encoder import PvwsEncoder
+from pvwire.pvws.pv import Opened, PvSource, PvwsRefused
+from pvwire.pvws.session import MAX_HELD_ERRORS, PvwsSession
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import Claims
 
@@ -84,6 +79,18 @@ def test_a_connection_holds_at_most_max_channels_pvs() -> None:
     s.receive('{"type":"clear","pvs":["a"]}')  # room again
     s.receive('{"type":"subscribe","pvs":["c"]}')
     assert list(s.pvs) == ["b", "c"]
+
+
+def test_the_hub_reads_attachments_and_claims_from_the_pvs_themselves() -> None:
+    s = session(FakeChannel(), PvwsEncoder())
+    s.receive('{"type":"subscribe","pvs":["a","b","c"]}')
+    s.receive('{"type":"clear","pvs":["b"]}')
+    s.end_attachment(1, 4403, "may not read a")  # as a rules reload ends one
+    assert list(s.pvs) == ["c"] and s.channel_count == 1
+    assert dict(s.claims) == {3: s.pvs["c"].claims} and s.claims[3].ids == ("c",)
+    assert dict(s.attachments) == {3: s.pvs["c"].view}
+    s.close()
+    assert not s.pvs and not s.attachments and not s.claims and s.channel_count == 0
 
 
 def test_clients_share_one_text_per_state_and_variant() -> None:
@@ -331,7 +338,7 @@ def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
 
 
 def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
-    from pvwire.api.pvws import _Opener
+    from pvwire.pvws.endpoint import _Opener
 
     opener = _Opener(per_pass=20, turn=10)
     ch = FakeChannel()

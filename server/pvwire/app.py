@@ -22,11 +22,11 @@ from .api import stream
 from .api.body_limit import BodyLimit
 from .api.graphql_http import auth_refused, graphql_router, mount_graphiql_assets
 from .api.mjpeg import MjpegEndpoint
-from .api.pvws import PvwsEndpoint
-from .api.pvws_js import router as pvws_js_router
 from .api.routes import mount_page, pages, probes
 from .config import Settings
 from .core.hub import Hub
+from .pvws.endpoint import PvwsEndpoint
+from .pvws.scripts import router as pvws_js_router
 from .upstream.base import Backend
 from .wire.tokens import TokenSigner
 from .worker import WorkerIdentity

@@ -169,8 +169,8 @@ def serve(settings: Any, workers: int = 1) -> None:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        # uvicorn's websockets-sansio, with several frames in one write (api/wsprotocol.py).
-        ws="pvwire.api.wsprotocol:WebSocketProtocol",
+        # uvicorn's websockets-sansio, with several frames in one write (pvws/wsprotocol.py).
+        ws="pvwire.pvws.wsprotocol:WebSocketProtocol",
         # Browsers ask for per-message deflate; it cut 64 KB frames from 13,500/s to 623/s.
         ws_per_message_deflate=False,
         ws_max_size=settings.max_in_bytes,

@@ -1,7 +1,7 @@
 """What the tick and the hub need from one client connection, whatever its protocol.
 
 Two endpoints attach to the same views: `/stream` (`wire/session.py`, MessagePack) and `/pvws/pv`
-(`wire/pvws.py`, pvws's JSON). Both are driven the same way, so one upstream monitor and one
+(`pvws/session.py`, pvws's JSON). Both are driven the same way, so one upstream monitor and one
 encoding per tick serve the clients of both.
 """
 
@@ -21,7 +21,9 @@ class Client(Protocol):
     number: int
     address: str
     endpoint: str  # "stream" or "pvws"
-    channel_count: int
+
+    @property
+    def channel_count(self) -> int: ...
 
     @property
     def queued_bytes(self) -> int: ...

@@ -26,7 +26,7 @@ from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
 from ..wire.codes import BAD_TOKEN, INTERNAL
-from ..wire.session import FORBIDDEN, AttachRefused, Source
+from ..wire.session import FORBIDDEN, AttachRefused
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
 from .channel import FailureUnit
 from .clients import Client
@@ -234,7 +234,7 @@ class Hub:
             self.refusals.refused("bad_stream_token", address, "stream attach", str(exc))
             raise
 
-    def open_view(self, claims: Claims, session: Client, att: int) -> Source:
+    def open_view(self, claims: Claims, session: Client, att: int) -> View:
         identity = identity_of(claims)
         rules = self.rules.rules
         access = [rules.access(identity, cid) for cid in claims.ids]
@@ -258,7 +258,9 @@ class Hub:
             # client registers again and `subscribe` names the cause (PROTOCOL.md section 6).
             raise AttachRefused(BAD_TOKEN, f"{exc.code}: {exc}") from exc
 
-    def close_view(self, view: Source, session: Client, att: int) -> None:
+    def close_view(self, view: object, session: Client, att: int) -> None:
+        """Detach `view`, which `open_view` gave `session` for `att`: each endpoint holds it as
+        what its protocol reads of a view (wire/session.py's Source, pvws/pv.py's PvSource)."""
         own = cast(View, view)  # a session only ever holds the views `open_view` gave it
         if self.registry.close_view(own, session, att):
             self.ticker.forget(own)

@@ -4,7 +4,8 @@ The WebSocket around it is thin: `api/stream.py` admits the connection and build
 and `run_connection` with its `pump` (`api/connection.py`, the same for `/pvws/pv`) feeds
 `receive()` with each incoming message, sends what `next_frame()` returns, reports each completed
 send to `sent()`, and closes the socket when `close_request` is set. The hub drives it at every
-tick (`collect` + `flush_tick`) and once a second (`housekeeping`).
+tick (`collect` + `flush_tick`) and once a second (`housekeeping`). What it shares with pvws's
+session (attachment records and their claims, the flow control, close) is `attached.py`'s.
 
 Flow control (PROTOCOL.md section 9, `flow.py`): frames are queued while the bytes queued stay
 under `send_budget`. Past it the session is *behind*: it stops queueing and merges the changes it
@@ -25,8 +26,8 @@ from typing import Protocol
 
 from ..limits import integer, number
 from . import codec as wire
+from .attached import AttachedSession
 from .codes import BAD_MESSAGE, FORBIDDEN, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
-from .flow import FlowControl, FlowView
 from .tokens import Claims, TokenError
 
 __all__ = ["FORBIDDEN", "AttachRefused", "Session", "SessionHost", "SessionLimits"]
@@ -85,7 +86,18 @@ class SessionHost(Protocol):
     def close_view(self, view: Source, session: Session, att: int) -> None: ...
 
 
-class Session(FlowView[bytes]):
+class _Attachment:
+    """One attachment of a stream connection: the view it reads and the token it came with."""
+
+    __slots__ = ("att", "claims", "view")
+
+    def __init__(self, att: int, view: Source, claims: Claims) -> None:
+        self.att = att
+        self.view = view
+        self.claims = claims
+
+
+class Session(AttachedSession[bytes, _Attachment]):
     endpoint = "stream"
 
     def __init__(
@@ -99,29 +111,18 @@ class Session(FlowView[bytes]):
         clock: Callable[[], float] = time.monotonic,
         aligned: bool = True,
     ) -> None:
-        self.number = number
+        super().__init__(number, address, limits, wake, clock)
         # Pad entries so ndarray data is 8-byte aligned (PROTOCOL.md section 1: the client
         # offered `pvwire.v1.aligned`); a client that did not gets the same frames unpadded.
         self.aligned = aligned
-        self.address = address
-        self.limits = limits
         self._host = host
-        self._clock = clock
-        self.connected_at = clock()
-        self.attachments: dict[int, Source] = {}
-        self.claims: dict[int, Claims] = {}  # att -> the token it was attached with
         self.channel_count = 0
-        self._next_att = 1
         self._seq = 0
-        self._flow: FlowControl[bytes] = FlowControl(
-            limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up
-        )
         self._pending: dict[int, dict[int, int]] = {}  # att -> sid -> merged mask while behind
         # Backfills under way, oldest first: their attachments get no live data until done.
         self._backfills: dict[int, Backfill] = {}
         self._tick_groups: list[tuple[int, Source]] = []
-        # Counters for `server` stats and metrics (frames and bytes sent: the flow control's).
-        self.conflated = 0  # entries merged away while behind
+        # Counted for `server` stats and metrics, as `conflated` and the flow control's frames.
         self.errors_sent = 0
         self._queue_frame(hello)
 
@@ -160,11 +161,11 @@ class Session(FlowView[bytes]):
             # Only this attachment fails (4401 or 4402): the client re-registers and retries.
             self._error(req, exc.close_code, str(exc))
             return
-        if len(self.attachments) >= self.limits.max_attachments:
+        if len(self._records) >= self.limits.max_attachments:
             self._error(
                 req,
                 TOO_MANY_CHANNELS,
-                f"this connection already has {len(self.attachments)} attachments, the limit",
+                f"this connection already has {len(self._records)} attachments, the limit",
             )
             return
         if self.channel_count + len(claims.ids) > self.limits.max_channels:
@@ -189,8 +190,7 @@ class Session(FlowView[bytes]):
             self._error(req, exc.code, str(exc))
             return
         self._next_att += 1
-        self.attachments[att] = view
-        self.claims[att] = claims
+        self._records[att] = _Attachment(att, view, claims)
         self.channel_count += len(view.ids)
         self._queue_frame(wire.encode_attached(req, att, view.ids))
         if claims.backfill > 0:
@@ -220,7 +220,7 @@ class Session(FlowView[bytes]):
             if not done:
                 return
             del self._backfills[att]
-            self._queue_snapshot(att, self.attachments[att])
+            self._queue_snapshot(att, self._records[att].view)
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends an attachment on its own (e.g. the rules changed): ERROR naming why,
@@ -231,23 +231,24 @@ class Session(FlowView[bytes]):
         reload ended it in the same housekeeping pass that closed a slow client)."""
         if self.close_request:
             return
-        view = self.attachments.pop(att, None)
-        if view is None:
+        record = self._records.get(att)
+        if record is None:
             return
-        self._release(att, view)
+        self._release(record)
         self._error(None, code, message)
         self._queue_frame(wire.encode_detached(None, att))
 
     def _detach(self, req: int, att: int) -> None:
-        view = self.attachments.pop(att, None)
-        if view is None:
+        record = self._records.get(att)
+        if record is None:
             self._error(req, UNKNOWN_ATTACHMENT, f"att {att} is not attached")
             return
-        self._release(att, view)
+        self._release(record)
         self._queue_frame(wire.encode_detached(req, att))
 
-    def _release(self, att: int, view: Source) -> None:
-        self.claims.pop(att, None)
+    def _release(self, record: _Attachment) -> None:
+        att, view = record.att, record.view
+        del self._records[att]
         self.channel_count -= len(view.ids)
         self._pending.pop(att, None)
         self._backfills.pop(att, None)
@@ -295,7 +296,7 @@ class Session(FlowView[bytes]):
         groups = []
         for att, pending in self._pending.items():
             if pending:
-                groups.append((att, self.attachments[att].entries_for(pending)))
+                groups.append((att, self._records[att].view.entries_for(pending)))
         self._pending.clear()
         if groups:
             self._queue_frame(wire.encode_data(self._next_seq(), groups, self.aligned))
@@ -318,19 +319,10 @@ class Session(FlowView[bytes]):
         ):
             self._backfill()
 
-    def housekeeping(self, now: float) -> None:
-        """Once a second: close a stalled client; keep an idle one alive."""
-        if self._flow.closing_slow(now):
-            return
+    def _idle(self, now: float) -> None:
+        """Once a second, not stalled: keep an idle client alive."""
         if not self.queued_bytes and now - self._flow.last_send >= self.limits.heartbeat:
             self._queue_frame(wire.HEARTBEAT)
-
-    def close(self) -> None:
-        """The connection is gone: release every attachment. Idempotent."""
-        for att, view in list(self.attachments.items()):
-            self._release(att, view)
-        self.attachments.clear()
-        self._flow.clear()
 
     def _queue_frame(self, frame: bytes) -> None:
         self._flow.push(frame)

@@ -2,7 +2,7 @@
 
 Pages written for pvws load its client scripts from the pvws server itself: dbwr's view page
 adds `<script src=".../pvws/js/base64.js">` and `.../pvws/js/pvws.js?V=...` and then calls
-`new PVWS(url, ...)`. Without them the page stays blank. The scripts (in `pvwire/pvws_js/`) are
+`new PVWS(url, ...)`. Without them the page stays blank. The scripts (in `js/`) are
 pvwire's own, with the API those pages call; docs/PVWS.md describes it.
 
 They are sent as `application/javascript`: Chromium refuses a cross-origin script of another
@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse, PlainTextResponse, Response
 
 __all__ = ["SCRIPTS", "router"]
 
-FOLDER = Path(__file__).resolve().parent.parent / "pvws_js"
+FOLDER = Path(__file__).resolve().parent / "js"
 SCRIPTS = ("pvws.js", "base64.js")
 MEDIA_TYPE = "application/javascript"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .pvws import PvwsSession
+from .session import PvwsSession
 
 __all__ = ["PvSnapshot", "PvwsSocketSnapshot", "snapshot"]
 

@@ -1,15 +1,15 @@
 """The pvws-compatible endpoint: `/pvws/pv` (WebSocket, JSON), `/pvws/pvget` and pvws's
 inspection URLs.
 
-Admission and the session only, as `stream.py` is for `/stream`: the connection's life is
-`run_connection` (connection.py), the protocol `wire/pvws.py`'s `PvwsSession`. Each PV is an
+Admission and the session only, as `api/stream.py` is for `/stream`: the connection's life is
+`run_connection` (api/connection.py), the protocol `session.py`'s `PvwsSession`. Each PV is an
 attachment of a one-channel view from the hub, so `/stream` and `/pvws/pv` clients share one
 upstream monitor and one encoding per tick.
 
 `/pvws/info` answers everyone (cs-web-lib 0.10 fetches it from the browser and switches host only
 on 200; it holds no client data). `/pvws/summary`, `/pvws/socket[/ID]` (GET, DELETE) and
 `/pvws/pool` answer with pvws's field names, for administrators only (they show who is connected
-from where), from snapshots of the sessions (wire/pvws_snapshot.py).
+from where), from snapshots of the sessions (snapshot.py).
 
 A pvws `ping` asks the server to send a WebSocket ping, which keeps proxies from dropping an idle
 connection (pvws.js sends it when idle; a browser cannot see the ping). ASGI cannot express a
@@ -27,24 +27,25 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from ..access.identity import Authenticator, AuthError, Identity
-from ..core.clients import Client
+from ..api.connection import Message, Wakeup, refuse, run_connection
 from ..core.hub import Hub
-from ..core.view import View
 from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
 from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import INTERNAL, NORMAL, POLICY, TRY_AGAIN
-from ..wire.pvws import Opened, PvSource, PvwsEncoder, PvwsRefused, PvwsSession, Write
-from ..wire.pvws_snapshot import PvwsSocketSnapshot, snapshot
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
-from .connection import Message, Wakeup, refuse, run_connection
+from .encoder import PvwsEncoder
+from .messages import Write
+from .pv import Opened, PvSource, PvwsRefused
+from .session import PvwsSession
+from .snapshot import PvwsSocketSnapshot, snapshot
 from .wsprotocol import FRAMES
 
 __all__ = ["PvwsEndpoint", "throttle_rates"]
@@ -108,13 +109,13 @@ class _Host:
             who.address,
         )
         try:
-            view = hub.open_view(claims, cast(Client, session), att)
+            view = hub.open_view(claims, session, att)
         except AttachRefused as exc:
             raise PvwsRefused(str(exc)) from None
-        return Opened(cast(View, view), claims, hub.may_write(who, canonical))
+        return Opened(view, claims, hub.may_write(who, canonical))
 
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None:
-        self._hub.close_view(cast(View, view), cast(Client, session), att)
+        self._hub.close_view(view, session, att)
 
 
 class _Opener:
@@ -162,7 +163,7 @@ class _Opener:
 
 @dataclass(frozen=True, slots=True)
 class _Read:
-    """A get's reading as the pvws encoder reads a channel's state (wire/pvws.py ChannelState)."""
+    """A get's reading as the pvws encoder reads a channel's state (encoder.py ChannelState)."""
 
     value: Value
     seconds: int
@@ -255,17 +256,17 @@ class PvwsEndpoint:
         self.sessions[session.id] = session
         try:
             if FRAMES in websocket.scope.get("extensions", {}):
-                # Every message queued since the last write, in one write (api/wsprotocol.py).
+                # Every message queued since the last write, in one write (wsprotocol.py).
                 async def send_frames(frames: bytes) -> None:
                     await websocket.send({"type": "websocket.send", FRAMES: frames})
 
                 await run_connection(
-                    websocket, hub, cast(Client, session), wakeup, handle, send_frames,
+                    websocket, hub, session, wakeup, handle, send_frames,
                     session.next_frames, session.frames_written, log,
                 )  # fmt: skip
             else:
                 await run_connection(
-                    websocket, hub, cast(Client, session), wakeup, handle, websocket.send_text,
+                    websocket, hub, session, wakeup, handle, websocket.send_text,
                     session.next_text, session.sent, log,
                 )  # fmt: skip
         finally:

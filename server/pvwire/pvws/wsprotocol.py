@@ -6,7 +6,7 @@ ASGI sends one WebSocket message per `send`, and uvicorn writes each to the sock
 message per PV update, and that write per message was 51 % of the server's CPU (py-spy, 10 pvws
 clients x 200 PVs at 10 Hz). A connection whose scope lists the `pvwire.frames` extension may
 send `{"type": "websocket.send", "pvwire.frames": data}`, where `data` is complete, unmasked
-server frames (wire/wsframes.py makes them); they go to the socket as they are, in one write.
+server frames (frames.py makes them); they go to the socket as they are, in one write.
 Everything else is uvicorn's own behaviour.
 """
 

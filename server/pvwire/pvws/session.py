@@ -1,0 +1,461 @@
+"""The pvws protocol (ornl-epics/pvws) for one client connection, with no I/O.
+
+pvws is JSON over a WebSocket at `/pvws/pv`: the client sends `subscribe` (alias `monitor`),
+`clear`, `list`, `write`, `ping`, `echo` (messages.py); the server sends `update` messages as
+pvws's `Vtype2Json` writes them (encoder.py), `list` and `error`. Web UIs that speak it today
+(cs-web-lib, dbwr, pvws.js) work unchanged.
+
+Engine (the same as `/stream`, DESIGN.md section 7a): each PV a client subscribes to is one
+attachment of a one-channel view shared with every other client of that channel, driven by the
+tick. The JSON of a channel's state is made once (`PvwsEncoder`) and the same string is queued
+for every client that needs it; what the session keeps per PV is what that client was sent
+(`pv.py`). Flow control is `/stream`'s: past `send_budget` queued the session merges (latest
+state per PV), and a queue that makes no progress for `stall_timeout` closes the connection with
+4008.
+
+Differences from pvws, on purpose: a severity change is sent for every type (pvws drops it for
+arrays and for a value whose type changed, e.g. after a disconnect); metadata is sent again when
+it changes (pvws sends it only once); a refused subscription or a bad PV name is answered with an
+`error` message (pvws only logs it), and so is a PV whose channel fails (pvws shows it as
+disconnected only), to clients that read errors (`may_read_errors`: not to
+Grafana's, which takes every message for data); updates are not throttled unless PV_THROTTLE_MS /
+PV_ARRAY_THROTTLE_MS say so. docs/PVWS.md has the whole comparison, message by message and type
+by type (`TYPES`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..limits import integer
+from ..model import VALUE, ConnState
+from ..wire.attached import AttachedSession
+from ..wire.session import SessionLimits
+from .encoder import UNDEFINED, PvwsEncoder, connected, failure, json_text, severity_name
+from .frames import utf8_size
+from .messages import BadMessage, Ping, Write, may_read_errors, parse, pv_names, shorten, write_of
+from .pv import Opened, Pv, PvSource, PvTable, PvwsRefused
+
+__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession"]
+
+log = logging.getLogger("pvwire.pvws")
+
+# Errors kept for a client not yet known to read them (then dropped).
+MAX_HELD_ERRORS = integer("pvws_max_held_errors")
+# Most bytes of messages joined into one socket write (`next_frames`); caproto batches up to
+# 64 KiB too. A tick of 200 changed PVs is ~30 KB of JSON.
+WRITE_BATCH = 64 * 1024
+_CONNECTED = ConnState.CONNECTED
+
+
+class PvwsHost(Protocol):
+    def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened: ...
+    def close(self, view: PvSource, session: PvwsSession, att: int) -> None: ...
+
+
+class PvwsSession(AttachedSession[str, Pv]):
+    endpoint = "pvws"
+
+    def __init__(
+        self,
+        number: int,
+        address: str,
+        host: PvwsHost,
+        encoder: PvwsEncoder,
+        limits: SessionLimits,
+        wake: Callable[[], None],
+        rates: tuple[float, float] = (0.0, 0.0),
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        max_per_subscribe: int = integer("max_channels_per_subscription"),
+        opener: Callable[[PvwsSession], None] | None = None,
+        image_bytes_per_s: float = 0.0,
+    ) -> None:
+        super().__init__(number, address, limits, wake, clock, utf8_size)
+        self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
+        self.rates = rates  # (scalar, array) maxRate in Hz; 0 = every tick
+        self._host = host
+        self._encoder = encoder
+        self._wall = wall
+        self.created_ms = round(wall() * 1000)
+        self.last_client_message_ms = self.created_ms
+        self.client_messages = 0  # every message received, read or refused (admin pages)
+        self.last_message_sent_ms = 0
+        self.pvs = PvTable(self._records)  # by name in subscription order, and by att
+        self.max_per_subscribe = max_per_subscribe
+        # Names subscribed but not opened yet, in order. Opening costs a resolve and a view per
+        # name: `opener` is told there are some and opens them a few per event-loop pass
+        # (`open_pending`), so a subscribe of thousands holds nobody; None opens them at once.
+        self._opening: dict[str, None] = {}
+        self._opener = opener
+        self._popped = 0  # UTF-8 bytes of the text `next_text` gave last
+        # Images cost what a client can use: their frames are paced to `image_bytes_per_s`
+        # (each frame's bytes owed, then paid off at that rate before the next goes; no burst).
+        # A frame that comes while owing waits, and newer ones replace it.
+        self.image_bytes_per_s = image_bytes_per_s
+        self._image_tokens = 0.0  # bytes owed, as a negative number; 0: a frame may go
+        self._image_at = clock()
+        self._images_waiting: dict[int, None] = {}  # atts of images held back
+        self.images_held = 0  # image frames replaced while held back (never sent)
+        self._pending: dict[int, None] = {}  # atts changed while behind
+        self._tick: list[int] = []
+        self._reopen: list[Pv] = []
+        self.bad_messages = 0
+        self._messages = 0  # valid client messages received
+        self.reads_errors = False  # see _may_read_errors
+        self._held: list[str] = []  # errors kept until the client shows it reads them
+        self.errors_dropped = 0  # errors never sent: past MAX_HELD_ERRORS while held
+        self._writing = (0, 0)  # messages and characters of the frames being written
+
+    @property
+    def channel_count(self) -> int:
+        """PVs opened: each holds one upstream channel."""
+        return len(self.pvs)
+
+    # --- incoming -----------------------------------------------------------------------------
+
+    def receive(self, text: str) -> list[Ping | Write]:
+        """Handle one client message; returns what the endpoint must do (pings, writes)."""
+        self.last_client_message_ms = round(self._wall() * 1000)
+        self.client_messages += 1
+        if self.close_request or self._flow.flooded():
+            return []
+        try:
+            return self._handle(text)
+        except BadMessage as exc:
+            # pvws logs and answers nothing; logged once per connection, counted always, so a
+            # client repeating a bad message cannot flood the log.
+            self.bad_messages += 1
+            if self.bad_messages == 1:
+                log.warning("pvws client %s (%s): %s", self.id, self.address, exc)
+            return []
+
+    def _handle(self, text: str) -> list[Ping | Write]:
+        kind, msg = parse(text)
+        self._messages += 1
+        if not self.reads_errors and may_read_errors(self._messages, kind, msg):
+            self.reads_errors = True
+            held, self._held = self._held, []
+            for error in held:
+                self._queue_text(error)
+        if kind in ("subscribe", "monitor"):
+            self._subscribe_all(pv_names(msg, text))
+        elif kind == "clear":
+            for name in pv_names(msg, text):
+                pv = self.pvs.get(name)
+                if pv is not None:
+                    self._release(pv)
+                self._opening.pop(name, None)
+        elif kind == "list":
+            self._queue_text(json_text({"type": "list", "pvs": [*self.pvs, *self._opening]}))
+        elif kind == "write":
+            write = write_of(msg, text)
+            name = write.pv
+            if name in self._opening:
+                # Opened now (one name): a write goes to a PV the access rules let it open, and
+                # one that cannot open is answered as unknown, as if it had been opened first.
+                del self._opening[name]
+                self._subscribe(name)
+            if name not in self.pvs:
+                self.write_failed(f"Cannot write unknown PV {name}")
+                return []
+            return [write]
+        elif kind == "ping":
+            return [Ping()]
+        elif kind == "echo":
+            self._queue_text(text)
+        else:
+            raise BadMessage(f"Unknown message type: {shorten(text)}")
+        return []
+
+    def _subscribe_all(self, names: list[str]) -> None:
+        if len(names) > self.max_per_subscribe:
+            # As GraphQL's `subscribe` refuses more ids: the names are what the client asks,
+            # refused whole before any work, and the PVs already held go on.
+            self.write_failed(
+                f"Cannot subscribe to {len(names):,} PVs in one message: the most is "
+                f"{self.max_per_subscribe:,} (max_channels_per_subscription)"
+            )
+            return
+        for name in names:
+            if name in self.pvs or name in self._opening:
+                continue
+            held = self.channel_count + len(self._opening)
+            if held >= self.limits.max_channels:
+                # Each PV holds an upstream channel: without a bound one connection could open
+                # them until the server runs out of memory, for every other client too.
+                self.write_failed(
+                    f"Cannot subscribe to {name}: this connection holds {held:,} PVs, "
+                    "the most one may (max_channels_per_connection)"
+                )
+                continue
+            self._opening[name] = None
+        if not self._opening:
+            return
+        if self._opener is None:
+            self.open_pending(len(self._opening))
+        else:
+            self._opener(self)
+
+    @property
+    def opening(self) -> int:
+        """Names subscribed and not opened yet."""
+        return len(self._opening)
+
+    def open_pending(self, limit: int) -> int:
+        """Open up to `limit` of the names waiting, in subscription order; how many were
+        tried. Each is answered as it opens (its value if the channel has one, or an error)."""
+        tried = 0
+        while self._opening and tried < limit and not self.close_request:
+            name = next(iter(self._opening))
+            del self._opening[name]
+            tried += 1
+            self._subscribe(name)
+        return tried
+
+    def _subscribe(self, name: str) -> None:
+        att = self._next_att
+        try:
+            opened = self._host.open(name, self, att, False)
+        except PvwsRefused as exc:
+            self.write_failed(f"Cannot subscribe to {name}: {exc}")
+            return
+        self._next_att += 1
+        pv = Pv(name, att, opened)
+        self.pvs.add(pv)
+        pv.entry = self._encoder.acquire(name)
+        # What the channel already holds goes out now: a client joining a watched channel must
+        # not wait for its next change.
+        text = self._update(pv)
+        if text is not None:
+            if pv.image and self.image_bytes_per_s > 0:
+                self._image_tokens -= utf8_size(text)  # a first frame is sent at once, counted
+            self._queue_text(text)
+
+    def _release(self, pv: Pv) -> None:
+        self.pvs.remove(pv)
+        self._images_waiting.pop(pv.att, None)
+        self._pending.pop(pv.att, None)
+        self._encoder.release(pv.name)
+        self._host.close(pv.view, self, pv.att)
+
+    def write_failed(self, message: str) -> None:
+        """An `error` message, or held back while the client may not read errors."""
+        text = json_text({"type": "error", "message": message})
+        if self.reads_errors:
+            self._queue_text(text)
+        elif len(self._held) < MAX_HELD_ERRORS:
+            self._held.append(text)
+        else:
+            self.errors_dropped += 1
+
+    def end_attachment(self, att: int, code: int, message: str) -> None:
+        """The server ends one PV (the rules changed): an error names why."""
+        pv = self.pvs.by_att.get(att)
+        if pv is None or self.close_request:
+            return
+        self._release(pv)
+        self.write_failed(f"{pv.name}: {message}")
+
+    # --- the tick -----------------------------------------------------------------------------
+
+    def collect(self, att: int, view: object) -> bool:
+        first = not self._tick
+        self._tick.append(att)
+        return first
+
+    def flush_tick(self) -> None:
+        atts, self._tick = self._tick, []
+        if self.close_request:
+            return
+        if self._images_waiting and not self._flow.merging() and self._image_room():
+            # Images held back go first, in their current state, now that there is room.
+            waiting, self._images_waiting = list(self._images_waiting), {}
+            atts = waiting + [a for a in atts if a not in waiting]
+        if self._flow.merging():
+            pending = self._pending
+            for att in atts:
+                if att in pending:
+                    self.conflated += 1
+                pending[att] = None
+        else:
+            self._send_updates(atts)
+        if self._reopen:
+            self._reopen_arrays()
+
+    def _send_updates(self, atts: Sequence[int]) -> None:
+        """Queue the updates of `atts`, all at once (one wake-up of the writer per tick).
+
+        Per update and client this is the whole cost of a pvws client beside `/stream`'s, so
+        the common case (a new value of a PV already shown, nothing else changed) is decided
+        first, from fields compared without building anything."""
+        by_att = self.pvs.by_att
+        value_text = self._encoder.value_text
+        texts: list[str] = []
+        append = texts.append
+        for att in atts:
+            pv = by_att.get(att)
+            if pv is None:
+                continue
+            ch = pv.ch
+            if pv.image and self.image_bytes_per_s > 0:
+                image = self._image_text(pv)
+                if image is not None:
+                    append(image)
+                continue
+            if (
+                pv.shown
+                and ch.meta is pv.meta
+                and ch.severity == pv.level
+                and ch.state == _CONNECTED
+                and not ch.fault
+                and ch.known & VALUE
+            ):
+                # Connected (shown implies a value), same metadata (so same readonly), same
+                # severity: the value alone, which another client may have had made already.
+                entry = pv.entry
+                if entry is not None:
+                    updates, meta, text = entry.plain
+                    if updates == ch.updates and meta is ch.meta:
+                        append(text)
+                        continue
+                append(value_text(pv.name, ch))
+            else:
+                update = self._update(pv)
+                if update is not None:
+                    if pv.image and self.image_bytes_per_s > 0:
+                        self._image_tokens -= utf8_size(update)  # a first frame, counted
+                    append(update)
+        if texts:
+            self._flow.extend(texts, sum(map(utf8_size, texts)))
+
+    def _image_room(self) -> bool:
+        """Whether the image budget lets a frame out now: nothing is owed for earlier ones."""
+        now = self._clock()
+        rate = self.image_bytes_per_s
+        self._image_tokens = min(0.0, self._image_tokens + (now - self._image_at) * rate)
+        self._image_at = now
+        return self._image_tokens >= 0.0
+
+    def _image_text(self, pv: Pv) -> str | None:
+        """`pv`'s update now if the image budget has room, else held back (its newest state is
+        sent once there is room: `flush_tick`, `housekeeping`)."""
+        if not self._image_room():
+            if pv.att in self._images_waiting:
+                self.images_held += 1
+            self._images_waiting[pv.att] = None
+            return None
+        text = self._update(pv)
+        if text is not None:
+            self._image_tokens -= utf8_size(text)
+        return text
+
+    def _update(self, pv: Pv) -> str | None:
+        """The text this client needs for `pv`'s channel now, or None; records what it sent."""
+        ch = pv.ch
+        if not connected(ch):
+            why = failure(ch)
+            if why != pv.failure:
+                # pvws shows a failed PV only as disconnected; its reason, once per failure,
+                # tells the page's user what to fix (cs-web-lib shows errors as toasts).
+                pv.failure = why
+                if why:
+                    self.write_failed(f"{pv.name}: {why}")
+            if not pv.shown:
+                return None  # pvws sends nothing for a PV that never connected
+            pv.shown = False
+            pv.severity = UNDEFINED
+            pv.level = -1
+            return self._encoder.text(pv.name, ch, False, True, None)
+        pv.failure = ""
+        meta = ch.meta
+        with_meta = pv.meta is not meta
+        severity = severity_name(ch.severity)
+        with_severity = with_meta or severity != pv.severity
+        readonly = not (pv.writes and meta.writable is not False)
+        show_readonly = readonly if readonly is not pv.readonly else None
+        arrays_differ = self.rates[1] != self.rates[0]
+        if with_meta and not pv.array and arrays_differ and isinstance(ch.value, np.ndarray):
+            self._reopen.append(pv)  # pvws re-subscribes an array at the array rate
+        if with_meta:
+            value = ch.value
+            pv.image = isinstance(value, np.ndarray) and value.ndim >= 2
+        pv.shown = True
+        pv.meta = meta
+        pv.severity = severity
+        pv.level = ch.severity
+        pv.readonly = readonly
+        return self._encoder.text(pv.name, ch, with_meta, with_severity, show_readonly)
+
+    def _reopen_arrays(self) -> None:
+        todo, self._reopen = self._reopen, []
+        for pv in todo:
+            if self.pvs.get(pv.name) is not pv:
+                continue
+            try:
+                opened = self._host.open(pv.name, self, pv.att, True)
+            except PvwsRefused:
+                continue  # keeps the scalar rate
+            self._host.close(pv.view, self, pv.att)
+            pv.view = opened.view
+            pv.claims = opened.claims
+            pv.ch = opened.view.channels[0]
+            pv.array = True
+
+    # --- outgoing -----------------------------------------------------------------------------
+
+    def next_text(self) -> str | None:
+        text = self._flow.pop()
+        self._popped = utf8_size(text) if text is not None else 0
+        return text
+
+    def sent(self, nbytes: int) -> None:
+        """The text of the last `next_text` is sent (`nbytes` is its length in characters, as
+        the socket pump measures a `str`: the queue counts its UTF-8 bytes)."""
+        self.last_message_sent_ms = round(self._wall() * 1000)
+        self._flow.sent(self._popped)
+        self._popped = 0
+
+    def next_frames(self, limit: int = WRITE_BATCH) -> bytes | None:
+        """What `next_text` would give one by one, up to about `limit` bytes, as WebSocket text
+        frames for one socket write (wsprotocol.py), or None; `frames_written` follows.
+
+        A message per PV update is pvws' protocol; a write per message is not: with one
+        `send()` system call per message, writing was 51 % of the server's CPU (py-spy, 10
+        clients x 200 PVs at 10 Hz)."""
+        texts, size = self._flow.pop_many(limit)
+        if not texts:
+            return None
+        self._writing = (len(texts), size)
+        return self._encoder.frames(texts)
+
+    def frames_written(self, nbytes: int) -> None:
+        """The frames of the last `next_frames` are written (`nbytes` of frames: the queue
+        counted their texts, so that is what is taken off it)."""
+        count, size = self._writing
+        self._writing = (0, 0)
+        self.last_message_sent_ms = round(self._wall() * 1000)
+        self._flow.sent(size, count)
+
+    def _catch_up(self) -> None:
+        """The PVs changed while behind, each sent once from its channel's current state."""
+        pending, self._pending = list(self._pending), {}
+        self._send_updates(pending)
+
+    def _idle(self, now: float) -> None:
+        if self._images_waiting and not self._flow.merging() and self._image_room():
+            # An image that stopped changing still gets its newest frame out.
+            waiting, self._images_waiting = list(self._images_waiting), {}
+            self._send_updates(waiting)
+
+    def close(self) -> None:
+        self._opening.clear()
+        super().close()
+
+    def _queue_text(self, text: str) -> None:
+        self._flow.push(text)
