@@ -51,6 +51,9 @@ __all__ = [
 
 MIB = 1 << 20  # the attacks' sizes are in MiB, here and where they are run
 ATTACH = 16  # the client's ATTACH message type (PROTOCOL.md section 2)
+# A bystander with no frame during an attack this long was starved by it: far above what a
+# busy machine's scheduling delays a 50 Hz frame by.
+STARVED_S = 5.0
 
 
 # --- what the server spends -------------------------------------------------------------------
@@ -219,8 +222,12 @@ class Bystander:
             timeout=60,
         )
         assert self.error is None, f"the bystander failed: {self.error!r}"
+        # An attack refused at once (a body answered 413 in 10 ms) is over before the next
+        # 50 Hz frame: frames must have come during one only if it lasted long enough.
         during = [at for at, _ in self.frames if start < at <= end]
-        assert during, "the bystander got no frame while the attack ran"
+        assert during or end - start < STARVED_S, (
+            f"the bystander got no frame in the {end - start:.1f} s the attack ran"
+        )
         seqs = [seq for _, seq in self.frames]
         missing = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
         assert not missing, f"the bystander's frames skipped sequence numbers: {missing[:5]}"
