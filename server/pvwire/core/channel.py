@@ -147,7 +147,7 @@ class Channel:
         # or whose mask holds META (`writable` differs by the view's access).
         self._cache: dict[int | tuple[int, Reduction | None, bool], wire.EntryBody] = {}
         self.fault = ""  # why encoding failed; the channel stays FAILED until it reconnects
-        # Where updates are recorded for `history` and `backfill` (core/history.py); None when
+        # Where updates are recorded for `history` and `backfill` (core/history/); None when
         # the channel has none (budget full, or recording failed). Set by `record_into`.
         self.recorder: ChannelHistory | None = None
         # The recorder's store's journal's `write` (one bound method for the whole store: the
