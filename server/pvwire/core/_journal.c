@@ -17,9 +17,10 @@
  * tests/test_journal.py runs the same cases through both.
  *
  * `Pending` and `Rings` read and write slots of exactly the class they were made for, at the
- * offsets its member descriptors give, and keep a reference to that class; a `Writer` keeps its
- * four buffers, released with it. Every call runs with the GIL held, on whichever thread calls
- * it.
+ * offsets its member descriptors give, and keep a reference to that class; the names they read
+ * are exported (`PENDING_SLOTS`, `RING_SLOTS`) for core/channel.py and core/history/ to check
+ * their declarations against at import. A `Writer` keeps its four buffers, released with it.
+ * Every call runs with the GIL held, on whichever thread calls it.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -716,6 +717,24 @@ static struct PyModuleDef module_def = {
     module_methods, NULL, NULL, NULL, NULL,
 };
 
+/* `names` as a module attribute, a tuple of str: the slots a class must declare for `Pending`
+ * or `Rings`, which the Python side checks its own declaration against at import. */
+static int add_names(PyObject *m, const char *attr, const char *const *names, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (!t) return -1;
+    for (int k = 0; k < n; k++) {
+        PyObject *s = PyUnicode_FromString(names[k]);
+        if (!s) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, k, s);
+    }
+    int rc = PyModule_AddObjectRef(m, attr, t);
+    Py_DECREF(t);
+    return rc;
+}
+
 PyMODINIT_FUNC PyInit__journal(void) {
     if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&PendingType) < 0 ||
         PyType_Ready(&RingsType) < 0)
@@ -724,7 +743,9 @@ PyMODINIT_FUNC PyInit__journal(void) {
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0 ||
         PyModule_AddObjectRef(m, "Pending", (PyObject *)&PendingType) < 0 ||
-        PyModule_AddObjectRef(m, "Rings", (PyObject *)&RingsType) < 0) {
+        PyModule_AddObjectRef(m, "Rings", (PyObject *)&RingsType) < 0 ||
+        add_names(m, "PENDING_SLOTS", SLOT_NAMES, N_SLOTS) < 0 ||
+        add_names(m, "RING_SLOTS", RING_SLOTS, N_RING_SLOTS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

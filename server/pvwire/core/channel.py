@@ -29,6 +29,7 @@ from .reduce import Reduction, reduce_value
 __all__ = [
     "ALL_MODE_LIMIT",
     "FAILURE_UNITS",
+    "JOURNAL_SLOTS",
     "ChangeSink",
     "Channel",
     "DirtyListener",
@@ -72,7 +73,27 @@ class ChangeSink(Protocol):
     def subscribers(self) -> int: ...
 
 
+# The slots core/_journal.c's `Pending` reads at each tick by member offset, without a Python
+# call per channel (`write_all_pending`), and `history_pending`, which it also writes: each a
+# writable slot of Channel itself (not of a subclass), `history_pending` exactly True or False
+# (the C side compares with True), `history_kind` an exact type, `history_write` the compiled
+# writer's bound `write` (anything else is left to Python). Renaming, removing or adding one on
+# either side fails at import: below, where `Pending(Channel)` is made.
+JOURNAL_SLOTS = (
+    "history_pending",
+    "history_kind",
+    "history_write",
+    "value",
+    "seconds",
+    "nanoseconds",
+    "severity",
+    "status",
+    "history_slot",
+)
+
+
 class Channel:
+    # Nine of these are read by core/_journal.c by member offset: JOURNAL_SLOTS above.
     __slots__ = (
         "_cache",
         "all_views",
@@ -445,11 +466,17 @@ def _python_batch(channels: list[Channel], start: int) -> int:
 
 _write_batch: Callable[[list[Channel], int], int] = _python_batch
 try:
-    from ._journal import Pending
-
-    _write_batch = Pending(Channel).write
-except ImportError:  # not built: `make ext` builds it
+    from ._journal import PENDING_SLOTS, Pending
+except ImportError:  # not built (or built before PENDING_SLOTS): `make ext` builds it
     pass
+else:
+    if PENDING_SLOTS != JOURNAL_SLOTS:
+        raise RuntimeError(
+            f"core/_journal.c reads the Channel slots {PENDING_SLOTS}, core/channel.py declares "
+            f"{JOURNAL_SLOTS} (JOURNAL_SLOTS): one side changed without the other"
+        )
+    # A TypeError here names a slot the C side reads that Channel does not declare as its own.
+    _write_batch = Pending(Channel).write
 
 
 def write_all_pending(channels: list[Channel]) -> None:

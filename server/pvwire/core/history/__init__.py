@@ -40,7 +40,7 @@ from .layout import (
     TIERS,
     FoldedBucket,
 )
-from .ring import ChannelHistory, PendingSource
+from .ring import JOURNAL_SLOTS, ChannelHistory, PendingSource
 from .slices import HistorySlice
 from .store import HistoryStats, HistoryStore, NoHistory
 from .tiers import ArrayTier, Tier
@@ -74,9 +74,15 @@ __all__ = [
 _rings: Rings | None = None
 _fold: Callable[..., list[FoldedBucket]] | None = None
 try:
-    from .._journal import Rings, Writer, fold
-
+    from .._journal import RING_SLOTS, Rings, Writer, fold
+except ImportError:  # not built (or built before RING_SLOTS): `make ext` builds it
+    Writer = PyWriter  # type: ignore[misc,assignment]
+else:
+    if RING_SLOTS != JOURNAL_SLOTS:
+        raise RuntimeError(
+            f"core/_journal.c reads the ChannelHistory slots {RING_SLOTS}, core/history/ring.py "
+            f"declares {JOURNAL_SLOTS} (JOURNAL_SLOTS): one side changed without the other"
+        )
+    # A TypeError here names a slot the C side reads that ChannelHistory does not declare.
     _rings = Rings(ChannelHistory, RAW_POINTS, AGGREGATE_EVERY)
     _fold = fold
-except ImportError:  # not built: `make ext` builds it
-    Writer = PyWriter  # type: ignore[misc,assignment]

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .journal import Journal
     from .store import HistoryStore
 
-__all__ = ["ChannelHistory", "PendingSource"]
+__all__ = ["JOURNAL_SLOTS", "ChannelHistory", "PendingSource"]
 
 _NUMBERS = (int, float, bool)
 _LAST = RAW_POINTS - 1
@@ -45,12 +45,16 @@ class PendingSource(Protocol):
     def write_pending(self) -> None: ...
 
 
+# The slots core/_journal.c's `Rings` reads and moves on at each flush by member offset: each a
+# writable slot of ChannelHistory itself, `i` and `folded` ints in 0..RAW_POINTS-1, `wrapped` a
+# bool. The package checks this against the C side's list at import, where `Rings` is made.
+JOURNAL_SLOTS = ("i", "folded", "wrapped")
+
+
 class ChannelHistory:
-    """One channel's buffers. `record` and `mark_gap` are called by its Channel.
+    """One channel's buffers. `record` and `mark_gap` are called by its Channel."""
 
-    _journal.c's `Rings` reads and moves on the slots `i`, `folded` and `wrapped` by the offsets
-    their member descriptors give (checked when `Rings(ChannelHistory, ...)` is made)."""
-
+    # Three of these are read and written by core/_journal.c by member offset: JOURNAL_SLOTS.
     __slots__ = ("_a", "_t", "_v", "arrays", "attached", "channel_id", "failed", "first",
                  "folded", "i", "journal", "kind", "no_room", "numeric", "pinned", "ring_a",
                  "ring_t", "ring_v", "slot", "source", "store", "tier", "unkept",
