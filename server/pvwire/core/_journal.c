@@ -1,20 +1,19 @@
-/* The history journal's compiled parts for pvwire (core/history.py, core/channel.py):
+/* The history journal's compiled parts for pvwire (core/history/, core/channel.py):
  *
- * - `Writer`: one update of a recorded channel into the journal's four columns. From Python,
- *   the four item writes took ~190 ns of `Channel.on_update` in a loop of one channel, this
- *   call ~55 ns (bench/history.py, 2026-11-25).
+ * - `Writer`: one update of a recorded channel into the journal's four columns, a third of what
+ *   the four item writes from Python cost.
  * - `Pending`: at the tick, the one update each dirty channel still holds unwritten
  *   (`Channel.on_update` leaves it there: core/channel.py says why) into its writer, reading
  *   the channel's slots where CPython keeps them, with no Python call per channel.
  * - `Rings`: the journal's flush, every point into its channel's ring and each ring's index
  *   moved on, in one call instead of ~10 numpy calls over the points and a Python call per
  *   channel; `fold`: a ring's waiting points into the finest tier's buckets in one pass
- *   instead of ~15 numpy calls. At 2,000 channels, ~150 ns per point became ~42, the fold's
- *   Python merges included (in process, 2026-11-25).
+ *   instead of ~15 numpy calls: together a point costs a quarter of what it does in numpy
+ *   (bench/JOURNAL.md, "History as a package").
  *
- * Where this module is not built, history.py and channel.py do the same in Python and numpy
- * (`PyWriter`, `Channel.write_pending`, `ChannelHistory.advance`, `_aggregate`);
- * tests/test_journal.py runs the same cases through both.
+ * Where this module is not built, history/fallback.py and channel.py do the same in Python and
+ * numpy (`PyWriter`, `flush`, `fold`, `Channel.write_pending`); tests/test_journal.py runs the
+ * same cases through both.
  *
  * `Pending` and `Rings` read and write slots of exactly the class they were made for, at the
  * offsets its member descriptors give, and keep a reference to that class; the names they read
@@ -594,7 +593,7 @@ static PyTypeObject RingsType = {
 /* --- fold: a ring's waiting points into the finest tier's buckets ---------------------------- */
 
 /* What numpy's add.reduce gives for a contiguous float64 run (its pairwise summation), so that
- * the buckets' sums are the same to the bit as the numpy version's in history.py. */
+ * the buckets' sums are the same to the bit as the numpy version's in history/fallback.py. */
 static double pairwise_sum(const double *a, Py_ssize_t n) {
     if (n < 8) {
         double res = -0.0;
@@ -713,7 +712,7 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "pvwire.core._journal",
-    "The history journal's compiled parts (core/history.py, core/channel.py).", -1,
+    "The history journal's compiled parts (core/history/, core/channel.py).", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };
 

@@ -247,13 +247,12 @@ class Channel:
         if type(value) is self.history_kind:
             # A value of the type `record` checked last waits in the slots above for the tick,
             # which writes every dirty channel's in one compiled call (`write_all_pending`): a
-            # call into the writer here, per update, was most of what recording still cost
-            # (0.28-0.32 us per update in the update loop of 2,000 sim counters, 2026-11-25).
+            # call into the writer here, per update, was most of what recording still cost.
             # Nothing of the recorder is touched, nor `self.recorder` read: history_kind is None
             # unless the channel records, so this test is also "does it record". Reading
-            # `recorder` first cost that loop 0.17-0.20 us more per update (both versions in one
-            # process, alternated tick by tick): its slot can lie on a cache line that the rest
-            # of `on_update` only writes, and a read waits for the line, a write not.
+            # `recorder` first cost ~0.2 us more per update: its slot can lie on a cache line
+            # that the rest of `on_update` only writes, and a read waits for the line, a write
+            # not (bench/JOURNAL.md, "History as a package").
             self.history_pending = True
         elif self.recorder is not None:
             try:
