@@ -111,9 +111,9 @@ class ArrayHistory:
             self.wrapped = True
 
     def raw(self) -> RawRows:
-        """The frames held, oldest first (copies)."""
+        """The frames held, oldest first."""
         idx = np.arange(self.i - self.n, self.i) % len(self._t)
-        return RawRows(self._t[idx], self._v[idx], self._a[idx])
+        return RawRows(self._t[idx], self._a[idx], idx, self._v)
 
     def query(self, since: int, until: int, max_points: int) -> HistorySlice:
         """As ChannelHistory.query, with rows of frames."""

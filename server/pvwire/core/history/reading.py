@@ -44,8 +44,7 @@ def query(held: Held, since: int, until: int, max_points: int) -> HistorySlice:
         # A bucket overlaps [since, until] if it ends after since and starts before until.
         return rows[(rows.t + tier.width > since) & (rows.t <= until)]
 
-    tier, rows = tier_for(held.tier, since, lambda tr, rs: len(overlapping(tr, rs)) <= max_points)
-    picked = overlapping(tier, rows)
+    tier, picked = tier_for(held.tier, since, overlapping, max_points)
     truncated = len(picked) > max_points
     if truncated:
         picked = picked[len(picked) - max_points :]

@@ -270,10 +270,10 @@ class ChannelHistory:
     # --- reading ------------------------------------------------------------------------------
 
     def raw(self) -> RawRows:
-        """The raw ring, oldest first (copies; the journal flushed first)."""
+        """The raw ring, oldest first (the journal flushed first)."""
         n = self.n
         idx = np.arange(self.i - n, self.i) % RAW_POINTS
-        return RawRows(self._t[idx], self._v[idx], self._a[idx])
+        return RawRows(self._t[idx], self._a[idx], idx, self._v)
 
     def points(self) -> npt.NDArray[Any]:
         """The raw ring, oldest first, as RAW_DTYPE rows (a copy)."""

@@ -45,18 +45,24 @@ class HistorySlice:
 
 @dataclass(frozen=True, slots=True)
 class RawRows:
-    """Points of a raw ring as they came (copies): IOC time, value (or frame), and alarm
-    (severity << 8 | status; GAP_ALARM for a gap)."""
+    """Points of a raw ring, oldest first: their IOC times and alarms (severity << 8 | status;
+    GAP_ALARM for a gap) as copies, and where they lie in the ring, whose values (a frame each,
+    for arrays) are copied only for the rows an answer keeps."""
 
     t: npt.NDArray[np.int64]
-    v: npt.NDArray[np.float64]
     a: npt.NDArray[np.uint16]
+    idx: npt.NDArray[np.intp]
+    ring: npt.NDArray[np.float64]  # the ring's value column (rows of frames for arrays)
 
     def __getitem__(self, sel: Any) -> RawRows:
-        return RawRows(self.t[sel], self.v[sel], self.a[sel])
+        return RawRows(self.t[sel], self.a[sel], self.idx[sel], self.ring)
 
     def __len__(self) -> int:
         return len(self.t)
+
+    @property
+    def v(self) -> npt.NDArray[np.float64]:
+        return self.ring[self.idx]
 
     @property
     def gap(self) -> npt.NDArray[np.bool_]:
@@ -65,7 +71,7 @@ class RawRows:
 
     def slice(self, oldest: int, truncated: bool) -> HistorySlice:
         gap = self.gap
-        v = self.v.astype(np.float64)
+        v = self.v
         return HistorySlice(
             resolution=0,
             t=self.t.astype(np.int64),

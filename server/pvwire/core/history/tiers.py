@@ -62,17 +62,23 @@ B = TypeVar("B", bound=Buckets)
 
 
 def tier_for(
-    finest: B, since: int, fits: Callable[[B, BucketRows], bool] | None = None
+    finest: B,
+    since: int,
+    select: Callable[[B, BucketRows], BucketRows] | None = None,
+    most: int | None = None,
 ) -> tuple[B, BucketRows]:
-    """The finest tier that reaches back to `since` (and whose rows `fits`, if given), else the
-    coarsest, with its rows (each tier's with the open buckets of the finer ones merged)."""
+    """The finest tier that reaches back to `since`, else the coarsest, with its rows (each
+    tier's with the open buckets of the finer ones merged). With `select`, a tier's selected
+    rows, and only a tier with at most `most` of them will do."""
     tier = finest
     finer: list[B] = []
     while True:
         rows = tier.rows(finer)
         finer.insert(0, tier)
         reaches = not tier.wrapped or (len(rows) and rows.t[0] <= since)
-        if (reaches and (fits is None or fits(tier, rows))) or tier.next is None:
+        if select is not None:
+            rows = select(tier, rows)
+        if (reaches and (most is None or len(rows) <= most)) or tier.next is None:
             return tier, rows
         tier = tier.next
 
