@@ -92,11 +92,11 @@ class Settings:
     max_graphql_elements: int = integer("max_graphql_elements")
     # Any HTTP request body, refused (413) before it is read or authenticated.
     max_request_bytes: int = integer("max_request_bytes")
-    # Recent history (core/history.py): one memory budget for every channel's buffers, 47 KiB
+    # Recent history (core/history/): one memory budget for every channel's buffers, 47 KiB
     # each, so the default holds ~2,700 channels; 0 switches history off.
     history_mb: float = number("history_mb")
     # Numeric arrays of at most this many elements get a history too, from the same budget
-    # (larger per channel: core/history.py); 0: arrays get none.
+    # (larger per channel: core/history/arrays.py); 0: arrays get none.
     history_array_max: int = integer("history_array_max")
     # Ids (globs over the catalogue) whose history is recorded from start, with no subscriber.
     history_channels: list[str] = field(default_factory=list)

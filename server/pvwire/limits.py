@@ -115,7 +115,7 @@ LIMITS: tuple[Limit, ...] = (
     Limit("max_id_length", 1_024, "characters", "one channel id", "BAD_CHANNEL_ID"),
     Limit("max_rate_hz", 1_000.0, "Hz", "`subscribe` option `maxRate` (0 = every tick)",
           "BAD_REQUEST"),
-    # A day: as far back as the coarsest history tier reaches (core/history.py TIERS).
+    # A day: as far back as the coarsest history tier reaches (core/history/layout.py TIERS).
     Limit("max_backfill_s", 86_400.0, "s", "`subscribe` option `backfill`", "BAD_REQUEST"),
     Limit("max_columns", 100_000, "columns",
           "`subscribe` option `maxColumns` (0 = whole arrays; `LATEST` mode only)",

@@ -1,25 +1,25 @@
-/* The history journal's compiled parts for pvwire (core/history.py, core/channel.py):
+/* The history journal's compiled parts for pvwire (core/history/, core/channel.py):
  *
- * - `Writer`: one update of a recorded channel into the journal's four columns. From Python,
- *   the four item writes took ~190 ns of `Channel.on_update` in a loop of one channel, this
- *   call ~55 ns (bench/history.py, 2026-11-25).
+ * - `Writer`: one update of a recorded channel into the journal's four columns, a third of what
+ *   the four item writes from Python cost.
  * - `Pending`: at the tick, the one update each dirty channel still holds unwritten
  *   (`Channel.on_update` leaves it there: core/channel.py says why) into its writer, reading
  *   the channel's slots where CPython keeps them, with no Python call per channel.
  * - `Rings`: the journal's flush, every point into its channel's ring and each ring's index
  *   moved on, in one call instead of ~10 numpy calls over the points and a Python call per
  *   channel; `fold`: a ring's waiting points into the finest tier's buckets in one pass
- *   instead of ~15 numpy calls. At 2,000 channels, ~150 ns per point became ~42, the fold's
- *   Python merges included (in process, 2026-11-25).
+ *   instead of ~15 numpy calls: together a point costs a quarter of what it does in numpy
+ *   (bench/JOURNAL.md, "History as a package").
  *
- * Where this module is not built, history.py and channel.py do the same in Python and numpy
- * (`PyWriter`, `Channel.write_pending`, `ChannelHistory.advance`, `_aggregate`);
- * tests/test_journal.py runs the same cases through both.
+ * Where this module is not built, history/fallback.py and channel.py do the same in Python and
+ * numpy (`PyWriter`, `flush`, `fold`, `Channel.write_pending`); tests/test_journal.py runs the
+ * same cases through both.
  *
  * `Pending` and `Rings` read and write slots of exactly the class they were made for, at the
- * offsets its member descriptors give, and keep a reference to that class; a `Writer` keeps its
- * four buffers, released with it. Every call runs with the GIL held, on whichever thread calls
- * it.
+ * offsets its member descriptors give, and keep a reference to that class; the names they read
+ * are exported (`PENDING_SLOTS`, `RING_SLOTS`) for core/channel.py and core/history/ to check
+ * their declarations against at import. A `Writer` keeps its four buffers, released with it.
+ * Every call runs with the GIL held, on whichever thread calls it.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -593,7 +593,7 @@ static PyTypeObject RingsType = {
 /* --- fold: a ring's waiting points into the finest tier's buckets ---------------------------- */
 
 /* What numpy's add.reduce gives for a contiguous float64 run (its pairwise summation), so that
- * the buckets' sums are the same to the bit as the numpy version's in history.py. */
+ * the buckets' sums are the same to the bit as the numpy version's in history/fallback.py. */
 static double pairwise_sum(const double *a, Py_ssize_t n) {
     if (n < 8) {
         double res = -0.0;
@@ -712,9 +712,27 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "pvwire.core._journal",
-    "The history journal's compiled parts (core/history.py, core/channel.py).", -1,
+    "The history journal's compiled parts (core/history/, core/channel.py).", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };
+
+/* `names` as a module attribute, a tuple of str: the slots a class must declare for `Pending`
+ * or `Rings`, which the Python side checks its own declaration against at import. */
+static int add_names(PyObject *m, const char *attr, const char *const *names, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (!t) return -1;
+    for (int k = 0; k < n; k++) {
+        PyObject *s = PyUnicode_FromString(names[k]);
+        if (!s) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, k, s);
+    }
+    int rc = PyModule_AddObjectRef(m, attr, t);
+    Py_DECREF(t);
+    return rc;
+}
 
 PyMODINIT_FUNC PyInit__journal(void) {
     if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&PendingType) < 0 ||
@@ -724,7 +742,9 @@ PyMODINIT_FUNC PyInit__journal(void) {
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "Writer", (PyObject *)&WriterType) < 0 ||
         PyModule_AddObjectRef(m, "Pending", (PyObject *)&PendingType) < 0 ||
-        PyModule_AddObjectRef(m, "Rings", (PyObject *)&RingsType) < 0) {
+        PyModule_AddObjectRef(m, "Rings", (PyObject *)&RingsType) < 0 ||
+        add_names(m, "PENDING_SLOTS", SLOT_NAMES, N_SLOTS) < 0 ||
+        add_names(m, "RING_SLOTS", RING_SLOTS, N_RING_SLOTS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

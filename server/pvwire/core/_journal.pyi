@@ -5,6 +5,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+PENDING_SLOTS: tuple[str, ...]
+"""The Channel slots `Pending` reads (and `history_pending`, which it writes), in its order."""
+
+RING_SLOTS: tuple[str, ...]
+"""The ChannelHistory slots `Rings` reads and moves on, in its order."""
+
 class Writer:
     """Points into four columns: int64 time (ns), float64 value, uint16 alarm, int32 slot."""
 

@@ -29,6 +29,7 @@ from .reduce import Reduction, reduce_value
 __all__ = [
     "ALL_MODE_LIMIT",
     "FAILURE_UNITS",
+    "JOURNAL_SLOTS",
     "ChangeSink",
     "Channel",
     "DirtyListener",
@@ -72,7 +73,27 @@ class ChangeSink(Protocol):
     def subscribers(self) -> int: ...
 
 
+# The slots core/_journal.c's `Pending` reads at each tick by member offset, without a Python
+# call per channel (`write_all_pending`), and `history_pending`, which it also writes: each a
+# writable slot of Channel itself (not of a subclass), `history_pending` exactly True or False
+# (the C side compares with True), `history_kind` an exact type, `history_write` the compiled
+# writer's bound `write` (anything else is left to Python). Renaming, removing or adding one on
+# either side fails at import: below, where `Pending(Channel)` is made.
+JOURNAL_SLOTS = (
+    "history_pending",
+    "history_kind",
+    "history_write",
+    "value",
+    "seconds",
+    "nanoseconds",
+    "severity",
+    "status",
+    "history_slot",
+)
+
+
 class Channel:
+    # Nine of these are read by core/_journal.c by member offset: JOURNAL_SLOTS above.
     __slots__ = (
         "_cache",
         "all_views",
@@ -147,7 +168,7 @@ class Channel:
         # or whose mask holds META (`writable` differs by the view's access).
         self._cache: dict[int | tuple[int, Reduction | None, bool], wire.EntryBody] = {}
         self.fault = ""  # why encoding failed; the channel stays FAILED until it reconnects
-        # Where updates are recorded for `history` and `backfill` (core/history.py); None when
+        # Where updates are recorded for `history` and `backfill` (core/history/); None when
         # the channel has none (budget full, or recording failed). Set by `record_into`.
         self.recorder: ChannelHistory | None = None
         # The recorder's store's journal's `write` (one bound method for the whole store: the
@@ -226,13 +247,12 @@ class Channel:
         if type(value) is self.history_kind:
             # A value of the type `record` checked last waits in the slots above for the tick,
             # which writes every dirty channel's in one compiled call (`write_all_pending`): a
-            # call into the writer here, per update, was most of what recording still cost
-            # (0.28-0.32 us per update in the update loop of 2,000 sim counters, 2026-11-25).
+            # call into the writer here, per update, was most of what recording still cost.
             # Nothing of the recorder is touched, nor `self.recorder` read: history_kind is None
             # unless the channel records, so this test is also "does it record". Reading
-            # `recorder` first cost that loop 0.17-0.20 us more per update (both versions in one
-            # process, alternated tick by tick): its slot can lie on a cache line that the rest
-            # of `on_update` only writes, and a read waits for the line, a write not.
+            # `recorder` first cost ~0.2 us more per update: its slot can lie on a cache line
+            # that the rest of `on_update` only writes, and a read waits for the line, a write
+            # not (bench/JOURNAL.md, "History as a package").
             self.history_pending = True
         elif self.recorder is not None:
             try:
@@ -445,11 +465,17 @@ def _python_batch(channels: list[Channel], start: int) -> int:
 
 _write_batch: Callable[[list[Channel], int], int] = _python_batch
 try:
-    from ._journal import Pending
-
-    _write_batch = Pending(Channel).write
-except ImportError:  # not built: `make ext` builds it
+    from ._journal import PENDING_SLOTS, Pending
+except ImportError:  # not built (or built before PENDING_SLOTS): `make ext` builds it
     pass
+else:
+    if PENDING_SLOTS != JOURNAL_SLOTS:
+        raise RuntimeError(
+            f"core/_journal.c reads the Channel slots {PENDING_SLOTS}, core/channel.py declares "
+            f"{JOURNAL_SLOTS} (JOURNAL_SLOTS): one side changed without the other"
+        )
+    # A TypeError here names a slot the C side reads that Channel does not declare as its own.
+    _write_batch = Pending(Channel).write
 
 
 def write_all_pending(channels: list[Channel]) -> None:

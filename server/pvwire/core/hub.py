@@ -169,7 +169,7 @@ class Hub:
         self, channel_id: str, since: int, until: int, max_points: int, identity: Identity
     ) -> tuple[str, HistorySlice]:
         """The recorded history of a channel between `since` and `until` (ns, IOC time), at
-        most `max_points` rows (core/history.py chooses points or buckets)."""
+        most `max_points` rows (core/history/reading.py chooses points or buckets)."""
         cid = self.registry.resolve(channel_id)[0]
         self.control.require_read(identity, [cid])
         return cid, self.history_store.query(cid, since, until, max_points)

@@ -3,7 +3,7 @@
 - Channels are refcounted by the views that hold them; the first view opens the upstream monitor,
   the last one to go lets it linger `linger_s` before closing (a page reload does not reconnect).
 - Views are shared by every attachment of the same channel list and options (the fan-out case).
-- Every monitored channel records its history (core/history.py) from its first holder on, while
+- Every monitored channel records its history (core/history/) from its first holder on, while
   the store's budget allows; a closed channel's history stays there until the budget needs it.
 - A channel that no server answers for `not_found_s` turns NOT_FOUND and keeps searching, so a
   script or a page can tell a typo from a quiet PV.

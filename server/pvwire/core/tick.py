@@ -53,7 +53,7 @@ class Ticker:
         self._interval = tick_ms / 1000.0
         self._loop = loop
         # Whether channels may record history (a budget of 0 gives none): only then does the
-        # tick look for their pending updates, ~12 ns per dirty channel (2026-11-25).
+        # tick look for their pending updates (~12 ns per dirty channel).
         self.records = records
         self.stats = TickStats()
         self._dirty: list[Channel] = []

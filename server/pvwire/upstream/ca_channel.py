@@ -12,11 +12,10 @@ aioca itself only lends its constants, DBR conversion and errors). The event loo
 a libca context of its own with preemptive callbacks DISABLED: libca's receive threads then run
 our callbacks only while the loop thread is inside `ca_pend_event`, which it calls when libca's
 wake-up socket (learnt from `ca_add_fd_registration`) turns readable. So a whole batch of updates
-is handed over with no cross-thread wake-up of the loop and no contention for the GIL. Measured
-(bench/ca_ingest.py, 1,000 and 2,000 counters at 10 Hz): aioca's camonitor 31-46 us per update,
-a bare callback on this path 3.2-3.9 us, pvwire's whole CA ingest 5.7-7.8 us. A thread that
-already has a preemptive context (aioca made it first) keeps it, and results reach the loop with
-one `call_soon_threadsafe` per batch.
+is handed over with no cross-thread wake-up of the loop and no contention for the GIL: pvwire's
+whole CA ingest costs about a sixth of aioca's camonitor per update (bench/ca_ingest.py; the
+figures in bench/JOURNAL.md). A thread that already has a preemptive context (aioca made it
+first) keeps it, and results reach the loop with one `call_soon_threadsafe` per batch.
 
 Most of aioca's cost per update was not the DBR conversion but ctypes creating and deleting a
 Python thread state for every callback on a libca thread (~13 us here): the first callback on

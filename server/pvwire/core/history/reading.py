@@ -1,0 +1,106 @@
+"""Reading a history, one way for scalar and array channels: `query` (GraphQL `history`) and
+`backfill` (a subscription's past, PROTOCOL.md section 2.8) choose between the raw ring and the
+tiers by the same rules, whatever a row holds."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from .slices import BucketRows, HistorySlice, RawRows
+from .tiers import Buckets, tier_for
+
+__all__ = ["Held", "backfill", "query", "take"]
+
+
+class Held(Protocol):
+    """A channel's rings as the readers see them (`ChannelHistory`, `ArrayHistory`)."""
+
+    first: int  # ns of the first point ever recorded
+    wrapped: bool  # the raw ring is full: older points are gone
+
+    @property
+    def tier(self) -> Buckets:
+        """The finest tier; the coarser ones hang from it by `next`."""
+
+    def raw(self) -> RawRows:
+        """The raw ring, oldest first."""
+
+
+def query(held: Held, since: int, until: int, max_points: int) -> HistorySlice:
+    """Rows with since <= t <= until (ns): the raw points if they reach back to `since` and are
+    at most `max_points`, else the finest tier that does; if none fits, the coarsest, its
+    newest `max_points` buckets."""
+    raw = held.raw()
+    whole = not held.wrapped  # nothing dropped yet: it reaches back to the start
+    sel = raw[(raw.t >= since) & (raw.t <= until)]
+    if len(sel) <= max_points and (whole or (len(raw) and raw.t[0] <= since)):
+        return sel.slice(held.first if whole or not len(raw) else int(raw.t[0]), False)
+
+    def overlapping(tier: Buckets, rows: BucketRows) -> BucketRows:
+        # A bucket overlaps [since, until] if it ends after since and starts before until.
+        return rows[(rows.t + tier.width > since) & (rows.t <= until)]
+
+    tier, picked = tier_for(held.tier, since, overlapping, max_points)
+    truncated = len(picked) > max_points
+    if truncated:
+        picked = picked[len(picked) - max_points :]
+    oldest = int(tier.rows([]).t[0]) if tier.wrapped else held.first
+    return picked.slice(tier.width, truncated, oldest)
+
+
+def backfill(held: Held, since: int, limit: int | None) -> list[HistorySlice]:
+    """One or two slices, oldest first: buckets of the finest tier that reaches back to `since`,
+    whole buckets only, ending at or before the raw ring's first point, when the ring does not
+    reach back that far; then the raw points from `since` on. `limit`: the oldest `limit` rows
+    of these only (`take`); the last slice's `truncated` then says that more rows follow.
+
+    The join with the snapshot: the newest raw point, unless it is a gap, is the channel's
+    current value (the channel records every update where it stores it, and the snapshot is
+    taken in the same call, with no update in between), so it is left out: the snapshot carries
+    it. Nothing between: every older update is in the points."""
+    raw = held.raw()
+    if len(raw) and not raw.gap[-1]:
+        raw = raw[:-1]
+    out: list[HistorySlice] = []
+    if held.wrapped and len(raw) and raw.t[0] > since:
+        tier, rows = tier_for(held.tier, since)
+        end = rows.t + tier.width
+        rows = rows[(end > since) & (end <= int(raw.t[0]))]
+        cut = len(rows) if limit is None else take(rows.t, limit)
+        if cut:
+            out.append(rows[:cut].slice(tier.width, cut < len(rows), held.first))
+            if cut < len(rows):
+                return out
+            limit = None if limit is None else limit - cut
+    points = raw[raw.t >= since]
+    cut = len(points) if limit is None else take(points.t, limit) if limit > 0 else 0
+    if cut:
+        out.append(points[:cut].slice(held.first, cut < len(points)))
+    elif len(points):
+        out[-1] = dataclasses.replace(out[-1], truncated=True)
+    return out
+
+
+def take(t: npt.NDArray[np.int64], n: int) -> int:
+    """How many of the rows at times `t` (oldest first) one message takes, about `n`: never
+    rows of one time in two messages, as the next message starts after the last time sent
+    (a backfill's cursor is a time: core/backfill.py). At least one row when there is one."""
+    n = max(n, 1)
+    if n >= len(t):
+        return len(t)
+    last = t[n - 1]
+    if t[n] != last:
+        return n
+    j = n - 1
+    while j > 0 and t[j - 1] == last:
+        j -= 1
+    if j > 0:
+        return j
+    k = n
+    while k < len(t) and t[k] == last:
+        k += 1
+    return k
