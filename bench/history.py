@@ -1,4 +1,4 @@
-"""What recent history costs (core/history.py, DESIGN.md section 7c), in one run:
+"""What recent history costs (core/history/, DESIGN.md section 7c), in one run:
 
 - recording: `Channel.on_update` per update with recording off and on, interleaved rounds on the
   same 1,000 channels, each updated once between two ticks (the tick's writes included), and

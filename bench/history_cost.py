@@ -1,4 +1,4 @@
-"""What recording recent history costs a loaded server (core/history.py), side by side: the same
+"""What recording recent history costs a loaded server (core/history/), side by side: the same
 load scenario (bench/harness.py) with the server's default history budget and with
 `--history-mb 0`, interleaved (on, off, on, off, ...), so both sides see the same machine.
 

@@ -28,6 +28,7 @@ from pvwire_client import Client
 from pvwire_client.state import CONNECTED, DISCONNECTED
 from pvwire_dev.ioc import IocProcess, free_port
 
+from tests.eventually import eventually_async
 from tests.kube import (
     IMAGE,
     Container,
@@ -280,13 +281,6 @@ class TsFollower:
             return self.proc.stderr.read()
 
 
-async def until(what: str, predicate: Callable[[], bool], timeout: float = BOUND) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 def rollout(image: str, ioc_env: dict[str, str]) -> Iterator[Rollout]:
     played = Rollout(render(), ioc_env)
@@ -337,14 +331,15 @@ async def test_replicas_replaced_under_load_clients_stream_on(
     new: list[KubeReplica] = []
     try:
         for s in (py, ts):
-            await until(f"the {s.name} client streaming", s.counted(3))
+            await eventually_async(s.counted(3), f"the {s.name} client streaming", timeout=BOUND)
         for r, port in zip(old, ports[count:], strict=True):
             seen = {s.name: len(s.values) for s in (py, ts)}
             new.append(await asyncio.to_thread(rollout.replace, r, BOUND, port))
             for s in (py, ts):
-                await until(
-                    f"the {s.name} client streaming after {r.pod}",
+                await eventually_async(
                     s.counted(seen[s.name] + 5, lost_none=True),
+                    f"the {s.name} client streaming after {r.pod}",
+                    timeout=BOUND,
                 )
         assert sum(stream_clients(r.url) for r in new) == 2  # everyone on the new pods
         for s in (py, ts):

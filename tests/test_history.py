@@ -1,4 +1,4 @@
-"""The history store (core/history.py) in memory: rings, tiers, gaps, the budget's policy, and
+"""The history store (core/history/) in memory: rings, tiers, gaps, the budget's policy, and
 recording wired into channels and the registry through an in-memory hub."""
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ async def test_every_channel_writes_through_its_store_s_one_write(
     hub: Hub, backend: FakeBackend
 ) -> None:
     """The channels of a store call one bound `write` (Journal.write), not one of their own
-    each: an object per channel was one more cold fetch per update (core/history.py)."""
+    each: an object per channel was one more cold fetch per update (core/history/)."""
     client = HubClient(hub)
     attach(client, hub, ["fake://a", "fake://b"])
     a, b = (hub.registry.channels[f"fake://{name}"] for name in "ab")

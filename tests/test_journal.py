@@ -1,4 +1,4 @@
-"""The history journal's writers (core/history.py): the compiled one (core/_journal.c), which the
+"""The history journal's writers (core/history/): the compiled one (core/_journal.c), which the
 server uses wherever `make ext` built it, and the Python one for a checkout where it is not
 built, through the same cases: what they write, what they refuse, and that a refused point is
 not counted."""
