@@ -97,6 +97,9 @@ class Backfill:
         if recorder is None:
             return [], False
         try:
+            # An idle channel costs O(1), not a read of its ring: the pass visits every one.
+            if not recorder.backfills_from(self._lower[sid]):
+                return [], False
             parts = recorder.backfill(self._lower[sid], HISTORY_MESSAGE_ROWS)
             frames = [self._encode(sid, part) for part in parts]
         except Exception:
@@ -121,6 +124,8 @@ class Backfill:
             if ch.recorder is None or sid in self._failed:
                 continue
             try:
+                if not ch.recorder.backfills_from(lower):
+                    continue
                 parts = ch.recorder.backfill(lower, 1)
             except Exception:
                 log.exception("backfill of %s failed; its past is not sent", ch.id)

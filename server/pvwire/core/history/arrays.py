@@ -124,3 +124,7 @@ class ArrayHistory:
         them (at least one row is given)."""
         rows = None if limit is None else max(1, limit // self.elements)
         return reading.backfill(self, since, rows)
+
+    def backfills_from(self, since: int) -> bool:
+        """As ChannelHistory.backfills_from."""
+        return reading.backfills_from(self._t, self._a, self.i, self.n, since)

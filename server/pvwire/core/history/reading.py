@@ -10,10 +10,11 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from .layout import GAP_ALARM
 from .slices import BucketRows, HistorySlice, RawRows
 from .tiers import Buckets, tier_for
 
-__all__ = ["Held", "backfill", "query", "take"]
+__all__ = ["Held", "backfill", "backfills_from", "query", "take"]
 
 
 class Held(Protocol):
@@ -83,6 +84,24 @@ def backfill(held: Held, since: int, limit: int | None) -> list[HistorySlice]:
     elif len(points):
         out[-1] = dataclasses.replace(out[-1], truncated=True)
     return out
+
+
+def backfills_from(
+    t: npt.NDArray[np.int64], a: npt.NDArray[np.uint16], i: int, n: int, since: int
+) -> bool:
+    """Whether `backfill` from `since` has a row to give, in O(1) whatever the ring holds: of a
+    ring of `n` points whose next goes at `i`, the newest one it keeps (the newest point, if a
+    gap, else the one before: `backfill` leaves the current value out) is at or after `since`.
+    Its tier rows need such a point too: they end at or before the oldest point kept, after
+    `since`. Times are taken to grow in the order points came, so that point is the latest."""
+    if not n:
+        return False
+    last = (i - 1) % len(t)
+    if a[last] != GAP_ALARM:
+        if n < 2:
+            return False
+        last = (last - 1) % len(t)
+    return bool(t[last] >= since)
 
 
 def take(t: npt.NDArray[np.int64], n: int) -> int:

@@ -305,3 +305,13 @@ class ChannelHistory:
             return self.arrays.backfill(since, limit)
         self._aggregate()
         return reading.backfill(self, since, limit)
+
+    def backfills_from(self, since: int) -> bool:
+        """Whether `backfill(since)` has a row to give, in O(1) (`reading.backfills_from`), so
+        that a backfill passes over an idle channel without reading it. Its points still in its
+        channel or the journal are written first, as for a read: an idle store's journal is
+        flushed once, not at every channel."""
+        self._sync()
+        if self.arrays is not None:
+            return self.arrays.backfills_from(since)
+        return reading.backfills_from(self._t, self._a, self.i, self.n, since)
