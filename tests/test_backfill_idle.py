@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from pvwire.core.backfill import Backfill
-from pvwire.core.history import ChannelHistory
+from pvwire.core.history import CHANNEL_BYTES, NS, RAW_POINTS, ChannelHistory, HistoryStore
 from pvwire.core.hub import Hub
 from pvwire.wire.session import SessionLimits
 
@@ -63,3 +64,31 @@ async def test_a_pass_over_idle_channels_reads_none_of_them(
     for sid in range(CHANNELS):
         assert [v for _, v in rows[sid]] == [float(now - 10 + k) for k in range(3)], sid
     assert reads == CHANNELS  # the first pass's reads only: the idle second pass read none
+
+
+def _agrees(h: ChannelHistory, times: list[int]) -> None:
+    for since in [0, *times, *(t + 1 for t in times)]:
+        assert h.backfills_from(since) == bool(h.backfill(since, 10)), since
+
+
+def test_backfills_from_says_what_a_read_would_give() -> None:
+    """Scalar, through a store's journal (points still pending), with a gap last, a wrapped
+    ring, and an array channel's frames: whether a read gives a row, as the read says."""
+    store = HistoryStore(64 * CHANNEL_BYTES, array_max=4)
+    h = store.attach("fake://s")
+    assert h is not None
+    assert not h.backfills_from(0)  # nothing recorded
+    times = []
+    for k in range(RAW_POINTS + 20):  # wraps the ring: the tiers answer for the oldest
+        t = 1_700_000_000 + k
+        h.record(float(k), t, 0, 0, 0)  # into the journal, not flushed yet
+        times.append(t * NS)
+        if k < 3 or k == RAW_POINTS + 19:
+            _agrees(h, times)
+    h.mark_gap()  # a gap is kept: it is not the current value
+    _agrees(h, [*times, int(h.points()["t"][-1])])
+    frames = store.attach("fake://a")
+    assert frames is not None
+    for k in range(3):
+        frames.record(np.full(4, float(k)), 1_700_000_000 + k, 0, 0, 0)
+        _agrees(frames, [(1_700_000_000 + j) * NS for j in range(k + 1)])
