@@ -97,11 +97,11 @@ def backfills_from(
     if not n:
         return False
     last = (i - 1) % len(t)
-    if a[last] != GAP_ALARM:
+    if a.item(last) != GAP_ALARM:  # (`item`: a Python int, without a numpy scalar)
         if n < 2:
             return False
         last = (last - 1) % len(t)
-    return bool(t[last] >= since)
+    return bool(t.item(last) >= since)
 
 
 def take(t: npt.NDArray[np.int64], n: int) -> int:

@@ -314,4 +314,5 @@ class ChannelHistory:
         self._sync()
         if self.arrays is not None:
             return self.arrays.backfills_from(since)
-        return reading.backfills_from(self._t, self._a, self.i, self.n, since)
+        n = RAW_POINTS if self.wrapped else self.i  # `n`, synced once
+        return reading.backfills_from(self._t, self._a, self.i, n, since)
