@@ -372,7 +372,8 @@ async def test_two_viewers_share_one_encoding(app_server: tuple[str, MjpegEndpoi
         assert feed.encodes - before <= 6 + 2
         assert set(got_a) & set(got_b), "the viewers got the same JPEGs"
         async with b.stream("GET", url(base, channel, fps=20, quality=30)) as rc:
-            await Parts(rc).next()
+            parts_c = Parts(rc)  # kept: its reader, collected, would close the stream
+            await parts_c.next()
             assert len(endpoint.feeds) == 2, "another option set is another feed"
     await eventually_async(lambda: not endpoint.feeds, "the last viewer gone, the feed closed")
 
@@ -540,7 +541,8 @@ async def test_feeds_encode_in_threads_of_their_own_and_are_not_connections() ->
         httpx.AsyncClient(timeout=30) as client,
         client.stream("GET", url(base, "sim://image?width=64&height=48&rate=5")) as r,
     ):
-        await Parts(r).next()
+        parts = Parts(r)  # kept: its reader, collected, would close the stream
+        await parts.next()
         async with httpx.AsyncClient(timeout=30) as scraper:
             metrics = (await scraper.get(base + "/metrics")).text.splitlines()
         for line in ("pvwire_clients 0", "pvwire_mjpeg_feeds 1", "pvwire_mjpeg_viewers 1"):
