@@ -372,7 +372,8 @@ async def test_two_viewers_share_one_encoding(app_server: tuple[str, MjpegEndpoi
         assert feed.encodes - before <= 6 + 2
         assert set(got_a) & set(got_b), "the viewers got the same JPEGs"
         async with b.stream("GET", url(base, channel, fps=20, quality=30)) as rc:
-            await Parts(rc).next()
+            parts_c = Parts(rc)  # kept: its reader, collected, would close the stream
+            await parts_c.next()
             assert len(endpoint.feeds) == 2, "another option set is another feed"
     await eventually_async(lambda: not endpoint.feeds, "the last viewer gone, the feed closed")
 
@@ -508,6 +509,31 @@ async def test_a_server_serves_few_viewers(app_server: tuple[str, MjpegEndpoint]
         assert status == 503 and "2 MJPEG viewers at most" in text, text
 
 
+async def test_one_address_takes_few_viewers_and_leaves_the_rest_to_others() -> None:
+    assert Settings().mjpeg_viewers_per_address == integer("mjpeg_viewers_per_address")
+    assert integer("mjpeg_viewers_per_address") * 4 <= integer("mjpeg_max_viewers")
+    target = "sim://image?width=64&height=48&rate=5"
+    # The whole of 127/8 is loopback: a client bound to 127.0.0.2 is another address.
+    other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with (
+        in_process(mjpeg_viewers_per_address=2) as (base, endpoint),  # the table's 50, made small
+        contextlib.AsyncExitStack() as stack,
+    ):
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=30))
+        for _ in range(2):
+            r = await stack.enter_async_context(client.stream("GET", url(base, target)))
+            assert r.status_code == 200
+        status, text = await refusal(client, url(base, target))
+        assert status == 503 and "2 MJPEG viewers from 127.0.0.1 already" in text, text
+        neighbour = await stack.enter_async_context(httpx.AsyncClient(timeout=30, transport=other))
+        async with neighbour.stream("GET", url(base, target)) as r:
+            parts = Parts(r)  # kept: its reader, collected, would close the stream
+            await parts.next()
+            assert endpoint.viewers == {"127.0.0.1": 2, "127.0.0.2": 1}
+            metrics = (await neighbour.get(base + "/metrics")).text.splitlines()
+            assert "pvwire_mjpeg_viewers 3" in metrics
+
+
 async def test_feeds_encode_in_threads_of_their_own_and_are_not_connections() -> None:
     # One connection per address: a feed counted as one would refuse the stream client.
     async with (
@@ -515,7 +541,8 @@ async def test_feeds_encode_in_threads_of_their_own_and_are_not_connections() ->
         httpx.AsyncClient(timeout=30) as client,
         client.stream("GET", url(base, "sim://image?width=64&height=48&rate=5")) as r,
     ):
-        await Parts(r).next()
+        parts = Parts(r)  # kept: its reader, collected, would close the stream
+        await parts.next()
         async with httpx.AsyncClient(timeout=30) as scraper:
             metrics = (await scraper.get(base + "/metrics")).text.splitlines()
         for line in ("pvwire_clients 0", "pvwire_mjpeg_feeds 1", "pvwire_mjpeg_viewers 1"):

@@ -11,7 +11,7 @@ import numpy as np
 from pvwire.model import VALUE, ConnState, Metadata
 from pvwire.pvws.encoder import PvwsEncoder
 from pvwire.pvws.pv import Opened, PvSource, PvwsRefused
-from pvwire.pvws.session import MAX_HELD_ERRORS, PvwsSession
+from pvwire.pvws.session import MAX_HELD_ERRORS, PvwsSession, about
 from pvwire.wire.session import SessionLimits
 from pvwire.wire.tokens import Claims
 
@@ -356,3 +356,14 @@ def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
     while big.opening:
         opener.one_pass()
     assert len(big.pvs) == 100 and not opener._waiting
+
+
+def test_a_failure_names_the_pv_once_as_the_client_asked_for_it() -> None:
+    why = "sim://x: unknown sim function 'x'"
+    assert about("sim://x", why) == why
+    assert about("x", "loc://x: this server keeps at most 2 local PVs") == (
+        "x: this server keeps at most 2 local PVs"
+    )
+    spaced = 'loc://s("a b"): expected NAME'
+    assert about('loc://s("a b")', spaced) == spaced
+    assert about("ca://X", "no server answered") == "ca://X: no server answered"

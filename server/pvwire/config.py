@@ -75,6 +75,8 @@ class Settings:
     pvws_image_bytes_per_s: float = number("pvws_image_bytes_per_s")
     max_cost_per_s: float = number("max_cost_per_s")  # GraphQL cost per identity per second
     max_connections_per_address: int = integer("max_connections_per_address")
+    # MJPEG viewers from one address, a share of the process's mjpeg_max_viewers.
+    mjpeg_viewers_per_address: int = integer("mjpeg_viewers_per_address")
     max_attachments_per_connection: int = integer("max_attachments_per_connection")
     catalogue: list[str] = field(default_factory=list)  # ids offered by search
     catalogue_file: str = ""  # more ids, one per line; read again when it changes

@@ -282,6 +282,10 @@ LIMITS: tuple[Limit, ...] = (
     Limit("oidc_fetch_timeout_s", 10.0, "s",
           "one request to the issuer (discovery document, JWKS)",
           "the keys in hand stay; tried again after `oidc_min_interval_s`"),
+    # --- MJPEG viewers per address (/mjpeg) ---
+    # A quarter of mjpeg_max_viewers: it takes at least four addresses to fill the process.
+    Limit("mjpeg_viewers_per_address", 50, "viewers",
+          "MJPEG connections at once from one client address", "HTTP 503", setting=True),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

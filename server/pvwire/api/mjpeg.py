@@ -166,7 +166,7 @@ class MjpegEndpoint:
         if not readable:
             return _text(403, f"{identity.describe()} may not read {candidates[-1]}")
         address = identity.address
-        per_address = hub.settings.max_connections_per_address
+        per_address = hub.settings.mjpeg_viewers_per_address
         if sum(self.viewers.values()) >= self.max_viewers:
             return _text(503, f"this server serves {self.max_viewers} MJPEG viewers at most")
         if self.viewers.get(address, 0) >= per_address:

@@ -26,6 +26,7 @@ by type (`TYPES`).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -41,7 +42,7 @@ from .frames import utf8_size
 from .messages import BadMessage, Ping, Write, may_read_errors, parse, pv_names, shorten, write_of
 from .pv import Opened, Pv, PvSource, PvTable, PvwsRefused
 
-__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession"]
+__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession", "about"]
 
 log = logging.getLogger("pvwire.pvws")
 
@@ -51,6 +52,17 @@ MAX_HELD_ERRORS = integer("pvws_max_held_errors")
 # 64 KiB too. A tick of 200 changed PVs is ~30 KB of JSON.
 WRITE_BATCH = 64 * 1024
 _CONNECTED = ConnState.CONNECTED
+# A reason that opens with a channel id (sim's and loc's do: `sim://x: ...`) names it already.
+_NAMED = re.compile(r"[a-z][a-z0-9+.-]*://\S*: ")
+
+
+def about(name: str, why: str) -> str:
+    """`why` with `name` before it once: an id the reason opens with gives way to `name`, the
+    PV as the client asked for it."""
+    if why.startswith(f"{name}: "):  # an id with spaces (`loc://x("a b")`) too
+        return why
+    named = _NAMED.match(why)
+    return f"{name}: {why[named.end() if named else 0 :]}"
 
 
 class PvwsHost(Protocol):
@@ -223,7 +235,7 @@ class PvwsSession(AttachedSession[str, Pv]):
         try:
             opened = self._host.open(name, self, att, False)
         except PvwsRefused as exc:
-            self.write_failed(f"Cannot subscribe to {name}: {exc}")
+            self.write_failed(f"Cannot subscribe to {about(name, str(exc))}")
             return
         self._next_att += 1
         pv = Pv(name, att, opened)
@@ -260,7 +272,7 @@ class PvwsSession(AttachedSession[str, Pv]):
         if pv is None or self.close_request:
             return
         self._release(pv)
-        self.write_failed(f"{pv.name}: {message}")
+        self.write_failed(about(pv.name, message))
 
     # --- the tick -----------------------------------------------------------------------------
 
@@ -365,7 +377,7 @@ class PvwsSession(AttachedSession[str, Pv]):
                 # tells the page's user what to fix (cs-web-lib shows errors as toasts).
                 pv.failure = why
                 if why:
-                    self.write_failed(f"{pv.name}: {why}")
+                    self.write_failed(about(pv.name, why))
             if not pv.shown:
                 return None  # pvws sends nothing for a PV that never connected
             pv.shown = False
