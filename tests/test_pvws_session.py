@@ -367,3 +367,51 @@ def test_a_failure_names_the_pv_once_as_the_client_asked_for_it() -> None:
     spaced = 'loc://s("a b"): expected NAME'
     assert about('loc://s("a b")', spaced) == spaced
     assert about("ca://X", "no server answered") == "ca://X: no server answered"
+
+
+def test_first_values_wait_for_the_send_budget_and_each_pv_gets_one() -> None:
+    """A client that subscribes many PVs and reads nothing holds its budget, not their values."""
+    ch, budget = FakeChannel(), 1000
+    s = session(ch, PvwsEncoder(), budget=budget)
+    names = [f"pv{i}" for i in range(100)]
+    s.receive(json.dumps({"type": "subscribe", "pvs": names}))
+    one = len(s._encoder.text("pv99", ch, True, True, True).encode())
+    assert 100 * one > 3 * budget  # all the first values would overrun it
+    assert s.queued_bytes <= budget + one and s.behind
+    ch.set(2.5)  # a change while behind of a PV still waiting: merged into its first value
+    s.collect(51, object())
+    s.flush_tick()
+    assert s.conflated == 1
+    got = [json.loads(t) for t in drain(s)]
+    assert [t["pv"] for t in got] == names  # one first value each, in subscribe order
+    assert all("units" in t for t in got)  # each is a whole first value, metadata included
+    assert got[50]["value"] == 2.5 and not s.behind and s.queued_bytes == 0
+
+
+def test_a_catch_up_queues_within_the_send_budget_too() -> None:
+    ch, budget = FakeChannel(), 1000
+    s = session(ch, PvwsEncoder(), budget=budget)
+    s.receive(json.dumps({"type": "subscribe", "pvs": [f"pv{i}" for i in range(100)]}))
+    one = len(s._encoder.text("pv99", ch, True, True, True).encode())
+    sent = 0
+    while (t := s.next_text()) is not None:
+        s.sent(len(t))
+        sent += 1
+        assert s.queued_bytes <= budget + one
+    assert sent == 100
+
+
+def test_first_image_frames_are_paced_to_the_image_budget() -> None:
+    meta = Metadata("uint16", 64, "")
+    ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
+    s = image_session(ch, clock, rate=1000.0)
+    names = [f"img{i}" for i in range(5)]
+    s.receive(json.dumps({"type": "subscribe", "pvs": names}))
+    size = len(s._encoder.text("img0", ch, True, True, True).encode())
+    assert [json.loads(t)["pv"] for t in drain(s)] == ["img0"]  # one frame: the budget owes
+    got: list[str] = []
+    for _ in names[1:]:
+        clock.now += size / 1000.0  # paid off: the next first frame goes, one at a time
+        s.housekeeping(clock.now)
+        got += [json.loads(t)["pv"] for t in drain(s)]
+    assert got == names[1:] and s.images_held == 0

@@ -10,8 +10,8 @@ attachment of a one-channel view shared with every other client of that channel,
 tick. The JSON of a channel's state is made once (`PvwsEncoder`) and the same string is queued
 for every client that needs it; what the session keeps per PV is what that client was sent
 (`pv.py`). Flow control is `/stream`'s: past `send_budget` queued the session merges (latest
-state per PV), and a queue that makes no progress for `stall_timeout` closes the connection with
-4008.
+state per PV; a PV opened then gets its first value with the catch-up), and a queue that
+makes no progress for `stall_timeout` closes the connection with 4008.
 
 Differences from pvws, on purpose: a severity change is sent for every type (pvws drops it for
 arrays and for a value whose type changed, e.g. after a disconnect); metadata is sent again when
@@ -37,7 +37,15 @@ from ..limits import integer
 from ..model import VALUE, ConnState
 from ..wire.attached import AttachedSession
 from ..wire.session import SessionLimits
-from .encoder import UNDEFINED, PvwsEncoder, connected, failure, json_text, severity_name
+from .encoder import (
+    UNDEFINED,
+    ChannelState,
+    PvwsEncoder,
+    connected,
+    failure,
+    json_text,
+    severity_name,
+)
 from .frames import utf8_size
 from .messages import BadMessage, Ping, Write, may_read_errors, parse, pv_names, shorten, write_of
 from .pv import Opened, Pv, PvSource, PvTable, PvwsRefused
@@ -241,13 +249,13 @@ class PvwsSession(AttachedSession[str, Pv]):
         pv = Pv(name, att, opened)
         self.pvs.add(pv)
         pv.entry = self._encoder.acquire(name)
-        # What the channel already holds goes out now: a client joining a watched channel must
-        # not wait for its next change.
-        text = self._update(pv)
-        if text is not None:
-            if pv.image and self.image_bytes_per_s > 0:
-                self._image_tokens -= utf8_size(text)  # a first frame is sent at once, counted
-            self._queue_text(text)
+        # What the channel already holds goes out now (a client joining a watched channel must
+        # not wait for its next change), within the send budget as a tick's changes: past it
+        # the first value goes with the catch-up, so subscribing costs no more than reading.
+        if self._flow.merging():
+            self._pending[att] = None
+        else:
+            self._send_updates((att,))
 
     def _release(self, pv: Pv) -> None:
         self.pvs.remove(pv)
@@ -337,11 +345,14 @@ class PvwsSession(AttachedSession[str, Pv]):
                         append(text)
                         continue
                 append(value_text(pv.name, ch))
+            elif self.image_bytes_per_s > 0 and _is_image(ch):
+                # An image's first frame (or one after a type change): paced as the next ones.
+                image = self._image_text(pv)
+                if image is not None:
+                    append(image)
             else:
                 update = self._update(pv)
                 if update is not None:
-                    if pv.image and self.image_bytes_per_s > 0:
-                        self._image_tokens -= utf8_size(update)  # a first frame, counted
                     append(update)
         if texts:
             self._flow.extend(texts, sum(map(utf8_size, texts)))
@@ -395,8 +406,7 @@ class PvwsSession(AttachedSession[str, Pv]):
         if with_meta and not pv.array and arrays_differ and isinstance(ch.value, np.ndarray):
             self._reopen.append(pv)  # pvws re-subscribes an array at the array rate
         if with_meta:
-            value = ch.value
-            pv.image = isinstance(value, np.ndarray) and value.ndim >= 2
+            pv.image = _is_image(ch)
         pv.shown = True
         pv.meta = meta
         pv.severity = severity
@@ -455,9 +465,14 @@ class PvwsSession(AttachedSession[str, Pv]):
         self._flow.sent(size, count)
 
     def _catch_up(self) -> None:
-        """The PVs changed while behind, each sent once from its channel's current state."""
-        pending, self._pending = list(self._pending), {}
-        self._send_updates(pending)
+        """The PVs changed (or opened) while behind, each sent once from its channel's current
+        state, in that order, while the queue is under the budget: the rest wait for the next
+        catch-up, so one of many PVs costs no more than the budget either."""
+        pending = self._pending
+        while pending and not self._flow.merging():
+            att = next(iter(pending))
+            del pending[att]
+            self._send_updates((att,))
 
     def _idle(self, now: float) -> None:
         if self._images_waiting and not self._flow.merging() and self._image_room():
@@ -471,3 +486,9 @@ class PvwsSession(AttachedSession[str, Pv]):
 
     def _queue_text(self, text: str) -> None:
         self._flow.push(text)
+
+
+def _is_image(ch: ChannelState) -> bool:
+    """Whether `ch` holds an image (an array of 2 or more dimensions), as `_update` records it."""
+    value = ch.value
+    return isinstance(value, np.ndarray) and value.ndim >= 2
