@@ -12,9 +12,9 @@ from .. import __version__
 from ..access.identity import Authenticator
 from ..core.hub import Hub
 from ..wire import codec as wire
-from ..wire.codes import POLICY, TRY_AGAIN, UNSUPPORTED
+from ..wire.codes import UNSUPPORTED
 from ..wire.session import Session, SessionLimits
-from .connection import Message, Wakeup, close_reason, refuse, run_connection
+from .connection import Message, Wakeup, admission_refusal, close_reason, refuse, run_connection
 
 __all__ = ["ALIGNED_SUBPROTOCOL", "SUBPROTOCOL", "router", "serve_stream"]
 
@@ -60,17 +60,12 @@ def router(hub: Hub, authenticator: Authenticator) -> APIRouter:
 
 
 async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authenticator) -> None:
-    settings = hub.settings
     origin = websocket.headers.get("origin")
     peer = websocket.client.host if websocket.client else ""
     address = authenticator.client_address(websocket.headers, peer)
-    if settings.allowed_origins and origin is not None and origin not in settings.allowed_origins:
-        # Browsers always send Origin; a client without one is not a browser (Python, Node).
-        await refuse(websocket, hub, POLICY, f"origin {origin!r} is not allowed")
-        return
-    if hub.connections_from(address) >= settings.max_connections_per_address:
-        limit = settings.max_connections_per_address
-        await refuse(websocket, hub, TRY_AGAIN, f"{limit} connections from {address} already")
+    refused = admission_refusal(hub, origin, address)
+    if refused is not None:
+        await refuse(websocket, hub, *refused)
         return
     offered = list(websocket.scope.get("subprotocols") or [])
     aligned = ALIGNED_SUBPROTOCOL in offered

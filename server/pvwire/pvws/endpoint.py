@@ -33,12 +33,12 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from ..access.identity import Authenticator, AuthError, Identity
-from ..api.connection import Message, Wakeup, refuse, run_connection
+from ..api.connection import Message, Wakeup, admission_refusal, refuse, run_connection
 from ..core.hub import Hub
 from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
 from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
-from ..wire.codes import INTERNAL, NORMAL, POLICY, TRY_AGAIN
+from ..wire.codes import INTERNAL, NORMAL, POLICY
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
 from .encoder import PvwsEncoder
@@ -215,13 +215,9 @@ class PvwsEndpoint:
         except AuthError as exc:
             await refuse(websocket, hub, POLICY, str(exc))
             return
-        allowed = settings.allowed_origins
-        if allowed and origin is not None and origin not in allowed:
-            await refuse(websocket, hub, POLICY, f"origin {origin!r} is not allowed")
-            return
-        if hub.connections_from(address) >= settings.max_connections_per_address:
-            limit = settings.max_connections_per_address
-            await refuse(websocket, hub, TRY_AGAIN, f"{limit} connections from {address} already")
+        refused = admission_refusal(hub, origin, address)
+        if refused is not None:
+            await refuse(websocket, hub, *refused)
             return
         await websocket.accept()
         wakeup = Wakeup()
