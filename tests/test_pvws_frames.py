@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from pvwire.pvws.encoder import PvwsEncoder
-from pvwire.pvws.frames import text_frames
+from pvwire.pvws.frames import binary_frame, text_frames
 from pvwire.pvws.session import PvwsSession
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
@@ -43,6 +43,15 @@ def test_frames_of_every_length_form_read_back_as_sent() -> None:
     assert [f.opcode for f in frames] == [Opcode.TEXT] * len(texts)
     assert all(f.fin and not (f.rsv1 or f.rsv2 or f.rsv3) for f in frames)
     assert [bytes(f.data).decode() for f in frames] == texts
+
+
+def test_binary_frames_of_every_length_form_read_back_as_sent() -> None:
+    """`/stream`'s messages, framed for the protocol's `write` (api/stream.py)."""
+    messages = [b"", b"\x00" * 125, b"\x91" * 126, b"\xff" * 65535, bytes(range(256)) * 256]
+    frames = parse(b"".join(binary_frame(m) for m in messages))
+    assert [f.opcode for f in frames] == [Opcode.BINARY] * len(messages)
+    assert all(f.fin and not (f.rsv1 or f.rsv2 or f.rsv3) for f in frames)
+    assert [bytes(f.data) for f in frames] == messages
 
 
 def drain_frames(s: PvwsSession, limit: int = 1 << 16) -> tuple[list[str], list[bytes]]:

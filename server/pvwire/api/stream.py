@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
 from starlette.websockets import WebSocket
@@ -11,6 +12,8 @@ from starlette.websockets import WebSocket
 from .. import __version__
 from ..access.identity import Authenticator
 from ..core.hub import Hub
+from ..pvws.frames import binary_frame
+from ..pvws.wsprotocol import FRAMES
 from ..wire import codec as wire
 from ..wire.codes import UNSUPPORTED
 from ..wire.session import Session, SessionLimits
@@ -97,7 +100,18 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
         elif message.get("text") is not None:
             session.receive_text()
 
+    # Straight to the socket where the server's protocol offers it (pvws/wsprotocol.py).
+    write = websocket.scope.get("extensions", {}).get(FRAMES, {}).get("write")
+    send = websocket.send_bytes if write is None else _framed(write)
     await run_connection(
-        websocket, hub, session, wakeup, handle, websocket.send_bytes, session.next_frame,
-        session.sent, log,
-    )  # fmt: skip
+        websocket, hub, session, wakeup, handle, send, session.next_frame, session.sent, log
+    )
+
+
+def _framed(write: Callable[[bytes], Awaitable[None]]) -> Callable[[bytes], Awaitable[None]]:
+    """Each message as one binary frame through the protocol's `write`."""
+
+    async def send(message: bytes) -> None:
+        await write(binary_frame(message))
+
+    return send

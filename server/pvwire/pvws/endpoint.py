@@ -251,13 +251,11 @@ class PvwsEndpoint:
 
         self.sessions[session.id] = session
         try:
-            if FRAMES in websocket.scope.get("extensions", {}):
+            write = websocket.scope.get("extensions", {}).get(FRAMES, {}).get("write")
+            if write is not None:
                 # Every message queued since the last write, in one write (wsprotocol.py).
-                async def send_frames(frames: bytes) -> None:
-                    await websocket.send({"type": "websocket.send", FRAMES: frames})
-
                 await run_connection(
-                    websocket, hub, session, wakeup, handle, send_frames,
+                    websocket, hub, session, wakeup, handle, write,
                     session.next_frames, session.frames_written, log,
                 )  # fmt: skip
             else:

@@ -1,5 +1,5 @@
-"""WebSocket text frames (RFC 6455 section 5.2) as a server sends them: FIN set, unmasked, no
-extension. Made here so that many messages can go to the socket in one write
+"""WebSocket text and binary frames (RFC 6455 section 5.2) as a server sends them: FIN set,
+unmasked, no extension. Made here so that many messages can go to the socket in one write
 (wsprotocol.py); websockets' own `Frame.serialize`, one call per message, was 5 % of the
 server's CPU with 10 pvws clients x 200 PVs at 10 Hz.
 """
@@ -9,11 +9,21 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-__all__ = ["text_frames", "utf8_size"]
+__all__ = ["binary_frame", "text_frames", "utf8_size"]
 
 _SHORT = [bytes((0x81, n)) for n in range(126)]  # a header of a payload under 126 bytes
 _MEDIUM = struct.Struct("!BBH")
 _LONG = struct.Struct("!BBQ")
+
+
+def binary_frame(data: bytes) -> bytes:
+    """One binary frame (a `/stream` message)."""
+    n = len(data)
+    if n < 126:
+        return bytes((0x82, n)) + data
+    if n < 65536:
+        return _MEDIUM.pack(0x82, 126, n) + data
+    return _LONG.pack(0x82, 127, n) + data
 
 
 def text_frames(texts: Iterable[str]) -> bytes:
