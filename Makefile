@@ -52,8 +52,9 @@ $(VENV)/.installed: requirements.lock pyproject.toml setup.py clients/py/pyproje
 	touch $@
 
 # The compiled modules, built in place with Debian's g++ (and the gcc it brings): the PVA monitor
-# module (server/pvwire/upstream/_pvaingest.cpp) against the installed pvxslibs, and the history
-# journal's writer (server/pvwire/core/_journal.c); the script does nothing while they are up to date.
+# module (server/pvwire/upstream/_pvaingest.cpp) against the installed pvxslibs, the history
+# journal's writer (server/pvwire/core/_journal.c) and the tick's routing (core/_tick.c); the
+# script does nothing while they are up to date.
 ext: venv
 	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 	$(PY) scripts/build_ext.py
@@ -69,7 +70,7 @@ ext: venv
 # the process was a server a test started.
 SANITIZE_DIR := build/sanitize
 SANITIZE_TESTS := tests/test_pva_ingest.py tests/test_pva_fast_path.py tests/test_backend_pva.py \
-	tests/test_journal.py tests/test_history.py
+	tests/test_journal.py tests/test_history.py tests/test_tick_compiled.py
 SANITIZE_REPORT := $(abspath $(SANITIZE_DIR))/report
 SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PYTHONMALLOC=malloc \
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
@@ -78,8 +79,8 @@ SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PYTHONMALLOC=malloc \
 sanitize: venv
 	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 	$(PY) scripts/build_ext.py --sanitize $(SANITIZE_DIR)
-	$(SANITIZE_ENV) $(PY) -c 'import pvwire.upstream._pvaingest as m, pvwire.core._journal as j, sys; \
-		sys.exit(next((x.__file__ for x in (m, j) \
+	$(SANITIZE_ENV) $(PY) -c 'import pvwire.upstream._pvaingest as m, pvwire.core._journal as j, \
+		pvwire.core._tick as t, sys; sys.exit(next((x.__file__ for x in (m, j, t) \
 		if not x.__file__.startswith("$(abspath $(SANITIZE_DIR))/")), 0))'
 	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(SANITIZE_TESTS); \
 		status=$$?; if ls $(SANITIZE_REPORT).* >/dev/null 2>&1; then \
@@ -189,7 +190,7 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_fail
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
 	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \
 	ratelimit reconnect_storm refusals roundtrip \
-	session_hub stream_client tick tokens vectors)
+	session_hub stream_client tick tick_compiled tokens vectors)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 
@@ -255,4 +256,4 @@ runtime-lock: venv
 	$(PY) scripts/runtime_lock.py
 
 clean:
-	rm -rf $(VENV) $(addprefix .venv-,$(MATRIX_PYTHONS)) $(CONIQL_VENV) .cache $(SANITIZE_DIR) server/pvwire/upstream/_pvaingest*.so server/pvwire/core/_journal*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql
+	rm -rf $(VENV) $(addprefix .venv-,$(MATRIX_PYTHONS)) $(CONIQL_VENV) .cache $(SANITIZE_DIR) server/pvwire/upstream/_pvaingest*.so server/pvwire/core/_journal*.so server/pvwire/core/_tick*.so $(TS)/node_modules $(TS)/dist server/pvwire/static $(GRAPHIQL)/node_modules server/pvwire/graphiql

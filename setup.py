@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent
 MODULES = {
     "pvwire.upstream._pvaingest": "server/pvwire/upstream/_pvaingest.cpp",
     "pvwire.core._journal": "server/pvwire/core/_journal.c",
+    "pvwire.core._tick": "server/pvwire/core/_tick.c",
 }
 
 

@@ -51,8 +51,7 @@ def _setup(ticker: Ticker, k: int) -> tuple[list[Channel], View, Session]:
         ch.on_update(0.0, 1_700_000_000, 0, 0, 0, "NO_ALARM")
         channels.append(ch)
     view = View(ViewKey(tuple(c.id for c in channels), "LATEST", 0.0), channels)
-    for sid, ch in enumerate(channels):
-        ch.views[(view, sid)] = None
+    view.link()
     session = _session(0)
     view.attachments[(session, 1)] = None  # type: ignore[arg-type]
     _tick(ticker, session)

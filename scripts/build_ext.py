@@ -9,7 +9,8 @@ against the pvxs and EPICS headers that the installed `pvxslibs` and `epicscorel
 with their compiler settings (`epicscorelibs.config`: pvxs is built with the pre-C++11 string
 ABI, which our code must share), and linked to their libraries; setuptools' build_ext supplies
 Python's own flags and file name. `pvwire.core._journal` (the history journal's writer,
-server/pvwire/core/_journal.c) needs nothing but Python. Nothing is done for a module newer than
+server/pvwire/core/_journal.c) and `pvwire.core._tick` (the tick's routing and splicing,
+server/pvwire/core/_tick.c) need nothing but Python. Nothing is done for a module newer than
 its source, this script and the libraries it links (replaced wheels bring newer library files).
 """
 
@@ -37,6 +38,7 @@ from setuptools import Distribution, Extension  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "server" / "pvwire" / "upstream" / "_pvaingest.cpp"
 JOURNAL_SOURCE = ROOT / "server" / "pvwire" / "core" / "_journal.c"
+TICK_SOURCE = ROOT / "server" / "pvwire" / "core" / "_tick.c"
 
 
 # Any error stops the process (no recovery), with a stack that names the lines: -O1 and frame
@@ -69,10 +71,11 @@ def extension(sanitize: bool = False) -> Extension:
     )
 
 
-def journal_extension(sanitize: bool = False) -> Extension:
+def c_extension(name: str, source: Path, sanitize: bool = False) -> Extension:
+    """A module of one C file that needs nothing but Python."""
     return Extension(
-        "pvwire.core._journal",
-        sources=[str(JOURNAL_SOURCE.relative_to(ROOT))],
+        name,
+        sources=[str(source.relative_to(ROOT))],
         extra_compile_args=["-Wall", "-Wextra"]
         + ([*SANITIZE, "-O1", "-g"] if sanitize else ["-O2", "-g0"]),
         extra_link_args=SANITIZE if sanitize else [],
@@ -81,7 +84,11 @@ def journal_extension(sanitize: bool = False) -> Extension:
 
 def extensions(sanitize: bool = False) -> list[Extension]:
     """Every compiled module of pvwire."""
-    return [extension(sanitize), journal_extension(sanitize)]
+    return [
+        extension(sanitize),
+        c_extension("pvwire.core._journal", JOURNAL_SOURCE, sanitize),
+        c_extension("pvwire.core._tick", TICK_SOURCE, sanitize),
+    ]
 
 
 def up_to_date(ext: Extension) -> bool:
@@ -105,7 +112,7 @@ def build(ext: Extension, into: Path | None) -> None:
 def sanitized(into: Path) -> None:
     """A copy of the package in `into`, its modules built with the sanitizers (every time)."""
     shutil.rmtree(into, ignore_errors=True)
-    ignore = shutil.ignore_patterns("_pvaingest*.so", "_journal*.so", "__pycache__")
+    ignore = shutil.ignore_patterns("_pvaingest*.so", "_journal*.so", "_tick*.so", "__pycache__")
     shutil.copytree(ROOT / "server" / "pvwire", into / "pvwire", ignore=ignore)
     for ext in extensions(sanitize=True):
         build(ext, into)

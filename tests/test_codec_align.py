@@ -211,9 +211,7 @@ def test_views_entries_align_in_every_frame_kind(mode: str, reduction: Reduction
         ch.on_connection(ConnState.CONNECTED)
         channels.append(ch)
     view = View(ViewKey(tuple(c.id for c in channels), mode, 0.0, reduction), channels)
-    for sid, ch in enumerate(channels):
-        ch.views[(view, sid)] = None
-        ch.all_views += mode == "ALL"
+    view.link()
     for step in range(2):  # two updates per channel before the tick: two entries each in ALL
         for ch, v in zip(channels, values, strict=True):
             ch.on_update(v + step, 1_700_000_000, step, 0, 0, "")

@@ -109,11 +109,11 @@ def test_image_runs_as_the_deployment_says(
     assert found.split() == [], found
     code = (
         "import importlib.metadata as m, pvwire.upstream._pvaingest as x, "
-        "pvwire.core._journal as j; print(x.__file__); print(j.__file__); "
-        "print(m.distribution('pvwire').read_text('WHEEL'))"
+        "pvwire.core._journal as j, pvwire.core._tick as t; print(x.__file__); "
+        "print(j.__file__); print(t.__file__); print(m.distribution('pvwire').read_text('WHEEL'))"
     )
-    pva, journal, *wheel = container.exec("python", "-c", code).splitlines()
-    for module in (pva, journal):  # the wheel's compiled modules, installed into the image
+    pva, journal, tick, *wheel = container.exec("python", "-c", code).splitlines()
+    for module in (pva, journal, tick):  # the wheel's compiled modules, installed into the image
         assert module.startswith("/usr/") and "-packages/pvwire/" in module, module
     (tag,) = [line.split(": ", 1)[1] for line in wheel if line.startswith("Tag: ")]
     record_property("image_wheel_tag", tag)

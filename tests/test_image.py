@@ -81,6 +81,7 @@ def context_files() -> list[str]:
         "server/pvwire/graphiql/graphiql/graphiql.min.js",
         "server/pvwire/upstream/_pvaingest.cpython-311-x86_64-linux-gnu.so",  # compiled in it
         "server/pvwire/core/_journal.cpython-311-x86_64-linux-gnu.so",
+        "server/pvwire/core/_tick.cpython-311-x86_64-linux-gnu.so",
         "clients/ts/dist/index.js",
         "tests/test_cli.py",
         "server/pvwire_dev/ioc.py",  # development only: not in the wheel either
@@ -243,7 +244,8 @@ def test_fresh_install_has_runtime_packages_only(fresh: FreshInstall) -> None:
     listed = fresh.run("-m", "pip", "list", "--format=freeze").splitlines()
     installed = {normal(line.partition("==")[0]) for line in listed}
     assert installed == set(pins(ROOT / "requirements-runtime.lock")) | {"pvwire", "pip"}
-    for module in ("pvwire", "pvwire.upstream._pvaingest", "pvwire.core._journal"):
+    compiled = ("pvwire.upstream._pvaingest", "pvwire.core._journal", "pvwire.core._tick")
+    for module in ("pvwire", *compiled):
         where = fresh.run("-c", f"import {module}; print({module}.__file__)").strip()
         assert where.startswith(str(fresh.where / "venv")), where  # not the source tree
 

@@ -23,11 +23,13 @@ pytestmark = [pytest.mark.ioc, pytest.mark.usefixtures("epics_env")]
 
 def test_compiled_modules_load_with_the_package() -> None:
     import pvwire.core._journal as journal
+    import pvwire.core._tick as tick
     import pvwire.upstream._pvaingest as pva
 
     package = Path(pvwire.__file__).parent
     assert Path(pva.__file__).parent == package / "upstream"
     assert Path(journal.__file__).parent == package / "core"
+    assert Path(tick.__file__).parent == package / "core"
     # Without the module the server would report every pva:// channel as unavailable.
     assert pva_ingest.UNAVAILABLE is None
 

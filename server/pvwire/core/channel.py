@@ -92,8 +92,49 @@ JOURNAL_SLOTS = (
 )
 
 
+# The slots core/_tick.c's `Router` reads at each tick by member offset (core/view.py makes it
+# and checks this list against the module's at import): `dirty` (an exact int, set to 0 once
+# routed), `views` (a dict of (view, sid), walked for ALL-mode views when `all_views`),
+# `latest_views` (a dict of the LATEST views holding it), `history` (a list, emptied), `known`
+# and `_cache`, where it finds a body `Channel.body` has cached under its bare mask, and
+# `number`, under which it lists the channel's change in its table (`NUMBERS`).
+TICK_SLOTS = (
+    "dirty",
+    "views",
+    "latest_views",
+    "all_views",
+    "history",
+    "known",
+    "_cache",
+    "number",
+)
+
+
+class Numbers:
+    """Small ints, each held by one live channel at a time: the compiled tick lists changes in a
+    table indexed by them, and a view lists its channels' (core/_tick.c). Bounded by the most
+    channels alive at once."""
+
+    def __init__(self) -> None:
+        self._free: list[int] = []
+        self._next = 0
+
+    def take(self) -> int:
+        if self._free:
+            return self._free.pop()
+        self._next += 1
+        return self._next - 1
+
+    def give(self, number: int) -> None:
+        self._free.append(number)
+
+
+NUMBERS = Numbers()
+
+
 class Channel:
-    # Nine of these are read by core/_journal.c by member offset: JOURNAL_SLOTS above.
+    # Nine of these are read by core/_journal.c by member offset: JOURNAL_SLOTS above; five by
+    # core/_tick.c: TICK_SLOTS.
     __slots__ = (
         "_cache",
         "all_views",
@@ -107,6 +148,7 @@ class Channel:
         "history_write",
         "id",
         "known",
+        "latest_views",
         "listener",
         "message",
         "meta",
@@ -115,6 +157,7 @@ class Channel:
         "monitor",
         "name",
         "nanoseconds",
+        "number",
         "reason",
         "recorder",
         "refs",
@@ -163,6 +206,10 @@ class Channel:
         # a view's going costs one lookup whatever the number of views of the channel.
         self.views: dict[tuple[ChangeSink, int], None] = {}
         self.all_views = 0  # ALL-mode views: only then is `history` kept
+        # LATEST view -> how many of its sids are this channel: the views the compiled tick
+        # finds changed through it (core/_tick.c), each then reading its channels' masks.
+        self.latest_views: dict[ChangeSink, int] = {}
+        self.number = NUMBERS.take()  # given back by `retire` when the registry closes it
         self.history: list[wire.EntryBody] = []
         # Keyed by mask, or (mask, reduction, writes) for the views that asked for a reduction
         # or whose mask holds META (`writable` differs by the view's access).
@@ -184,6 +231,12 @@ class Channel:
         # not in the journal yet: the tick writes it (`write_all_pending`), or the next update, a
         # read of the history or a change of recorder before it (`write_pending`).
         self.history_pending = False
+
+    def retire(self) -> None:
+        """Closed for good (the registry let go of it): its number goes to another channel."""
+        if self.number >= 0:
+            NUMBERS.give(self.number)
+            self.number = -1
 
     def record_into(self, recorder: ChannelHistory | None) -> None:
         """Record this channel's updates into `recorder` from now on (None: nowhere)."""

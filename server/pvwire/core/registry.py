@@ -102,6 +102,7 @@ class Registry:
         if ch.refs > 0 or self.channels.get(ch.id) is not ch:
             return
         del self.channels[ch.id]
+        ch.retire()
         self._searching.pop(ch, None)
         self.updates_closed += ch.updates
         if ch.recorder is not None:
@@ -152,10 +153,7 @@ class Registry:
                     self.release(ch)
                 raise
             view = View(key, channels)
-            for sid, ch in enumerate(channels):
-                ch.views[(view, sid)] = None
-                if view.all_mode:
-                    ch.all_views += 1
+            view.link()
             self.views[key] = view
         view.attachments[(session, att)] = None
         return view
@@ -166,9 +164,7 @@ class Registry:
         if view.attachments:
             return False
         del self.views[view.key]
-        for sid, ch in enumerate(view.channels):
-            del ch.views[(view, sid)]
-            if view.all_mode:
-                ch.all_views -= 1
+        view.unlink()
+        for ch in view.channels:
             self.release(ch)
         return True

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..limits import integer
 from ..wire.codes import INTERNAL
+from . import view as view_module
 from .channel import Channel, FailureUnit, write_all_pending
 from .clients import Client
 from .view import View, ViewFailed
@@ -118,14 +119,16 @@ class Ticker:
             # client that asks for history after this frame finds them there.
             if self.records:
                 self._write_history(dirty)
-            for ch in dirty:
-                self._route(ch, active)
+            self._route_all(dirty, active)
             touched: list[Client] = []
             for view in active:
                 self._emit(view, now, touched)
             for session in touched:
                 self._guard(session, session.flush_tick)
         finally:
+            if view_module.ROUTER is not None:
+                # A splice after the tick reads the channels' current state.
+                view_module.ROUTER.forget()
             if self._waiting:
                 self._schedule(min(v.next_due for v in self._waiting))
             self._record(time.perf_counter() - started)
@@ -139,18 +142,44 @@ class Ticker:
             self._once("history", "writing the tick's updates into the history failed: %r", exc)
             self.count_failure("history")
 
+    def _route_all(self, dirty: list[Channel], active: dict[View, None]) -> None:
+        """Hand each dirty channel's change to each of its views: compiled where built
+        (core/_tick.c: each changed LATEST view reads its channels' masks in one pass, and
+        ALL-mode views go through `_add_change`), else channel by channel in Python."""
+        router = view_module.ROUTER  # read at each tick: a test may run both paths
+        if router is None:
+            for ch in dirty:
+                self._route(ch, active)
+            return
+        try:
+            router.route(dirty, active, self._add_change, object())
+        except Exception as exc:
+            # Not a view's own failure (those are contained in `_add_change`): memory, or a
+            # channel or view the compiled path does not take. It left every channel dirty;
+            # Python routes them (a mask merged twice is the same mask).
+            self._once("route", "routing the tick's changes failed: %r", exc)
+            self.count_failure("view")
+            for ch in dirty:
+                if ch.dirty:
+                    self._route(ch, active)
+
     def _route(self, ch: Channel, active: dict[View, None]) -> None:
         """Hand one dirty channel's change to each of its views."""
         mask, ch.dirty = ch.dirty, 0
         view: View
         for view, sid in ch.views:  # type: ignore[assignment]  # views are its only sinks
-            try:
-                if view.add_change(sid, mask, ch):
-                    active[view] = None
-            except Exception as exc:
-                self._fail_view(view, exc)
+            if self._add_change(view, sid, mask, ch):
+                active[view] = None
         if ch.history:
             ch.history.clear()
+
+    def _add_change(self, view: View, sid: int, mask: int, ch: Channel) -> bool:
+        """`view.add_change`, its failure contained to the view."""
+        try:
+            return view.add_change(sid, mask, ch)
+        except Exception as exc:
+            self._fail_view(view, exc)
+            return False
 
     def _emit(self, view: View, now: float, touched: list[Client]) -> None:
         if not view.pending or not view.attachments:

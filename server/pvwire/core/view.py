@@ -13,6 +13,7 @@ value wins, the serial keeps the count) until it is. So is the view's array redu
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,13 +22,14 @@ from ..limits import ALL_MODE_PER_VIEW
 from ..model import CONN, META
 from ..wire import codec as wire
 from .backfill import Backfill
+from .channel import TICK_SLOTS as CHANNEL_TICK_SLOTS
 from .channel import Channel
 from .reduce import NO_REDUCTION, Reduction
 
 if TYPE_CHECKING:
     from .clients import Client
 
-__all__ = ["ALL_PENDING_LIMIT", "View", "ViewFailed", "ViewKey"]
+__all__ = ["ALL_PENDING_LIMIT", "ROUTER", "View", "ViewFailed", "ViewKey"]
 
 log = logging.getLogger("pvwire.view")
 
@@ -56,6 +58,13 @@ class ViewKey:
     writes: bytes = b""
 
 
+# The View slots core/_tick.c's `Router` reads: `pending` (a dict it merges masks into, for a
+# view whose `all_mode` is exactly False; any other view's change goes through `add_change`),
+# `channels` (a list) and `numbers` (their numbers, int32 bytes), `routed` (the token of the
+# last tick that found it changed, which it writes) and `writes`.
+TICK_SLOTS = ("pending", "all_mode", "channels", "numbers", "routed", "writes")
+
+
 class View:
     __slots__ = (
         "_all_sids",
@@ -64,10 +73,12 @@ class View:
         "channels",
         "key",
         "next_due",
+        "numbers",
         "pending",
         "pending_all",
         "period",
         "reduction",
+        "routed",
         "tick_bodies",
         "tick_encoded",
         "tick_masks",
@@ -82,6 +93,9 @@ class View:
         self.writes = key.writes or bytes(len(channels))
         self.period = 1.0 / key.max_rate if key.max_rate > 0 else 0.0
         self.next_due = 0.0
+        self.routed: object = None  # the compiled tick's mark (core/_tick.c)
+        # The channels' numbers (Channel.number), which the compiled tick reads in order.
+        self.numbers = array("i", [ch.number for ch in channels]).tobytes()
         self.pending: dict[int, int] = {}  # sid -> merged field mask since the last emission
         # ALL mode: (sid, body) of every entry in upstream order; bodies, not encoded entries, so
         # that emitting knows where their arrays lie (frames align them, codec.Entries).
@@ -95,6 +109,26 @@ class View:
         self.tick_bodies: list[wire.EntryBody] | None = None  # ALL mode: the emitted bodies
         self._all_sids: list[int] = []
         self.tick_encoded: wire.Entries | None = wire.Entries(0, b"\x90", b"")
+
+    def link(self) -> None:
+        """Be told of the channels' changes from now on."""
+        for sid, ch in enumerate(self.channels):
+            ch.views[(self, sid)] = None
+            if self.all_mode:
+                ch.all_views += 1
+            else:
+                ch.latest_views[self] = ch.latest_views.get(self, 0) + 1
+
+    def unlink(self) -> None:
+        """Be told of nothing more (`link` undone)."""
+        for sid, ch in enumerate(self.channels):
+            del ch.views[(self, sid)]
+            if self.all_mode:
+                ch.all_views -= 1
+            elif ch.latest_views[self] > 1:
+                ch.latest_views[self] -= 1
+            else:
+                del ch.latest_views[self]
 
     def add_change(self, sid: int, mask: int, channel: Channel) -> bool:
         """Record that channel `sid` changed; True if the view had nothing pending before."""
@@ -169,6 +203,10 @@ class View:
         channels = self.channels
         r = self.reduction
         w = self.writes
+        if r is None and ROUTER is not None:
+            data, arrays = ROUTER.splice(self, masks)
+            n = len(masks)
+            return wire.Entries(n, wire.array_header(n), data, arrays)
         return wire.encode_entries(
             list(masks), [channels[sid].body(m, True, r, w[sid] == 1) for sid, m in masks.items()]
         )
@@ -185,3 +223,21 @@ class View:
             range(len(self.channels)),
             [ch.full_body(r, w[sid] == 1) for sid, ch in enumerate(self.channels)],
         )
+
+
+# Routing and splicing compiled (core/_tick.c) where built: with distinct screens each runs once
+# per delivered update. Without it, the tick and `entries_for` do the same in Python.
+ROUTER: Router | None = None
+try:
+    from ._tick import CHANNEL_SLOTS, VIEW_SLOTS, Router
+except ImportError:  # not built: `make ext` builds it
+    pass
+else:
+    if (CHANNEL_SLOTS, VIEW_SLOTS) != (CHANNEL_TICK_SLOTS, TICK_SLOTS):
+        raise RuntimeError(
+            f"core/_tick.c reads the Channel slots {CHANNEL_SLOTS} and View slots {VIEW_SLOTS}, "
+            f"channel.py and view.py declare {CHANNEL_TICK_SLOTS} and {TICK_SLOTS} (TICK_SLOTS): "
+            "one side changed without the other"
+        )
+    # A TypeError here names a slot the C side reads that a class does not declare as its own.
+    ROUTER = Router(Channel, View, META)

@@ -1,0 +1,279 @@
+"""The tick's routing and splicing compiled (core/_tick.c) against the same in Python.
+
+Two identical worlds of channels and views go through the same ticks, one with the compiled
+`Router`, one without: after each tick every view holds the same pending masks, emits the same
+masks and the same entries (LATEST entries may come in another order: the compiled route reads
+a view's channels in sid order), and the compiled entries are exactly what `encode_entries`
+makes of them in their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pvwire.core import view as view_module
+from pvwire.core.channel import Channel
+from pvwire.core.reduce import NO_REDUCTION, Reduction
+from pvwire.core.tick import Ticker
+from pvwire.core.view import View, ViewKey
+from pvwire.model import META, ConnState, Metadata
+from pvwire.wire import codec as wire
+
+from tests.hub_doubles import FakeBackend
+
+ROUTER = view_module.ROUTER
+pytestmark = pytest.mark.skipif(ROUTER is None, reason="never: `make` builds core/_tick.c")
+
+VALUES: list[Any] = [1.5, 7, "text", np.arange(20.0), np.ones((4, 6), "<u2")]
+LOOP = asyncio.new_event_loop()  # the tickers' timers are armed on it but never run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_loop() -> Any:
+    yield
+    LOOP.close()
+
+
+class World:
+    """Channels and views linked as the registry links them, ticked by hand."""
+
+    def __init__(self, kinds: list[int], views: list[dict[str, Any]]) -> None:
+        self.ticker = Ticker(20.0, LOOP, records=False)
+        backend = FakeBackend()
+        self.kinds = kinds
+        self.channels = []
+        for i, _ in enumerate(kinds):
+            ch = Channel(f"sim://c{i}", backend, f"c{i}", self.ticker)
+            ch.on_meta(Metadata("float64", 1, "", "", 0))
+            ch.on_connection(ConnState.CONNECTED)
+            self.channels.append(ch)
+        self.views = []
+        for v in views:
+            chans = [self.channels[i] for i in v["sids"]]
+            key = ViewKey(
+                tuple(c.id for c in chans), v["mode"], v["rate"], v["reduction"], v["writes"]
+            )
+            view = View(key, chans)
+            view.link()
+            self.views.append(view)
+
+    def change(self, i: int, what: str, step: int) -> None:
+        ch = self.channels[i]
+        if what == "update":
+            value = VALUES[self.kinds[i]]
+            value = value + step if not isinstance(value, str) else f"{value}{step}"
+            ch.on_update(value, 1_700_000_000 + step, i, 0, 0, "")
+        elif what == "alarm":
+            ch.on_update(VALUES[0] + step, 1_700_000_000 + step, i, 2, 3, "HIGH")
+        elif what == "meta":
+            ch.on_meta(Metadata("float64", 1, f"u{step}", "", 0))
+        else:
+            ch.on_connection(ConnState.DISCONNECTED, "gone")
+            ch.on_connection(ConnState.CONNECTED)
+
+    def tick(self, compiled: bool, now: float) -> list[tuple[dict[int, int], Any]]:
+        """Route and emit as `Ticker.tick` does; each view's pending after the route, and
+        what it emitted (masks, entries) if it was due."""
+        router = ROUTER if compiled else None
+        view_module.ROUTER = router
+        try:
+            dirty, self.ticker._dirty = self.ticker._dirty, []
+            active, self.ticker._waiting = self.ticker._waiting, {}
+            self.ticker._route_all(dirty, active)
+            out: list[tuple[dict[int, int], Any]] = []
+            for view in self.views:
+                pending = dict(view.pending)
+                emitted = None
+                if view in active and view.pending and view.due(now):
+                    view.emit(now)
+                    entries = view.tick_entries
+                    if compiled and not view.all_mode:
+                        _check_spliced(view, entries)
+                    emitted = (view.tick_masks, _decoded(view, entries))
+                elif view in active and view.pending:
+                    self.ticker._waiting[view] = None
+                out.append((pending, emitted))
+            return out
+        finally:
+            if ROUTER is not None:
+                ROUTER.forget()
+            view_module.ROUTER = ROUTER
+
+
+def _decoded(view: View, entries: wire.Entries) -> Any:
+    items = msgpack.unpackb(
+        entries.head + entries.data, strict_map_key=False, ext_hook=lambda c, d: (c, d)
+    )
+    assert len(items) == entries.length
+    return items if view.all_mode else {e[0]: e for e in items}
+
+
+def _check_spliced(view: View, entries: wire.Entries) -> None:
+    """The compiled entries are `encode_entries` of the same bodies in their order."""
+    order = [e[0] for e in msgpack.unpackb(entries.head + entries.data, ext_hook=lambda c, d: 0)]
+    masks = view.tick_masks
+    assert sorted(order) == sorted(masks)
+    r = view.reduction
+    bodies = [view.channels[s].body(masks[s], True, r, view.writes[s] == 1) for s in order]
+    assert entries == wire.encode_entries(order, bodies)
+
+
+views_strategy = st.lists(
+    st.fixed_dictionaries(
+        {
+            "sids": st.lists(st.integers(0, 5), min_size=1, max_size=8),
+            "mode": st.sampled_from(["LATEST", "LATEST", "ALL"]),
+            "rate": st.sampled_from([0.0, 0.0, 4.0]),
+            "reduction": st.sampled_from([NO_REDUCTION, NO_REDUCTION, Reduction(columns=3)]),
+            "writes": st.booleans(),
+        }
+    ),
+    min_size=1,
+    max_size=6,
+)
+CHANGES = ["update", "update", "alarm", "meta", "conn"]
+ticks_strategy = st.lists(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from(CHANGES)),
+        max_size=10,
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    kinds=st.lists(st.integers(0, len(VALUES) - 1), min_size=6, max_size=6),
+    views=views_strategy,
+    ticks=ticks_strategy,
+)
+def test_compiled_and_python_ticks_give_every_view_the_same(
+    kinds: list[int], views: list[dict[str, Any]], ticks: list[list[tuple[int, str]]]
+) -> None:
+    for v in views:
+        if v["mode"] == "ALL":
+            v["reduction"] = NO_REDUCTION  # the GraphQL layer refuses a reduced ALL view
+        v["writes"] = bytes(s % 2 for s in range(len(v["sids"]))) if v["writes"] else b""
+    worlds = [World(kinds, views), World(kinds, views)]
+    for step, changes in enumerate(ticks):
+        now = 0.1 * step
+        for world in worlds:
+            for i, what in changes:
+                world.change(i, what, step)
+        compiled, python = (w.tick(c, now) for w, c in zip(worlds, (True, False), strict=True))
+        assert compiled == python
+        assert not worlds[0].ticker.stats.failures  # the compiled route took every change
+        for world in worlds:
+            assert all(ch.dirty == 0 and not ch.history for ch in world.channels)
+
+
+def test_entries_read_after_the_tick_are_the_channels_current_state() -> None:
+    """A session catching up after the tick reads what the channel holds now, not the body the
+    tick made: the tick's changes are let go when it ends."""
+    world = World(
+        [0, 0],
+        [{"sids": [0, 1], "mode": "LATEST", "rate": 0.0, "reduction": NO_REDUCTION, "writes": b""}],
+    )
+    world.change(0, "update", 1)
+    world.change(1, "update", 1)
+    world.tick(True, 0.0)
+    world.change(0, "update", 2)  # after the tick: the channel's cache holds the new value
+    got = _decoded(world.views[0], world.views[0].entries_for({0: 3, 1: 3}))
+    assert got[0][2] == VALUES[0] + 2 and got[1][2] == VALUES[0] + 1
+
+
+def test_a_view_holding_a_channel_twice_is_told_at_both_sids_and_unlinks_cleanly() -> None:
+    world = World(
+        [0, 1],
+        [
+            {
+                "sids": [0, 1, 0],
+                "mode": "LATEST",
+                "rate": 0.0,
+                "reduction": NO_REDUCTION,
+                "writes": b"",
+            }
+        ],
+    )
+    view, (c0, c1) = world.views[0], world.channels
+    assert c0.latest_views == {view: 2} and c1.latest_views == {view: 1}
+    world.tick(True, 0.0)  # their connection and metadata
+    world.change(0, "update", 1)
+    [(pending, emitted)] = world.tick(True, 0.0)
+    assert set(pending) == {0, 2} and emitted is not None
+    view.unlink()
+    assert c0.latest_views == {} and c1.latest_views == {} and not c0.views and not c1.views
+
+
+def test_a_failing_all_mode_view_fails_alone(caplog: pytest.LogCaptureFixture) -> None:
+    """`add_change` raising for one ALL-mode view: that view fails (its clients are closed to
+    resume), every other view still gets the change, through the compiled route."""
+
+    class BrokenView(View):
+        __slots__ = ()
+
+        def add_change(self, sid: int, mask: int, channel: Channel) -> bool:
+            raise RuntimeError("broken view")
+
+    world = World(
+        [0],
+        [
+            {"sids": [0], "mode": "LATEST", "rate": 0.0, "reduction": NO_REDUCTION, "writes": b""},
+        ],
+    )
+    (fine,) = world.views
+    broken = BrokenView(ViewKey(fine.key.ids, "ALL", 0.0), fine.channels)
+    broken.link()
+    world.views.insert(0, broken)
+    world.tick(True, 0.0)  # the connection and metadata: the broken view fails once already
+    world.ticker.stats.failures.clear()
+    world.change(0, "update", 1)
+    with caplog.at_level(logging.ERROR, logger="pvwire.tick"):
+        [_, (pending, emitted)] = world.tick(True, 0.0)
+    assert pending == {0: fine.tick_masks[0]} and emitted is not None
+    assert world.ticker.stats.failures == {"view": 1}
+    assert "broken view" in caplog.text
+
+
+def test_what_the_compiled_route_refuses_python_routes(caplog: pytest.LogCaptureFixture) -> None:
+    """A dirty channel of another class stops the compiled route with its channels still dirty;
+    the tick logs it once, counts it, and routes them all in Python: no view misses a change."""
+
+    class OtherChannel(Channel):
+        __slots__ = ()
+
+    world = World(
+        [0, 0],
+        [{"sids": [0, 1], "mode": "LATEST", "rate": 0.0, "reduction": NO_REDUCTION, "writes": b""}],
+    )
+    odd = OtherChannel("sim://odd", FakeBackend(), "odd", world.ticker)
+    odd.on_connection(ConnState.CONNECTED)
+    view = View(ViewKey(("sim://odd",), "LATEST", 0.0), [odd])
+    view.link()
+    world.views.append(view)
+    world.change(0, "update", 1)
+    odd.on_update(5.0, 1_700_000_001, 0, 0, 0, "")
+    world.change(1, "update", 1)
+    with caplog.at_level(logging.ERROR, logger="pvwire.tick"):
+        out = world.tick(True, 0.0)
+    assert [sorted(p) for p, _ in out] == [[0, 1], [0]]
+    assert all(e is not None for _, e in out)
+    assert world.ticker.stats.failures == {"view": 1}
+    assert "routing the tick's changes failed" in caplog.text
+    assert odd.dirty == 0 and all(ch.dirty == 0 for ch in world.channels)
+
+
+def test_the_router_names_a_slot_a_class_does_not_declare() -> None:
+    assert ROUTER is not None
+    with pytest.raises(TypeError, match="pending"):
+        type(ROUTER)(Channel, Channel, META)
+    with pytest.raises(TypeError, match=r"View\.dirty"):
+        type(ROUTER)(View, View, META)
