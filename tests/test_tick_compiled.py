@@ -213,6 +213,43 @@ def test_a_view_holding_a_channel_twice_is_told_at_both_sids_and_unlinks_cleanly
     assert c0.latest_views == {} and c1.latest_views == {} and not c0.views and not c1.views
 
 
+def test_channels_listed_under_one_number_still_reach_every_view() -> None:
+    """A channel's number is held by it alone while the registry keeps it; should two changed
+    channels share one all the same (a channel closed, then changed by a late callback), the
+    compiled route reads each channel's own mask, as Python does."""
+    views = [
+        {
+            "sids": [0, 1, 2],
+            "mode": "LATEST",
+            "rate": 0.0,
+            "reduction": NO_REDUCTION,
+            "writes": b"",
+        },
+        {"sids": [1], "mode": "LATEST", "rate": 0.0, "reduction": NO_REDUCTION, "writes": b""},
+    ]
+    worlds = [World([0, 1, 2], views), World([0, 1, 2], views)]
+    for world in worlds:
+        world.channels[1].number = world.channels[0].number  # numbers[] keeps the old one
+        world.tick(True, 0.0)
+    for world in worlds:
+        world.change(0, "update", 1)
+        world.change(1, "alarm", 1)
+    compiled, python = worlds[0].tick(True, 0.1), worlds[1].tick(False, 0.1)
+    assert compiled == python
+    assert [sorted(p) for p, _ in compiled] == [[0, 1], [0]]
+
+
+def test_a_closed_channel_s_number_goes_to_the_next_channel() -> None:
+    world = World([0], [])
+    (ch,) = world.channels
+    number = ch.number
+    ch.retire()
+    assert ch.number == -1
+    ch.retire()  # once only
+    assert Channel("sim://next", FakeBackend(), "next", world.ticker).number == number
+    assert Channel("sim://after", FakeBackend(), "after", world.ticker).number != number
+
+
 def test_a_failing_all_mode_view_fails_alone(caplog: pytest.LogCaptureFixture) -> None:
     """`add_change` raising for one ALL-mode view: that view fails (its clients are closed to
     resume), every other view still gets the change, through the compiled route."""

@@ -33,6 +33,13 @@ from .worker import WorkerIdentity
 
 __all__ = ["create_app", "lifespan", "make_authenticator", "make_backends"]
 
+# The collector's thresholds: a young collection every 50,000 allocations of tracked objects,
+# not 700. At 700, the bodies of a tick's updates, alive one update period (100 ms at 10 Hz),
+# outlived two young collections into the oldest generation, and with 500 screens full
+# collections of ~240,000 objects paused the loop 40-285 ms every 2-3 s; with these, none came
+# in the measured window (bench/JOURNAL.md, "The control room, compiled").
+GC_THRESHOLDS = (50_000, 10, 10)
+
 SETTINGS_ENV = "PVWIRE_SETTINGS_JSON"  # how `serve --workers N` hands settings to each worker
 WORKERS_ENV = "PVWIRE_WORKERS_STARTED"  # and how many workers it started
 
@@ -120,6 +127,7 @@ def lifespan(
         # which otherwise walked all of it, no longer pause the event loop.
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         try:
             yield
         finally:
