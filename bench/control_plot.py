@@ -39,7 +39,10 @@ def series(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[Point]]:
 def main() -> None:
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "results" / "control-compare.json"
     dst = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "results" / "control.png"
-    data = series(json.loads(src.read_text()))
+    runs = json.loads(src.read_text())
+    data = series(runs)
+    loads = [r["loadavg_1m"] for r in runs if r.get("loadavg_1m") is not None]
+    load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
     fig, (cpu, per, p99) = plt.subplots(1, 3, figsize=(14, 4))
     styles = {"stream": "tab:blue", "pvws": "tab:orange"}
     for (endpoint, side), points in sorted(data.items()):
@@ -61,7 +64,7 @@ def main() -> None:
         ax.legend(fontsize=8)
     fig.suptitle(
         "control room: each screen its own 200 of 2,000 sim PVs at 10 Hz "
-        "(2-core machine shared, load 6-9: CPU % is the share the server got)"
+        f"(2 cores with the load clients, load average {load})"
     )
     fig.tight_layout()
     fig.savefig(dst, dpi=80)

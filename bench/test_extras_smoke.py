@@ -13,7 +13,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench import cli_monitor, client_cpu, failover, gateway, history, history_http, identity_puts
+from bench import (
+    cli_monitor,
+    client_cpu,
+    failover,
+    gateway,
+    history,
+    history_http,
+    identity_puts,
+    tick_route,
+)
 from bench.bench_extras import own_environ
 from bench.bench_load import sized
 from bench.conftest import flatten
@@ -89,3 +98,11 @@ def test_history_http_tiny() -> None:
     assert got["last60s"]["rows"] == 600 and got["last60s"]["resolution_s"] == 0, got
     for case in ("hour_max1000", "hour_max20", "last60s"):
         assert got[case]["response_bytes"] > 0 and got[case]["http_ms_best"] > 0, got
+
+
+def test_tick_route_tiny() -> None:
+    """Both paths timed, and their entries the same bytes (checked inside)."""
+    out = tick_route.measure(screens=5, per_screen=10, pvs=40, rounds=2)
+    assert out["deliveries_per_round"] == 50
+    for key in ("route_compiled_ns", "route_python_ns", "splice_compiled_ns", "splice_python_ns"):
+        assert out[key] > 0, out

@@ -17,6 +17,7 @@ import asyncio
 import json
 import random
 import time
+from typing import TYPE_CHECKING
 
 from pvwire.core import view as view_module
 from pvwire.core.channel import Channel
@@ -25,9 +26,14 @@ from pvwire.core.view import View, ViewKey
 
 from tests.hub_doubles import FakeBackend
 
+if TYPE_CHECKING:
+    from pvwire.core._tick import Router
 
-def build(screens: int, per_screen: int, pvs: int) -> tuple[Ticker, list[Channel], list[View]]:
-    ticker = Ticker(20.0, asyncio.new_event_loop(), records=False)  # its timer never runs
+
+def build(
+    loop: asyncio.AbstractEventLoop, screens: int, per_screen: int, pvs: int
+) -> tuple[Ticker, list[Channel], list[View]]:
+    ticker = Ticker(20.0, loop, records=False)  # `loop` never runs: its timer never fires
     backend = FakeBackend()
     channels = [Channel(f"sim://c{i}", backend, f"c{i}", ticker) for i in range(pvs)]
     rng = random.Random(36)
@@ -47,21 +53,31 @@ def update(channels: list[Channel], round_: int, ticker: Ticker) -> list[Channel
     return ticker._dirty
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--screens", type=int, default=500)
-    p.add_argument("--per-screen", type=int, default=200)
-    p.add_argument("--pvs", type=int, default=2000)
-    p.add_argument("--rounds", type=int, default=20)
-    a = p.parse_args()
+def measure(screens: int, per_screen: int, pvs: int, rounds: int) -> dict[str, float]:
+    """ns per delivered update of each step and path, `rounds` ticks of each, alternating."""
     router = view_module.ROUTER
     if router is None:
         raise SystemExit("core/_tick.c is not built: `make ext`")
-    ticker, channels, views = build(a.screens, a.per_screen, a.pvs)
-    deliveries = a.screens * a.per_screen
+    loop = asyncio.new_event_loop()
+    try:
+        return _measure(loop, router, screens, per_screen, pvs, rounds)
+    finally:
+        loop.close()
+
+
+def _measure(
+    loop: asyncio.AbstractEventLoop,
+    router: Router,
+    screens: int,
+    per_screen: int,
+    pvs: int,
+    rounds: int,
+) -> dict[str, float]:
+    ticker, channels, views = build(loop, screens, per_screen, pvs)
+    deliveries = screens * per_screen
     spent: dict[str, float] = {}
 
-    def one_round(r: int, compiled: bool) -> list[bytes]:
+    def one_round(r: int, compiled: bool) -> dict[View, bytes]:
         dirty = update(channels, r, ticker)
         active: dict[View, None] = {}
         view_module.ROUTER = router if compiled else None
@@ -73,7 +89,7 @@ def main() -> None:
             for view in active:
                 view.emit(0.0)
             t2 = time.perf_counter()
-            made = [view.entries_for(view.tick_masks).data for view in active]
+            made = {view: view.entries_for(view.tick_masks).data for view in active}
             t3 = time.perf_counter()
         finally:
             view_module.ROUTER = router
@@ -81,19 +97,30 @@ def main() -> None:
         spent[f"splice_{path}"] = spent.get(f"splice_{path}", 0.0) + t3 - t2
         return made
 
-    for r in range(2 * a.rounds):
-        made = one_round(r, r % 2 == 0)
-        # The same state again through the other path: the same bytes.
-        again = [v.entries_for(v.tick_masks).data for v in views]
-        view_module.ROUTER = None if r % 2 == 0 else router
+    for r in range(2 * rounds):
+        compiled = r % 2 == 0
+        made = one_round(r, compiled)
+        # The same state through the other path (still within the tick): the same bytes.
+        view_module.ROUTER = None if compiled else router
         try:
-            other = [v.entries_for(v.tick_masks).data for v in views]
+            other = {v: v.entries_for(v.tick_masks).data for v in made}
         finally:
             view_module.ROUTER = router
-        assert again == other and len(made) == a.screens
-    out = {f"{k}_ns": round(v / a.rounds / deliveries * 1e9, 1) for k, v in sorted(spent.items())}
+            router.forget()  # the tick is over, as Ticker.tick ends it
+        assert made == other and len(made) == len(views)
+    out = {f"{k}_ns": round(v / rounds / deliveries * 1e9, 1) for k, v in sorted(spent.items())}
     out["deliveries_per_round"] = deliveries
-    print(json.dumps(out, indent=1))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--screens", type=int, default=500)
+    p.add_argument("--per-screen", type=int, default=200)
+    p.add_argument("--pvs", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=20)
+    a = p.parse_args()
+    print(json.dumps(measure(a.screens, a.per_screen, a.pvs, a.rounds), indent=1))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@
  *   that asks) or its cache, written behind the entry's header and sid, into one bytes object.
  *
  * With distinct screens, both run once per delivered update (500 screens of 200 of 2,000 PVs
- * at 10 Hz: 1,000,000 a second), where the Python loops cost ~0.7 and ~1 µs per update, and
- * these ~0.1 µs each (`python -m bench.tick_route`; bench/JOURNAL.md, "The control room,
+ * at 10 Hz: 1,000,000 a second), where the Python loops cost ~0.9 and ~1.4 µs per update, and
+ * these 0.12 and 0.16 µs (`python -m bench.tick_route`; bench/JOURNAL.md, "The control room,
  * compiled"). Anything the fast paths do not cover (an ALL-mode view, a view with a reduction,
  * metadata with per-identity `writable`, a channel not changed this tick, another class) goes
  * through the same Python code as without this module; tests/test_tick_compiled.py runs the
@@ -59,8 +59,8 @@ typedef struct {
     PyObject *body;   /* "body", interned */
     /* The tick's changes by channel `number` (each live channel's own small int; a view lists
      * its channels' in `numbers`, int32). Routing and splicing read a view's numbers in order
-     * and this one dense table, not each channel object, its cache dict, the body and its bytes:
-     * those scattered reads were most of their time per delivery. */
+     * and this one dense table, not each channel object, its cache dict, the body and its
+     * bytes object. */
     Change *changes;
     Py_ssize_t cap_changes;
     int32_t *touched; /* the numbers set this tick */
