@@ -155,8 +155,8 @@ class Ticker:
             router.route(dirty, active, self._add_change, object())
         except Exception as exc:
             # Not a view's own failure (those are contained in `_add_change`): memory, or a
-            # channel or view the compiled path does not take. It left every channel dirty;
-            # Python routes them (a mask merged twice is the same mask).
+            # channel or view the compiled path does not take. A channel stays dirty until it
+            # is routed; Python routes those (a mask merged twice is the same mask).
             self._once("route", "routing the tick's changes failed: %r", exc)
             self.count_failure("view")
             for ch in dirty:
