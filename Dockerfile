@@ -53,16 +53,21 @@ COPY server ./server
 COPY --from=page /src/server/pvwire/static ./server/pvwire/static
 COPY --from=page /src/server/graphiql/node_modules ./server/graphiql/node_modules
 RUN PYTHONPATH=server python server/graphiql/vendor.py \
-    && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
+    && pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /dist .
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY requirements-runtime.lock ./
-# The wheel stage's files are mounted, not copied: no layer of the image keeps them.
+# pvwire's wheel is copied: podman 4.3 keeps a RUN that mounts another stage cached when only that
+# stage changed, and so installed a stale pvwire into every image after the first; a copy is
+# made again whenever the wheel differs (its layer keeps the wheel, a few MB). The runtime
+# wheels are mounted, not copied (no layer keeps them): the lock copied above keys that RUN.
+COPY --from=wheel /dist/ /tmp/dist/
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links /wheels -r requirements-runtime.lock \
-    && pip install --no-cache-dir --no-index --no-deps /wheels/pvwire-*.whl
+    && pip install --no-cache-dir --no-index --no-deps /tmp/dist/pvwire-*.whl \
+    && rm -rf /tmp/dist
 USER 10001
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s \

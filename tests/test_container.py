@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import subprocess
@@ -108,13 +109,19 @@ def test_image_runs_as_the_deployment_says(
     found = container.exec("sh", "-c", "command -v cc gcc g++ node npm; ls /usr/include; true")
     assert found.split() == [], found
     code = (
-        "import importlib.metadata as m, pvwire.upstream._pvaingest as x, "
-        "pvwire.core._journal as j, pvwire.core._tick as t; print(x.__file__); "
-        "print(j.__file__); print(t.__file__); print(m.distribution('pvwire').read_text('WHEEL'))"
+        "import hashlib, importlib.metadata as m, pvwire.app as a, "
+        "pvwire.upstream._pvaingest as x, pvwire.core._journal as j, pvwire.core._tick as t; "
+        "print(x.__file__); "
+        "print(j.__file__); print(t.__file__); "
+        "print(hashlib.sha256(open(a.__file__, 'rb').read()).hexdigest()); "
+        "print(m.distribution('pvwire').read_text('WHEEL'))"
     )
-    pva, journal, tick, *wheel = container.exec("python", "-c", code).splitlines()
+    pva, journal, tick, app, *wheel = container.exec("python", "-c", code).splitlines()
     for module in (pva, journal, tick):  # the wheel's compiled modules, installed into the image
         assert module.startswith("/usr/") and "-packages/pvwire/" in module, module
+    # The image holds this checkout's server: a build that reused a stale layer once served
+    # an older one to every test here.
+    assert app == hashlib.sha256((ROOT / "server/pvwire/app.py").read_bytes()).hexdigest()
     (tag,) = [line.split(": ", 1)[1] for line in wheel if line.startswith("Tag: ")]
     record_property("image_wheel_tag", tag)
     # The wheel carries the compiled modules: a pure-Python tag would let pip install it
