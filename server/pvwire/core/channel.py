@@ -133,7 +133,7 @@ NUMBERS = Numbers()
 
 
 class Channel:
-    # Nine of these are read by core/_journal.c by member offset: JOURNAL_SLOTS above; five by
+    # Nine of these are read by core/_journal.c by member offset: JOURNAL_SLOTS above; eight by
     # core/_tick.c: TICK_SLOTS.
     __slots__ = (
         "_cache",
