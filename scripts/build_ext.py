@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "server" / "pvwire" / "upstream" / "_pvaingest.cpp"
 JOURNAL_SOURCE = ROOT / "server" / "pvwire" / "core" / "_journal.c"
 TICK_SOURCE = ROOT / "server" / "pvwire" / "core" / "_tick.c"
+SLOTS_HEADER = ROOT / "server" / "pvwire" / "core" / "_slots.h"
 
 
 # Any error stops the process (no recovery), with a stack that names the lines: -O1 and frame
@@ -76,6 +77,7 @@ def c_extension(name: str, source: Path, sanitize: bool = False) -> Extension:
     return Extension(
         name,
         sources=[str(source.relative_to(ROOT))],
+        depends=[str(SLOTS_HEADER)],  # what both modules include
         extra_compile_args=["-Wall", "-Wextra"]
         + ([*SANITIZE, "-O1", "-g"] if sanitize else ["-O2", "-g0"]),
         extra_link_args=SANITIZE if sanitize else [],

@@ -22,9 +22,7 @@
  * Every call runs with the GIL held, on whichever thread calls it.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
+#include "_slots.h"
 #include <stdint.h>
 #include <math.h>
 #include <string.h>
@@ -246,7 +244,6 @@ static PyTypeObject WriterType = {
  * slot at the offset its member descriptor gives (`slot_offsets`). */
 #define BOUND_HEAD PyObject_HEAD PyTypeObject *cls;
 typedef struct { BOUND_HEAD } Bound;
-#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
 static void bound_dealloc(PyObject *self) {
     Py_CLEAR(((Bound *)self)->cls);
@@ -258,28 +255,6 @@ static int bound_ready(PyObject *self, const char *who) {
     if (((Bound *)self)->cls) return 0;
     PyErr_Format(PyExc_ValueError, "%s: not initialised", who);
     return -1;
-}
-
-/* Where a class declares each of `names` as a writable object slot of its own; -1 and an
- * error if one is not. */
-static int slot_offsets(PyObject *cls, const char *const *names, int n, Py_ssize_t *offset,
-                        const char *who) {
-    for (int k = 0; k < n; k++) {
-        PyObject *d = PyObject_GetAttrString(cls, names[k]);
-        if (!d) return -1;
-        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                 PyDescr_TYPE(d) == (PyTypeObject *)cls &&
-                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
-                 !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
-        if (ok) offset[k] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s: %s.%s is not a writable slot of its own", who,
-                         ((PyTypeObject *)cls)->tp_name, names[k]);
-            return -1;
-        }
-    }
-    return 0;
 }
 
 /* --- Pending: the tick's writes ------------------------------------------------------------ */
@@ -715,24 +690,6 @@ static struct PyModuleDef module_def = {
     "The history journal's compiled parts (core/history/, core/channel.py).", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };
-
-/* `names` as a module attribute, a tuple of str: the slots a class must declare for `Pending`
- * or `Rings`, which the Python side checks its own declaration against at import. */
-static int add_names(PyObject *m, const char *attr, const char *const *names, int n) {
-    PyObject *t = PyTuple_New(n);
-    if (!t) return -1;
-    for (int k = 0; k < n; k++) {
-        PyObject *s = PyUnicode_FromString(names[k]);
-        if (!s) {
-            Py_DECREF(t);
-            return -1;
-        }
-        PyTuple_SET_ITEM(t, k, s);
-    }
-    int rc = PyModule_AddObjectRef(m, attr, t);
-    Py_DECREF(t);
-    return rc;
-}
 
 PyMODINIT_FUNC PyInit__journal(void) {
     if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&PendingType) < 0 ||

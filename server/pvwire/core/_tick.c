@@ -20,13 +20,9 @@
  * check their declarations against at import. Every call runs with the GIL held.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
+#include "_slots.h"
 #include <stdint.h>
 #include <string.h>
-
-#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
 
 static const char *const CHANNEL_SLOTS[] = {"dirty",   "views", "latest_views", "all_views",
                                             "history", "known", "_cache",       "number"};
@@ -68,27 +64,6 @@ typedef struct {
     int exact;        /* every dirty channel is in `changes` under its number: a channel found
                          elsewhere there did not change. Else routing reads each `dirty`. */
 } Router;
-
-/* Where a class declares each of `names` as a writable object slot of its own; -1 and an
- * error if one is not. */
-static int slot_offsets(PyObject *cls, const char *const *names, int n, Py_ssize_t *offset) {
-    for (int k = 0; k < n; k++) {
-        PyObject *d = PyObject_GetAttrString(cls, names[k]);
-        if (!d) PyErr_Clear();
-        int ok = d && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                 PyDescr_TYPE(d) == (PyTypeObject *)cls &&
-                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
-                 !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
-        if (ok) offset[k] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_XDECREF(d);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "Router: %s.%s is not a writable slot of its own",
-                         ((PyTypeObject *)cls)->tp_name, names[k]);
-            return -1;
-        }
-    }
-    return 0;
-}
 
 /* The last tick's changes let go. */
 static void forget_changes(Router *self) {
@@ -169,8 +144,8 @@ static int router_init(Router *self, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!l:Router", names, &PyType_Type, &ch,
                                      &PyType_Type, &v, &meta))
         return -1;
-    if (slot_offsets(ch, CHANNEL_SLOTS, N_CHANNEL_SLOTS, self->ch) < 0 ||
-        slot_offsets(v, VIEW_SLOTS, N_VIEW_SLOTS, self->v) < 0)
+    if (slot_offsets(ch, CHANNEL_SLOTS, N_CHANNEL_SLOTS, self->ch, "Router") < 0 ||
+        slot_offsets(v, VIEW_SLOTS, N_VIEW_SLOTS, self->v, "Router") < 0)
         return -1;
     PyObject *body = PyUnicode_InternFromString("body");
     if (!body) return -1;
@@ -626,22 +601,6 @@ static struct PyModuleDef module_def = {
     "The tick's compiled parts (core/tick.py, core/view.py).", -1,
     NULL, NULL, NULL, NULL, NULL,
 };
-
-static int add_names(PyObject *m, const char *attr, const char *const *names, int n) {
-    PyObject *t = PyTuple_New(n);
-    if (!t) return -1;
-    for (int k = 0; k < n; k++) {
-        PyObject *s = PyUnicode_FromString(names[k]);
-        if (!s) {
-            Py_DECREF(t);
-            return -1;
-        }
-        PyTuple_SET_ITEM(t, k, s);
-    }
-    int rc = PyModule_AddObjectRef(m, attr, t);
-    Py_DECREF(t);
-    return rc;
-}
 
 PyMODINIT_FUNC PyInit__tick(void) {
     if (PyType_Ready(&RouterType) < 0) return NULL;
