@@ -104,11 +104,13 @@ def test_rs256_and_es256_through_a_jwks_file(tmp_path: Path) -> None:
 
 
 def test_proxy_header_counts_only_from_trusted_proxies() -> None:
+    """The address is the right-most forwarded entry that is no trusted proxy: what the client
+    wrote itself (192.168.10.5, first) is not it; a trusted hop (10.1.0.9) is walked through."""
     auth = Authenticator(
         trusted_proxies=["10.1.0.0/16"], user_header="X-Remote-User", groups_header="X-Groups"
     )
     headers = {"x-remote-user": "carol", "x-groups": "operators, viewers",
-               "x-forwarded-for": "192.0.2.5, 10.1.0.9"}  # fmt: skip
+               "x-forwarded-for": "192.168.10.5, 192.0.2.5, 10.1.0.9"}  # fmt: skip
     who = auth.identify(headers, "10.1.2.3")
     assert (who.user, who.groups, who.source, who.address) == (
         "carol",
@@ -132,3 +134,4 @@ def test_short_hs256_secret_is_refused(tmp_path: Path) -> None:
     secret.write_text("short")
     with pytest.raises(ValueError, match="32 characters"):
         Authenticator(JwtSettings(secret_file=str(secret)))
+

@@ -180,6 +180,9 @@ def serve(settings: Any, workers: int = 1) -> None:
         log_config=logging_config(settings.log_format, settings.log_level),
         access_log=False,
         timeout_graceful_shutdown=round(number("shutdown_grace_s")),
+        # Off: uvicorn would take the client's address from X-Forwarded-For (trusting 127.0.0.1
+        # by default) before pvwire looks. --trusted-proxy alone decides (access/forwarded.py).
+        proxy_headers=False,
     )
     if workers > 1:
         if not settings.token_keys:
@@ -263,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--jwt-user-claim", help="claim naming the user, as the rules and the "
                        "IOC see it (default preferred_username; docs/ACCESS.md)")  # fmt: skip
         p.add_argument("--trusted-proxy", action="append", help="CIDR of a proxy whose "
-                       "--user-header is believed")  # fmt: skip
+                       "--user-header and X-Forwarded-For are believed (repeatable)")  # fmt: skip
         p.add_argument("--user-header", help="header a trusted proxy puts the user name in")
         p.add_argument("--groups-header", help="header with comma-separated groups (proxy)")
         p.add_argument(

@@ -237,6 +237,12 @@ LIMITS: tuple[Limit, ...] = (
           "clients (addresses; users for puts) whose refusals are written to the audit file "
           "each under its own flood bound",
           "the least recently refused is forgotten; its lines left out still summarised"),
+    # --- the client's address behind trusted proxies (access/forwarded.py) ---
+    Limit("forwarded_hops", 20, "entries",
+          "`X-Forwarded-For` (or `Forwarded`) entries read from the right for a request from "
+          "a `--trusted-proxy`", "the last one read is the client"),
+    Limit("forwarded_entry_bytes", 256, "bytes", "one `X-Forwarded-For` (or `Forwarded`) entry",
+          "the walk ends: the last trusted proxy is the client"),
     # --- HTTP request bodies (api/body_limit.py) ---
     # 4 MiB: a `putMany` of `max_graphql_elements` float64 in their longest JSON form (~25
     # bytes each, 2.5 MB) with room for the query; a GraphQL query itself needs a few KiB.
