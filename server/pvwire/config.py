@@ -58,6 +58,8 @@ class Settings:
     # tokens with the same keys, so only `aud` or `azp` says a token is meant for pvwire.
     jwt_audience: str = ""
     jwt_authorized_parties: list[str] = field(default_factory=list)  # accepted `azp` values
+    # The same holds of a JWKS file; this says a token for any audience is meant to count.
+    jwt_any_audience: bool = False
     jwt_groups_claim: str = "groups"
     # The user name the rules, the audit file and (forward_identity) the IOC's ACF see; falls
     # back to `sub`. docs/ACCESS.md says why it is preferred_username and when to change it.

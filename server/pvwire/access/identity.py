@@ -28,7 +28,14 @@ import jwt
 
 from ..limits import number
 from . import forwarded
-from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, check_issuer, usable_keys
+from .oidc import (
+    ALGORITHMS,
+    IssuerKeys,
+    ProviderInfo,
+    check_audience,
+    check_issuer,
+    usable_keys,
+)
 from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
@@ -77,6 +84,9 @@ class JwtSettings:
     issuer: str = ""
     audience: str = ""
     authorized_parties: tuple[str, ...] = ()  # accepted `azp`s (the clients tokens are for)
+    # Keys that sign other clients' tokens too (a JWKS, an issuer's) with neither of the two
+    # above: refused at start unless this says any audience is meant.
+    any_audience: bool = False
     oidc_allow_http: bool = False  # an issuer (and its JWKS) over plain http off loopback
     groups_claim: str = "groups"
     user_claim: str = "preferred_username"  # falls back to `sub`
@@ -117,6 +127,8 @@ class Authenticator:
             self._secret = secret
             self._algorithms.append("HS256")
         if s.jwks_file:
+            check_audience(f"--jwks-file {s.jwks_file}", s.audience, s.authorized_parties,
+                           s.any_audience)  # fmt: skip
             jwks = jwt.PyJWKSet.from_json(Path(s.jwks_file).read_text())
             for key in jwks.keys:
                 if key.algorithm_name not in ALGORITHMS:
@@ -126,7 +138,9 @@ class Authenticator:
                 if key.algorithm_name not in self._algorithms:
                     self._algorithms.append(key.algorithm_name)
         if s.oidc_issuer:
-            check_issuer(s.oidc_issuer, s.audience, s.authorized_parties, s.oidc_allow_http)
+            check_issuer(
+                s.oidc_issuer, s.audience, s.authorized_parties, s.oidc_allow_http, s.any_audience
+            )
             self.issuer_keys = IssuerKeys(
                 s.oidc_issuer, s.oidc_refresh_s, s.oidc_min_interval_s,
                 allow_http=s.oidc_allow_http,
