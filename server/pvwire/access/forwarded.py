@@ -16,8 +16,8 @@ walk reads at most `forwarded_hops` entries from the right, each at most
 `forwarded_entry_bytes` long, so a header of thousands of entries costs what a few do.
 
 `Forwarded` (RFC 7239) is read the same way, its elements' `for=` nodes as the entries, but only
-when a request carries no `X-Forwarded-For` at all: the proxies pvwire documents (nginx,
-HAProxy, ingress-nginx) append to `X-Forwarded-For` and pass a client's `Forwarded` through
+when a request carries no `X-Forwarded-For` at all: proxies write `X-Forwarded-For` (nginx and
+HAProxy append, ingress-nginx replaces it by default) and pass a client's `Forwarded` through
 untouched, so were `Forwarded` preferred, a client could write every entry of it.
 Elements are split at every comma, quoted or not (no `for=` node holds one), so an unclosed
 quote spoils only the client's own elements, not the ones a proxy appended after them.
