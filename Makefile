@@ -36,6 +36,7 @@ include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
 .PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext sanitize node chromium haproxy keycloak graphiql clean runtime-lock coniql
+.PHONY: nginx
 .PHONY: unit matrix
 .PHONY: podman image kustomize kube
 
@@ -109,6 +110,10 @@ chromium:
 haproxy:
 	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
+# The other TLS-terminating proxy of the proxy tests (tests/proxies.py): Debian's nginx.
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
+
 # The container engine for `make image` and `make kube`: Debian's podman, with runc and iptables
 # (crun refuses this machine's cgroups; netavark needs iptables) and debootstrap for the base
 # images when the public ones cannot be pulled. Its settings: scripts/containers.conf.
@@ -174,7 +179,7 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv ext tsbuild graphiql chromium haproxy coniql podman kustomize keycloak
+pytest: venv ext tsbuild graphiql chromium haproxy nginx coniql podman kustomize keycloak
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
 tstest: venv ext node tsbuild graphiql chromium keycloak
@@ -185,7 +190,7 @@ test: lint pytest tstest matrix
 
 # The unit tests: no IOC, server, browser or container; what `make matrix` runs on every Python.
 UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_failures backend_loc backfill_budget \
-	cli_identity close_codes codec_align connection control_put graphql_schema history hub_faults \
+	cli_identity close_codes codec_align connection control_put forwarded graphql_schema history hub_faults \
 	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
 	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \

@@ -11,7 +11,10 @@ worst loop lag (its own metric), its CPU, and the bystander's gaps (p99, max).
 The sizes are the issue's (one address, no credentials): a 1 GiB POST (and 512 MiB chunked);
 20 sockets each ATTACHing a backfill of 1,000 channels recorded at 50 Hz for 25 s and reading
 nothing; one pvws `subscribe` of 20,000 names; 30 MJPEG viewers of a 1024 x 1024 image at 30
-`fps` values; 3,000 pvws writes at once; 10,000 attachments of one view dropped and re-made.
+`fps` values; 3,000 pvws writes at once; 10,000 attachments of one view dropped and re-made;
+1,000 WebSockets through haproxy (TLS, as docs/OPERATIONS.md configures it) from one address,
+each forging an X-Forwarded-For of its own; 100,000 refused requests (a bad bearer token), each
+from a source address of its own in 127.0.0.0/8.
 """
 
 from __future__ import annotations
@@ -35,15 +38,19 @@ from tests.attacks import (
     Watch,
     backfill_attack,
     body_attack,
+    forged_sockets,
     mjpeg_viewers,
     pvws_subscribe,
     pvws_write_burst,
     read_backfill,
     reconnect_storm,
     record_history,
+    rotating_refusals,
     stream_token,
 )
+from tests.certs import TestCA
 from tests.eventually import eventually_async
+from tests.proxies import PROXY_SOURCE, Proxy
 from tests.server_process import ServerProcess
 
 
@@ -62,6 +69,8 @@ class Sizes:
     writes: int = 3_000
     storm_connections: int = 40
     storm_attachments: int = 250
+    forged_sockets: int = 1_000
+    rotating_refusals: int = 100_000
 
 
 FULL = Sizes()
@@ -70,7 +79,7 @@ TINY = Sizes(
     body=4 * MIB, chunked_body=4 * MIB, backfill_sockets=2, backfill_channels=5,
     backfill_rate_hz=50.0, backfill_rows=20, pvws_names=50, mjpeg_fps_values=3,
     mjpeg_image="sim://image/bench?width=64&height=64&rate=10", mjpeg_frames=3, writes=30,
-    storm_connections=2, storm_attachments=5,
+    storm_connections=2, storm_attachments=5, forged_sockets=3, rotating_refusals=50,
 )  # fmt: skip
 
 
@@ -166,6 +175,33 @@ async def storm(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def forged_xff(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        proxy = Proxy("haproxy", server.port, TestCA(Path(tmp)))
+        await asyncio.to_thread(proxy.start)
+        try:
+            url = proxy.url.replace("https://", "wss://") + "/stream"
+            t0 = time.monotonic()
+            opened = await forged_sockets(url, proxy.ssl_context(), sizes.forged_sockets,
+                                          "127.0.0.9")  # fmt: skip
+            seconds = time.monotonic() - t0
+            await opened.close()
+        finally:
+            await asyncio.to_thread(proxy.stop)
+    return {
+        "sockets": sizes.forged_sockets, "admitted": len(opened.admitted),
+        "refused_1013": sum(1 for c in opened.refused if c is not None and c.code == 1013),
+        "s": round(seconds, 2),
+    }  # fmt: skip
+
+
+async def refusals(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    t0 = time.monotonic()
+    statuses = await rotating_refusals(server.port, sizes.rotating_refusals)
+    return {"requests": sizes.rotating_refusals, "sources": sizes.rotating_refusals,
+            "statuses": statuses, "s": round(time.monotonic() - t0, 2)}  # fmt: skip
+
+
 ATTACKS: dict[str, Attack] = {
     "body": body,
     "body-chunked": body_chunked,
@@ -174,13 +210,15 @@ ATTACKS: dict[str, Attack] = {
     "mjpeg": mjpeg,
     "writes": writes,
     "storm": storm,
+    "forged-xff": forged_xff,
+    "refusals": refusals,
 }
 
 
 def server_args(audit: Path, extra: list[str]) -> list[str]:
     return [
         "--write-rule", "sim://value*", "--audit-log", str(audit), "--log-level", "warning",
-        "--stall-timeout", "120", *extra,
+        "--stall-timeout", "120", "--trusted-proxy", f"{PROXY_SOURCE}/32", *extra,
     ]  # fmt: skip
 
 

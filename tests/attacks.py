@@ -16,6 +16,7 @@ import os
 import re
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -40,11 +41,14 @@ __all__ = [
     "backfill_attack",
     "body_attack",
     "cpu_seconds",
+    "forged_sockets",
     "metric",
     "mjpeg_viewers",
     "pvws_subscribe",
     "pvws_write_burst",
     "reconnect_storm",
+    "rotating_refusals",
+    "rotating_source",
     "rss_bytes",
     "stream_token",
 ]
@@ -547,3 +551,82 @@ async def reconnect_storm(
 
 def _clients(server: ServerProcess) -> int:
     return int(metric(server, "pvwire_clients").get("", 0))
+
+
+# --- (g) a forged X-Forwarded-For through a real proxy --------------------------------------
+
+
+@dataclass
+class Sockets:
+    """What `forged_sockets` opened: the admitted (open; the caller closes them) and the close
+    frames of those refused."""
+
+    admitted: list[Any] = field(default_factory=list)
+    refused: list[Any] = field(default_factory=list)  # websockets' Close frames
+
+    async def close(self) -> None:
+        await asyncio.gather(*(ws.close() for ws in self.admitted), return_exceptions=True)
+
+
+async def forged_sockets(
+    url: str, context: ssl.SSLContext, sockets: int, source: str, at_once: int = 20
+) -> Sockets:
+    """`sockets` WebSockets to `url` (`wss://` through a proxy) from `source`, each with an
+    `X-Forwarded-For` of its own (as if each were another client), `at_once` being opened at a
+    time; each waits for HELLO (admitted) or a close (refused)."""
+    out = Sockets()
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(i: int) -> None:
+        async with gate:
+            ws = await websockets.connect(
+                url, ssl=context, local_addr=(source, 0), compression=None,
+                additional_headers={"X-Forwarded-For": rotating_source(i, 198, 51)},
+                subprotocols=[websockets.Subprotocol("pvwire.v1")],
+            )  # fmt: skip
+            try:
+                await asyncio.wait_for(ws.recv(), 60)  # HELLO
+            except websockets.ConnectionClosed as exc:
+                out.refused.append(exc.rcvd)
+            else:
+                out.admitted.append(ws)
+
+    await asyncio.gather(*(one(i) for i in range(sockets)))
+    return out
+
+
+# --- (h) refusals from rotating source addresses --------------------------------------------
+
+
+def rotating_source(i: int, net: int = 127, first: int = 100) -> str:
+    """The `i`-th address from `net`.`first`.0.0 on. The whole of 127.0.0.0/8 is loopback: a
+    client binds a socket to each in turn, a new source address for every request."""
+    return f"{net}.{first + (i >> 16)}.{(i >> 8) & 255}.{i & 255}"
+
+
+async def rotating_refusals(port: int, requests: int, at_once: int = 32) -> dict[int, int]:
+    """`requests` GraphQL requests with a bad bearer token, each on a new connection from an
+    address of its own (`rotating_source`); the statuses answered, counted."""
+    statuses: dict[int, int] = {}
+    gate = asyncio.Semaphore(at_once)
+    request = (
+        f"POST /graphql HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer forged\r\n"
+        "Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+    ).encode()
+
+    async def one(i: int) -> None:
+        async with gate:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(rotating_source(i), 0)
+            )
+            try:
+                writer.write(request)
+                line = await asyncio.wait_for(reader.readline(), 60)
+                status = int(line.split()[1]) if line.startswith(b"HTTP/") else 0
+                statuses[status] = statuses.get(status, 0) + 1
+            finally:
+                writer.close()
+                await writer.wait_closed()
+
+    await asyncio.gather(*(one(i) for i in range(requests)))
+    return statuses

@@ -34,7 +34,7 @@ class PvwsClient:
 
     @classmethod
     async def connect(cls, base_url: str, **kwargs: Any) -> PvwsClient:
-        url = base_url.replace("http://", "ws://") + "/pvws/pv"
+        url = base_url.replace("https://", "wss://").replace("http://", "ws://") + "/pvws/pv"
         ws = await connect(url, create_connection=PingRecorder, max_size=None, **kwargs)
         return cls(ws)  # type: ignore[arg-type]
 

@@ -31,6 +31,7 @@ from tests.attacks import (
     backfill_attack,
     body_attack,
     cpu_seconds,
+    forged_sockets,
     metric,
     mjpeg_viewers,
     pvws_subscribe,
@@ -38,9 +39,12 @@ from tests.attacks import (
     read_backfill,
     reconnect_storm,
     record_history,
+    rotating_refusals,
     stream_token,
 )
-from tests.eventually import eventually_async
+from tests.certs import TestCA
+from tests.eventually import eventually, eventually_async
+from tests.proxies import PROXY_SOURCE, Proxy
 from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
 
@@ -99,6 +103,22 @@ STORM_CPU_FLOOR_S = 0.05
 # on what scanning would add (each detach a scan of 10,000: seconds more), not on that work.
 STORM_LOOP_LAG_BOUND_S = 3 * LOOP_LAG_BOUND_S
 
+# (g) A forged X-Forwarded-For through a real proxy (haproxy terminating TLS, as
+# docs/OPERATIONS.md configures it): a new one for each WebSocket buys no more than one
+# address's connections, each costing a session's state, not its budget (nothing is sent).
+FORGED_SOCKETS = 2 * limits.integer("max_connections_per_address")
+FORGED_ADMITTED = limits.integer("max_connections_per_address")
+FORGED_SOURCE = "127.0.0.9"
+FORGED_RSS_BOUND = SLACK + FORGED_ADMITTED * 256 * 1024
+
+# (h) Refusals from rotating source addresses, a new one for every request: the audit file gets
+# at most a reason's burst, then its rate, and a summary a reason and interval.
+ROTATING_REQUESTS = 2_000
+REASON_BURST = limits.integer("refusal_log_reason_burst")
+REASON_RATE = limits.number("refusal_log_reason_rate")
+SUMMARY_S = limits.number("refusal_log_interval_s")
+ROTATING_RSS_BOUND = SLACK
+
 
 @pytest.fixture(scope="module")
 def audit_file() -> Iterator[Path]:
@@ -112,10 +132,21 @@ def target(epics_env: IocProcess, audit_file: Path) -> Iterator[ServerProcess]:
     connection that reads nothing is held open, as an attacker would), and an audit file."""
     args = server_args_for_tests(
         ["--stall-timeout", "120", "--send-budget", str(SEND_BUDGET),
-         "--history-mb", str(HISTORY_BUDGET // MIB), "--audit-log", str(audit_file)]
+         "--history-mb", str(HISTORY_BUDGET // MIB), "--audit-log", str(audit_file),
+         "--trusted-proxy", f"{PROXY_SOURCE}/32"]
     )  # fmt: skip
     with ServerProcess(*args) as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def front(target: ServerProcess) -> Iterator[Proxy]:
+    """Debian's haproxy terminating TLS in front of the target, as docs/OPERATIONS.md says."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Proxy("haproxy", target.port, TestCA(Path(tmp))) as p,
+    ):
+        yield p
 
 
 @pytest.fixture(scope="module")
@@ -342,4 +373,72 @@ async def test_f_a_reconnect_storm_costs_what_reconnects(
         f"a reconnect storm: the loop lagged {watch.cost.lag_peak:.2f} s, bound "
         f"{STORM_LOOP_LAG_BOUND_S:g} s"
     )
+    bystander.check(start, end)
+
+
+# --- (g) -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+async def test_g_a_forged_address_through_a_proxy_is_one_address(
+    target: ServerProcess, front: Proxy, bystander: Bystander
+) -> None:
+    url = front.url.replace("https://", "wss://") + "/stream"
+    start = bystander.mark()
+    with Watch(target) as watch:
+        opened = await forged_sockets(url, front.ssl_context(), FORGED_SOCKETS, FORGED_SOURCE)
+        try:
+            admitted, refused = len(opened.admitted), opened.refused
+        finally:
+            await opened.close()
+    end = bystander.mark()
+    print(f"{FORGED_SOCKETS} sockets with forged addresses: {admitted} admitted")
+    assert admitted == FORGED_ADMITTED, (
+        f"{admitted} of {FORGED_SOCKETS} sockets each forging its own X-Forwarded-For were "
+        f"admitted from one address (bound {FORGED_ADMITTED})"
+    )
+    assert {(c.code, FORGED_SOURCE in c.reason) for c in refused} == {(1013, True)}
+    held(watch.cost, FORGED_RSS_BOUND, f"{FORGED_SOCKETS} forged sockets through haproxy")
+    bystander.check(start, end)
+
+
+# --- (h) -------------------------------------------------------------------------------------
+
+
+def _refusal_lines(audit_file: Path, before: int) -> list[str]:
+    lines = audit_file.read_text().splitlines() if audit_file.exists() else []
+    return [line for line in lines[before:] if '"auth_refused' in line]
+
+
+@pytest.mark.timeout(240)
+async def test_h_refusals_from_rotating_addresses_write_bounded_lines(
+    target: ServerProcess, bystander: Bystander, audit_file: Path
+) -> None:
+    counted = metric(target, "pvwire_auth_refusals_total").get('{reason="no_keys"}', 0.0)
+    before = len(audit_file.read_text().splitlines()) if audit_file.exists() else 0
+    start = bystander.mark()
+    t0 = time.monotonic()
+    with Watch(target) as watch:
+        statuses = await rotating_refusals(target.port, ROTATING_REQUESTS)
+    seconds = time.monotonic() - t0
+    end = bystander.mark()
+    assert statuses == {401: ROTATING_REQUESTS}, statuses
+    # Every refusal counted, exactly.
+    now = metric(target, "pvwire_auth_refusals_total").get('{reason="no_keys"}', 0.0)
+    assert now - counted == ROTATING_REQUESTS
+    # The lines: the reason's burst, its rate for the time taken, and a summary per interval
+    # (and one more that comes when the interval after the last refusal ends).
+    eventually(lambda: any("_summary" in x for x in _refusal_lines(audit_file, before)),
+               "the summary of the refusals left out", timeout=2 * SUMMARY_S + 30)  # fmt: skip
+    lines = _refusal_lines(audit_file, before)
+    written = [x for x in lines if "_summary" not in x]
+    bound = REASON_BURST + REASON_RATE * seconds + 1
+    print(f"{ROTATING_REQUESTS} refusals from as many addresses in {seconds:.1f} s: "
+          f"{len(written)} lines, {len(lines) - len(written)} summaries")  # fmt: skip
+    assert len(written) <= bound, (
+        f"{ROTATING_REQUESTS} refusals from rotating addresses in {seconds:.1f} s wrote "
+        f"{len(written)} lines, bound {bound:.0f}"
+    )
+    assert len(lines) - len(written) <= seconds / SUMMARY_S + 2
+    held(watch.cost, ROTATING_RSS_BOUND, f"{ROTATING_REQUESTS} refusals from rotating addresses")
     bystander.check(start, end)

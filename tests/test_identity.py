@@ -104,11 +104,13 @@ def test_rs256_and_es256_through_a_jwks_file(tmp_path: Path) -> None:
 
 
 def test_proxy_header_counts_only_from_trusted_proxies() -> None:
+    """The address is the right-most forwarded entry that is no trusted proxy: what the client
+    wrote itself (192.168.10.5, first) is not it; a trusted hop (10.1.0.9) is walked through."""
     auth = Authenticator(
         trusted_proxies=["10.1.0.0/16"], user_header="X-Remote-User", groups_header="X-Groups"
     )
     headers = {"x-remote-user": "carol", "x-groups": "operators, viewers",
-               "x-forwarded-for": "192.0.2.5, 10.1.0.9"}  # fmt: skip
+               "x-forwarded-for": "192.168.10.5, 192.0.2.5, 10.1.0.9"}  # fmt: skip
     who = auth.identify(headers, "10.1.2.3")
     assert (who.user, who.groups, who.source, who.address) == (
         "carol",
@@ -132,3 +134,61 @@ def test_short_hs256_secret_is_refused(tmp_path: Path) -> None:
     secret.write_text("short")
     with pytest.raises(ValueError, match="32 characters"):
         Authenticator(JwtSettings(secret_file=str(secret)))
+
+
+def jwks_file(tmp_path: Path) -> tuple[Path, Any]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(jwt.get_algorithm_by_name("RS256").to_jwk(key.public_key()))
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{**jwk, "kid": "r1", "alg": "RS256", "use": "sig"}]}))
+    return path, key
+
+
+def test_a_jwks_file_needs_an_audience_unless_any_audience_is_meant(tmp_path: Path) -> None:
+    """A realm's keys sign every one of its clients' tokens: a token minted for Grafana must not
+    count here just because the keys verify it."""
+    path, key = jwks_file(tmp_path)
+    with pytest.raises(ValueError, match=r"--jwks-file .*--jwt-audience.*--jwt-authorized-party"):
+        Authenticator(JwtSettings(jwks_file=str(path)))
+    grafana = jwt.encode(claims(aud="grafana"), key, "RS256", headers={"kid": "r1"})
+    for settings in (
+        JwtSettings(jwks_file=str(path), audience=AUD),
+        JwtSettings(jwks_file=str(path), authorized_parties=("pvwire-page",)),
+    ):
+        auth = Authenticator(settings)
+        with pytest.raises(AuthError) as refused:
+            auth.identify(bearer(grafana), "10.0.0.7")
+        assert refused.value.reason == "wrong_audience"
+    anyone = Authenticator(JwtSettings(jwks_file=str(path), any_audience=True))
+    assert anyone.identify(bearer(grafana), "10.0.0.7").user == "alice"
+
+
+def test_the_server_names_the_audience_options_at_start_and_warns_of_a_bare_secret(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pvwire.cli import _check_bearer_keys
+    from pvwire.config import Settings
+
+    path, _ = jwks_file(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        _check_bearer_keys(Settings(jwks_file=str(path)))
+    message = str(stopped.value)
+    assert message.startswith(f"pvwire-server: --jwks-file {path} needs --jwt-audience")
+    assert "--jwt-authorized-party" in message and "--jwt-any-audience" in message
+    _check_bearer_keys(Settings(jwks_file=str(path), jwt_audience=AUD))
+    _check_bearer_keys(Settings(jwks_file=str(path), jwt_any_audience=True))
+    # The issuer's own message names the option that lets any audience through, too.
+    with pytest.raises(SystemExit, match="--jwt-any-audience"):
+        _check_bearer_keys(Settings(oidc_issuer=ISS))
+    _check_bearer_keys(Settings(oidc_issuer=ISS, jwt_any_audience=True))
+    # pvwire's own HS256 secret: a warning, not a refusal.
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    with caplog.at_level("WARNING", logger="pvwire.access"):
+        _check_bearer_keys(Settings(jwt_secret_file=str(secret)))
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "--jwt-audience" in warned and str(secret) in warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pvwire.access"):
+        _check_bearer_keys(Settings(jwt_secret_file=str(secret), jwt_audience=AUD))
+    assert not caplog.records

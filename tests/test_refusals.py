@@ -181,6 +181,45 @@ def test_sources_past_the_bound_are_forgotten_and_their_lines_left_out_still_cou
     assert log.counts["expired"] == 15
 
 
+def test_rotating_sources_write_a_bounded_number_of_lines_per_reason() -> None:
+    """10,000 refusals in 10 s (by a clock the test moves), each from an address never seen
+    before, as a client rotating through 127.0.0.0/8 or its IPv6 /64 sends them: each source has
+    a fresh bucket, so the reason's own bucket bounds the lines, to its burst plus its rate for
+    the 10 s; the summaries account for every refusal left out, the counts are exact."""
+    clock = Clock()
+    written: list[dict[str, Any]] = []
+    log = RefusalLog(written.append, clock=clock)
+    for i in range(10_000):
+        log.refused("bad_signature", f"127.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", "query")
+        log.refused("expired", f"10.0.{i >> 8 & 255}.{i & 255}", "query")
+        clock.now += 0.001
+    log.close()
+    for reason in ("bad_signature", "expired"):
+        lines = [x for x in written if x["event"] == "auth_refused" and x["reason"] == reason]
+        summaries = [x for x in written if x["event"] == "auth_refused_summary"
+                     and x["reason"] == reason]  # fmt: skip
+        assert len(lines) <= log.reason_burst + log.reason_rate * 10 + 1, (reason, len(lines))
+        assert len(lines) >= log.reason_burst  # the burst itself is written
+        assert 1 <= len(summaries) <= 2  # one per 10 s interval, and what close() had left
+        assert len(lines) + sum(x["suppressed"] for x in summaries) == 10_000
+        assert log.counts[reason] == 10_000
+
+
+def test_one_source_s_flood_leaves_the_reason_room_for_another_source() -> None:
+    """One address flooding for a minute takes its own rate of the reason's bucket, which
+    refills faster: a refusal from another address is still written at the end."""
+    clock = Clock()
+    written: list[dict[str, Any]] = []
+    log = RefusalLog(written.append, clock=clock)
+    for _ in range(60_000):
+        log.refused("bad_signature", "10.6.6.6", "query")
+        clock.now += 0.001
+    log.refused("bad_signature", "10.7.7.7", "query")
+    lines = [x["address"] for x in written if x["event"] == "auth_refused"]
+    assert lines[-1] == "10.7.7.7"
+    assert lines.count("10.6.6.6") <= log.burst + log.rate * 60 + 1
+
+
 def test_an_unknown_reason_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="not one of"):
         RefusalLog().refused("whatever", "10.0.0.1", "")

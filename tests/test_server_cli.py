@@ -84,3 +84,12 @@ def test_a_plain_http_issuer_off_loopback_stops_the_server() -> None:
     assert p.returncode == 1
     assert p.stderr.startswith(f"pvwire-server: --oidc-issuer {issuer} is plain http")
     assert "--oidc-allow-http" in p.stderr
+
+
+def test_a_jwks_file_without_an_audience_stops_the_server(tmp_path: Path) -> None:
+    """As an issuer does: the realm's keys verify the tokens of all its clients."""
+    jwks = tmp_path / "jwks.json"
+    p = server_cli("serve", "--port", "0", "--jwks-file", str(jwks))
+    assert p.returncode == 1
+    assert p.stderr.startswith(f"pvwire-server: --jwks-file {jwks} needs --jwt-audience")
+    assert "--jwt-authorized-party" in p.stderr and "--jwt-any-audience" in p.stderr

@@ -162,6 +162,7 @@ def make_authenticator(settings: Settings, refusals: RefusalLog | None = None) -
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
             authorized_parties=tuple(settings.jwt_authorized_parties),
+            any_audience=settings.jwt_any_audience,
             oidc_allow_http=settings.oidc_allow_http,
             groups_claim=settings.jwt_groups_claim,
             user_claim=settings.jwt_user_claim,

@@ -91,6 +91,8 @@ def _settings(args: argparse.Namespace) -> Any:
         ]
     if args.oidc_allow_http:
         settings.oidc_allow_http = True
+    if args.jwt_any_audience:
+        settings.jwt_any_audience = True
     if args.no_sim:
         settings.sim_enabled = False
     if args.forward_identity:
@@ -113,21 +115,30 @@ def _check_catalogue_file(settings: Any) -> None:
             sys.exit(f"pvwire-server: catalogue file {settings.catalogue_file}: {exc}")
 
 
-def _check_issuer(settings: Any) -> None:
-    """An OIDC issuer that would accept any client's tokens, or fetch its keys in the clear,
-    stops the server at start with the option to set, not at the first token."""
-    from .access.oidc import check_issuer
+def _check_bearer_keys(settings: Any) -> None:
+    """An OIDC issuer or a JWKS file that would accept any client's tokens, or an issuer whose
+    keys are fetched in the clear, stops the server at start with the option to set, not at the
+    first token. An HS256 secret is pvwire's own: without an audience, a warning."""
+    from .access.oidc import check_audience, check_issuer
 
-    if settings.oidc_issuer:
-        try:
+    audience, parties = settings.jwt_audience, settings.jwt_authorized_parties
+    any_audience = settings.jwt_any_audience
+    try:
+        if settings.oidc_issuer:
             check_issuer(
-                settings.oidc_issuer,
-                settings.jwt_audience,
-                settings.jwt_authorized_parties,
-                settings.oidc_allow_http,
+                settings.oidc_issuer, audience, parties, settings.oidc_allow_http, any_audience
             )
-        except ValueError as exc:
-            sys.exit(f"pvwire-server: {exc}")
+        if settings.jwks_file:
+            check_audience(f"--jwks-file {settings.jwks_file}", audience, parties, any_audience)
+    except ValueError as exc:
+        sys.exit(f"pvwire-server: {exc}")
+    if settings.jwt_secret_file and not (audience or parties or any_audience):
+        logging.getLogger("pvwire.access").warning(
+            "--jwt-secret-file %s: tokens are accepted whatever their audience; if another "
+            "service signs with this secret too, its tokens count here: give pvwire's tokens "
+            "an audience and set --jwt-audience (or --jwt-authorized-party)",
+            settings.jwt_secret_file,
+        )
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -180,6 +191,9 @@ def serve(settings: Any, workers: int = 1) -> None:
         log_config=logging_config(settings.log_format, settings.log_level),
         access_log=False,
         timeout_graceful_shutdown=round(number("shutdown_grace_s")),
+        # Off: uvicorn would take the client's address from X-Forwarded-For (trusting 127.0.0.1
+        # by default) before pvwire looks. --trusted-proxy alone decides (access/forwarded.py).
+        proxy_headers=False,
     )
     if workers > 1:
         if not settings.token_keys:
@@ -256,14 +270,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "issuer off loopback (its keys travel unprotected)")  # fmt: skip
         p.add_argument("--jwt-issuer", help="required `iss` of bearer JWTs")
         p.add_argument("--jwt-audience", help="required `aud` of bearer JWTs (with "
-                       "--oidc-issuer, this or --jwt-authorized-party is required)")  # fmt: skip
+                       "--oidc-issuer or --jwks-file, this or --jwt-authorized-party is "
+                       "required)")  # fmt: skip
         p.add_argument("--jwt-authorized-party", action="append", metavar="CLIENT_ID",
                        help="client whose tokens are accepted, by `azp` (repeatable)")  # fmt: skip
+        p.add_argument("--jwt-any-audience", action="store_true", help="accept tokens of any "
+                       "audience from --oidc-issuer or --jwks-file (else one of the two above "
+                       "is required)")  # fmt: skip
         p.add_argument("--jwt-groups-claim", help="claim holding the groups (default groups)")
         p.add_argument("--jwt-user-claim", help="claim naming the user, as the rules and the "
                        "IOC see it (default preferred_username; docs/ACCESS.md)")  # fmt: skip
         p.add_argument("--trusted-proxy", action="append", help="CIDR of a proxy whose "
-                       "--user-header is believed")  # fmt: skip
+                       "--user-header and X-Forwarded-For are believed (repeatable)")  # fmt: skip
         p.add_argument("--user-header", help="header a trusted proxy puts the user name in")
         p.add_argument("--groups-header", help="header with comma-separated groups (proxy)")
         p.add_argument(
@@ -329,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"pvwire-server: {exc}")
     _check_port_free(settings.host, settings.port)
     _check_catalogue_file(settings)
-    _check_issuer(settings)
+    _check_bearer_keys(settings)
     if args.command == "serve":
         serve(settings, args.workers)
         return

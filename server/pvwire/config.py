@@ -58,12 +58,16 @@ class Settings:
     # tokens with the same keys, so only `aud` or `azp` says a token is meant for pvwire.
     jwt_audience: str = ""
     jwt_authorized_parties: list[str] = field(default_factory=list)  # accepted `azp` values
+    # The same holds of a JWKS file; this says a token for any audience is meant to count.
+    jwt_any_audience: bool = False
     jwt_groups_claim: str = "groups"
     # The user name the rules, the audit file and (forward_identity) the IOC's ACF see; falls
     # back to `sub`. docs/ACCESS.md says why it is preferred_username and when to change it.
     jwt_user_claim: str = "preferred_username"
     jwt_leeway_s: float = number("jwt_leeway_s")  # clock skew allowed for exp and nbf
-    trusted_proxies: list[str] = field(default_factory=list)  # CIDRs whose user header counts
+    # CIDRs whose user header counts, and behind which the client is the right-most
+    # X-Forwarded-For entry that is none of them (access/forwarded.py).
+    trusted_proxies: list[str] = field(default_factory=list)
     user_header: str = ""  # e.g. X-Remote-User, from trusted proxies only
     groups_header: str = ""  # comma-separated groups, from trusted proxies only
     # CA and PVA puts by a signed-in user travel on a circuit or connection carrying that user's

@@ -237,6 +237,28 @@ LIMITS: tuple[Limit, ...] = (
           "clients (addresses; users for puts) whose refusals are written to the audit file "
           "each under its own flood bound",
           "the least recently refused is forgotten; its lines left out still summarised"),
+    Limit("refusal_log_burst", 20, "lines",
+          "audit lines of refusals for one reason and source written at once, then "
+          "`refusal_log_rate` a second", "counted, and summarised every `refusal_log_interval_s`"),
+    Limit("refusal_log_rate", 1.0, "lines/s",
+          "audit lines of refusals for one reason and source after its burst",
+          "counted, and summarised every `refusal_log_interval_s`"),
+    # Above one source's rate, so that one source's flood never hides another's refusals.
+    Limit("refusal_log_reason_burst", 100, "lines",
+          "audit lines of refusals for one reason written at once, whatever their sources, "
+          "then `refusal_log_reason_rate` a second",
+          "counted, and summarised every `refusal_log_interval_s`"),
+    Limit("refusal_log_reason_rate", 2.0, "lines/s",
+          "audit lines of refusals for one reason after its burst, whatever their sources",
+          "counted, and summarised every `refusal_log_interval_s`"),
+    Limit("refusal_log_interval_s", 10.0, "s",
+          "between summary lines of one reason's refusals left out", ""),
+    # --- the client's address behind trusted proxies (access/forwarded.py) ---
+    Limit("forwarded_hops", 20, "entries",
+          "`X-Forwarded-For` (or `Forwarded`) entries read from the right for a request from "
+          "a `--trusted-proxy`", "the last one read is the client"),
+    Limit("forwarded_entry_bytes", 256, "bytes", "one `X-Forwarded-For` (or `Forwarded`) entry",
+          "the walk ends: the last trusted proxy is the client"),
     # --- HTTP request bodies (api/body_limit.py) ---
     # 4 MiB: a `putMany` of `max_graphql_elements` float64 in their longest JSON form (~25
     # bytes each, 2.5 MB) with room for the query; a GraphQL query itself needs a few KiB.

@@ -8,7 +8,9 @@ refused. A present but bad token is an error, never a silent fall back to anonym
 whose token expired must be told, not quietly demoted.
 
 A reverse proxy that authenticated the user passes the name in a header; it is believed only from
-the listed proxy networks, and there the client's real address comes from `X-Forwarded-For`.
+the listed proxy networks. Behind those, the client's real address is the right-most
+`X-Forwarded-For` entry that is no listed proxy (access/forwarded.py): the one address every
+rule, bound and audit line keys on, so `client_address` is the only place it is derived.
 
 Every refusal, and a user header from an address that is no trusted proxy, goes to `refusals`
 (access/refusals.py: audited with the reason and the request's operation, counted, bounded).
@@ -25,7 +27,15 @@ from typing import Any
 import jwt
 
 from ..limits import number
-from .oidc import ALGORITHMS, IssuerKeys, ProviderInfo, check_issuer, usable_keys
+from . import forwarded
+from .oidc import (
+    ALGORITHMS,
+    IssuerKeys,
+    ProviderInfo,
+    check_audience,
+    check_issuer,
+    usable_keys,
+)
 from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
@@ -74,6 +84,9 @@ class JwtSettings:
     issuer: str = ""
     audience: str = ""
     authorized_parties: tuple[str, ...] = ()  # accepted `azp`s (the clients tokens are for)
+    # Keys that sign other clients' tokens too (a JWKS, an issuer's) with neither of the two
+    # above: refused at start unless this says any audience is meant.
+    any_audience: bool = False
     oidc_allow_http: bool = False  # an issuer (and its JWKS) over plain http off loopback
     groups_claim: str = "groups"
     user_claim: str = "preferred_username"  # falls back to `sub`
@@ -114,6 +127,8 @@ class Authenticator:
             self._secret = secret
             self._algorithms.append("HS256")
         if s.jwks_file:
+            check_audience(f"--jwks-file {s.jwks_file}", s.audience, s.authorized_parties,
+                           s.any_audience)  # fmt: skip
             jwks = jwt.PyJWKSet.from_json(Path(s.jwks_file).read_text())
             for key in jwks.keys:
                 if key.algorithm_name not in ALGORITHMS:
@@ -123,7 +138,9 @@ class Authenticator:
                 if key.algorithm_name not in self._algorithms:
                     self._algorithms.append(key.algorithm_name)
         if s.oidc_issuer:
-            check_issuer(s.oidc_issuer, s.audience, s.authorized_parties, s.oidc_allow_http)
+            check_issuer(
+                s.oidc_issuer, s.audience, s.authorized_parties, s.oidc_allow_http, s.any_audience
+            )
             self.issuer_keys = IssuerKeys(
                 s.oidc_issuer, s.oidc_refresh_s, s.oidc_min_interval_s,
                 allow_http=s.oidc_allow_http,
@@ -175,13 +192,14 @@ class Authenticator:
         return bool(self._algorithms) or bool(self._proxies and self.user_header)
 
     def client_address(self, headers: Mapping[str, str], peer: str) -> str:
-        """The real client's address: the TCP peer, or behind a trusted proxy the address it
-        forwards (the first of X-Forwarded-For)."""
-        if self._trusted(peer):
-            forwarded = headers.get("x-forwarded-for", "").split(",")[0].strip()
-            if forwarded:
-                return forwarded
-        return peer
+        """The real client's address: the TCP peer, or when that is a trusted proxy, the
+        right-most `X-Forwarded-For` entry (all its lines, in order) that is no trusted proxy
+        (`Forwarded`'s `for=` when there is no `X-Forwarded-For`; access/forwarded.py)."""
+        if not self._trusted(peer):
+            return peer
+        return forwarded.client_address(
+            peer, _lines(headers, "x-forwarded-for"), _lines(headers, "forwarded"), self._is_proxy
+        )
 
     def identify(
         self, headers: Mapping[str, str], peer: str, operation: str | Callable[[], str] = ""
@@ -230,10 +248,10 @@ class Authenticator:
     def _trusted(self, peer: str) -> bool:
         if not self._proxies:
             return False
-        try:
-            ip = ipaddress.ip_address(peer)
-        except ValueError:
-            return False
+        ip = forwarded.parse_node(peer)
+        return ip is not None and self._is_proxy(ip)
+
+    def _is_proxy(self, ip: forwarded.Address) -> bool:
         return any(ip in net for net in self._proxies)
 
     def _from_jwt(self, token: str, address: str) -> Identity:
@@ -326,3 +344,13 @@ class Authenticator:
                 self.issuer_keys.want(kid)
             return found.key if found is not None else None
         return next(iter(held.values())).key if len(held) == 1 else None
+
+
+def _lines(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every line of header `name`, in order: Starlette's headers hold them all (`getlist`),
+    where `get` gives the first alone; a plain mapping holds one."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is not None:
+        return list(getlist(name))
+    value = headers.get(name)
+    return [] if value is None else [value]

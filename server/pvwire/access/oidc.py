@@ -33,27 +33,48 @@ import jwt
 
 from ..limits import number
 
-__all__ = ["ALGORITHMS", "IssuerKeys", "ProviderInfo", "check_issuer", "usable_keys"]
+__all__ = [
+    "ALGORITHMS",
+    "IssuerKeys",
+    "ProviderInfo",
+    "check_audience",
+    "check_issuer",
+    "usable_keys",
+]
 
 log = logging.getLogger("pvwire.access")
 
 ALGORITHMS = ("RS256", "ES256")  # what a site's provider signs access tokens with
 
 
-def check_issuer(issuer: str, audience: str, parties: Sequence[str], allow_http: bool) -> None:
+def check_audience(source: str, audience: str, parties: Sequence[str], any_audience: bool) -> None:
+    """Refuses, naming the options to set, a source of verification keys (`--oidc-issuer`,
+    `--jwks-file`) with neither an audience nor authorized parties: a provider signs the tokens
+    of all its clients with the same keys, so the signature alone says a token came from the
+    realm, not that it was meant for pvwire (ValueError). `any_audience` says that is meant."""
+    if audience or parties or any_audience:
+        return
+    raise ValueError(
+        f"{source} needs --jwt-audience AUD (the `aud` the provider puts in tokens meant for "
+        "pvwire; Keycloak: an audience mapper, docs/ACCESS.md) or --jwt-authorized-party "
+        "CLIENT_ID (the clients whose tokens are accepted, by `azp`): without one, a token the "
+        "provider issued to any of its clients is accepted (--jwt-any-audience if that is "
+        "what you mean)"
+    )
+
+
+def check_issuer(
+    issuer: str,
+    audience: str,
+    parties: Sequence[str],
+    allow_http: bool,
+    any_audience: bool = False,
+) -> None:
     """Refuses, naming the option to set, an issuer configuration that would accept tokens not
     meant for pvwire or verification keys fetched in the clear (ValueError)."""
     if not issuer.startswith(("https://", "http://")):
         raise ValueError(f"--oidc-issuer {issuer!r} is not an http(s) URL")
-    if not audience and not parties:
-        # A provider signs the tokens of all its clients with the same keys: the signature
-        # alone says the realm issued a token, not that it was issued for pvwire.
-        raise ValueError(
-            f"--oidc-issuer {issuer} needs --jwt-audience AUD (the `aud` the provider puts in "
-            "tokens meant for pvwire; Keycloak: an audience mapper, docs/ACCESS.md) or "
-            "--jwt-authorized-party CLIENT_ID (the clients whose tokens are accepted, by "
-            "`azp`): without one, a token the provider issued to any of its clients is accepted"
-        )
+    check_audience(f"--oidc-issuer {issuer}", audience, parties, any_audience)
     if in_clear(issuer, allow_http):
         raise ValueError(
             f"--oidc-issuer {issuer} is plain http off loopback: the keys that check every "

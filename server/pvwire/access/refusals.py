@@ -7,7 +7,12 @@ bounded: a token bucket per reason and source (the client's address, or the user
 lets `burst` lines through, then `rate` per second; past that, refusals are only counted, and
 one summary line per reason and `interval` says how many were left out. A bucket per source, so
 that one client's flood does not hide another's refusals; at most `refusal_log_sources` of them
-(the least recently refused forgotten first). The counters (`/metrics`) see every refusal.
+(the least recently refused forgotten first). Beside them a bucket per reason, whatever the
+source (`reason_burst`, then `reason_rate` per second, above one source's rate): sources that
+rotate (a new address for each request: the whole of 127.0.0.0/8 is one machine's, and an IPv6
+client has a /64) each come with a fresh source bucket, so only this bounds what they write, to
+`reason_burst + reason_rate x seconds` lines per reason. A line is written when both buckets
+have room. The counters (`/metrics`) see every refusal.
 
 Reasons come from a fixed allow-list (`REASONS`), so neither the audit file nor the metrics can
 be grown by what a client sends; the free text of a refusal (the client is told it) stays out.
@@ -28,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..limits import integer
+from ..limits import integer, number
 
 __all__ = ["PUT_REASONS", "REASONS", "RefusalLog"]
 
@@ -68,7 +73,12 @@ SOURCES = integer("refusal_log_sources")
 class _Bucket:
     tokens: float
     at: float  # when `tokens` was last brought up to date (monotonic seconds)
-    suppressed: int = 0
+
+    def take(self, now: float, rate: float, burst: float) -> bool:
+        """Bring the bucket up to date; whether it holds a line (not taken yet)."""
+        self.tokens = min(burst, self.tokens + (now - self.at) * rate)
+        self.at = now
+        return self.tokens >= 1.0
 
 
 class RefusalLog:
@@ -77,20 +87,24 @@ class RefusalLog:
     def __init__(
         self,
         write: Write | None = None,
-        rate: float = 1.0,
-        burst: int = 20,
-        interval: float = 10.0,
+        rate: float = number("refusal_log_rate"),
+        burst: int = integer("refusal_log_burst"),
+        interval: float = number("refusal_log_interval_s"),
         clock: Callable[[], float] = time.monotonic,
         reasons: tuple[str, ...] = REASONS,
         event: str = "auth_refused",
+        reason_rate: float = number("refusal_log_reason_rate"),
+        reason_burst: int = integer("refusal_log_reason_burst"),
     ) -> None:
         self._write = write
         self.rate, self.burst, self.interval = rate, burst, interval
+        self.reason_rate, self.reason_burst = reason_rate, reason_burst
         self._clock = clock
         self.reasons, self.event = reasons, event
         self.counts: dict[str, int] = dict.fromkeys(reasons, 0)
         self._buckets: OrderedDict[tuple[str, str], _Bucket] = OrderedDict()  # (reason, source)
-        self._left_out: dict[str, int] = {}  # reason -> refusals left out, of forgotten buckets
+        self._by_reason: dict[str, _Bucket] = {}
+        self._suppressed: dict[str, int] = {}  # reason -> refusals left out since the summary
         self._summary_due: float | None = None  # when the pending summary is to be written
         self._timer: asyncio.TimerHandle | None = None
 
@@ -116,18 +130,20 @@ class RefusalLog:
         b = self._buckets.get(key)
         if b is None:
             if len(self._buckets) >= SOURCES:
-                (old, _), gone = self._buckets.popitem(last=False)
-                if gone.suppressed:
-                    self._left_out[old] = self._left_out.get(old, 0) + gone.suppressed
+                self._buckets.popitem(last=False)
             b = self._buckets[key] = _Bucket(float(self.burst), now)
         else:
             self._buckets.move_to_end(key)
-        b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
-        b.at = now
-        if b.tokens >= 1.0:
+        r = self._by_reason.get(reason)
+        if r is None:
+            r = self._by_reason[reason] = _Bucket(float(self.reason_burst), now)
+        # Both brought up to date, whichever says no; a line takes from both.
+        source_room = b.take(now, self.rate, self.burst)
+        if r.take(now, self.reason_rate, self.reason_burst) and source_room:
             b.tokens -= 1.0
+            r.tokens -= 1.0
             return True
-        b.suppressed += 1
+        self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
         if self._summary_due is None:
             self._summary_due = now + self.interval
             with contextlib.suppress(RuntimeError):  # no running loop: the next refusal flushes
@@ -141,11 +157,7 @@ class RefusalLog:
             self._timer.cancel()
             self._timer = None
         self._summary_due = None
-        suppressed, self._left_out = self._left_out, {}
-        for (reason, _), b in self._buckets.items():
-            if b.suppressed:
-                suppressed[reason] = suppressed.get(reason, 0) + b.suppressed
-                b.suppressed = 0
+        suppressed, self._suppressed = self._suppressed, {}
         for reason, n in suppressed.items():
             self._emit(
                 {"event": f"{self.event}_summary", "reason": reason,
