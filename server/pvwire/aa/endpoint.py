@@ -203,7 +203,7 @@ class AaEndpoint:
         if name.endswith(".VAL"):  # the record's value is the record, as the Archiver has it
             name = name[:-4]
         rec = self._recorded(name, identity, known)
-        if rec.rings is None:
+        if rec.rings is None or _string(rec):
             return name, op, rec, 1
         return name, op, rec, estimate(op, rows_of(rec.rings, since, until), since, until)
 
@@ -224,7 +224,7 @@ class AaEndpoint:
     def _answer(self, name: str, op: Operator | None, rec: Recorded, since: int, until: int,
                 latest: bool) -> Answer:  # fmt: skip
         year = pb.seconds_into_year(until // NS)[0]
-        if rec.rings is None:
+        if rec.rings is None or _string(rec):
             return Answer(name, headers(rec.meta, latest), string_series(rec, until), year)
         rows = rows_of(rec.rings, since, until)
         series = compute(op, rows, payload_type(rec, rows.vector), since, until)
@@ -249,7 +249,7 @@ class AaEndpoint:
                 rec = self._recorded(name[:-4] if name.endswith(".VAL") else name, identity, known)
             except Refused:
                 continue  # as the Archiver Appliance: a PV it cannot answer is left out
-            if rec.rings is None:
+            if rec.rings is None or _string(rec):
                 series = string_series(rec, at)
             else:
                 rows = rows_of(rec.rings, at, at)
@@ -356,6 +356,11 @@ class _Known:
         if self._ids is None:
             self._ids = set(self._hub.known_ids(self._identity))
         return self._ids
+
+
+def _string(rec: Recorded) -> bool:
+    """A string channel: the history keeps none of its values, its answer is its current one."""
+    return isinstance(rec.value, str) or rec.meta.type == "string"
 
 
 def _too_many(n: int) -> Refused:
