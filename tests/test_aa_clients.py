@@ -13,6 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -52,16 +53,23 @@ def server(epics_env: IocProcess) -> Iterator[ServerProcess]:
 def written(server: ServerProcess) -> dict[str, list[Any]]:
     """Each typed PV written three times through pvwire, once its history holds the first value."""
     for pv, (values, _) in TYPED.items():
-        eventually(lambda pv=pv: len(events(server, pv)) >= 1, f"{pv} recorded")
+        eventually(partial(recorded_once, server, pv), f"{pv} recorded")
         for v in values:
             doc = server.graphql(
                 f'mutation {{ put(id: "ca://{pv}", value: {json.dumps(v)}, wait: true) {{ ok }} }}'
             )
             assert doc.get("data", {}).get("put", {}).get("ok"), doc
     for pv, (values, _) in TYPED.items():
-        eventually(lambda pv=pv, values=values: [e.val for e in events(server, pv)][-3:]
-                   and _vals(pv, events(server, pv)[-3:]) == values, f"{pv}: {values}")  # fmt: skip
+        eventually(partial(holds, server, pv, values), f"{pv}: {values}")
     return {pv: values for pv, (values, _) in TYPED.items()}
+
+
+def recorded_once(server: ServerProcess, pv: str) -> bool:
+    return len(events(server, pv)) >= 1
+
+
+def holds(server: ServerProcess, pv: str, values: list[Any]) -> bool:
+    return _vals(pv, events(server, pv)[-3:]) == values
 
 
 def _vals(pv: str, got: list[ArchiveEvent]) -> list[Any]:
@@ -79,7 +87,9 @@ def window() -> tuple[datetime.datetime, datetime.datetime]:
     return now - datetime.timedelta(minutes=10), now + datetime.timedelta(seconds=5)
 
 
-def events(server: ServerProcess, pv: str, processor: Processor | None = None) -> list[ArchiveEvent]:
+def events(
+    server: ServerProcess, pv: str, processor: Processor | None = None
+) -> list[ArchiveEvent]:
     return client(server).get_events(pv, *window(), processor=processor)[1]
 
 
@@ -94,7 +104,7 @@ def test_every_scalar_type_is_read_back_by_the_archiver_client(
 ) -> None:
     for pv, (values, kind) in TYPED.items():
         meta, got = client(server).get_events(pv, *window())
-        assert {m.pv_type.rsplit('.', 1)[-1] for m in meta.values()} == {f"{kind}'>"}, pv
+        assert {m.pv_type.rsplit(".", 1)[-1] for m in meta.values()} == {f"{kind}'>"}, pv
         assert _vals(pv, got[-3:]) == values, pv
         assert [e.pv for e in got] == [pv] * len(got)
         times = [e.timestamp_ns for e in got]
@@ -105,8 +115,8 @@ def test_headers_carry_the_units_and_precision_and_with_latest_metadata_the_limi
     server: ServerProcess, written: dict[str, list[Any]]
 ) -> None:
     meta, _ = client(server).get_events("PVW:AA:FLOAT", *window())
-    assert {(h.name, h.value) for m in meta.values() for h in m.headers} == {("EGU", "A"),
-                                                                             ("PREC", "4")}  # fmt: skip
+    got = {(h.name, h.value) for m in meta.values() for h in m.headers}
+    assert got == {("EGU", "A"), ("PREC", "4")}
     start, end = window()
     doc = get_json(server, "data/getData.json", pv="PVW:AO", fetchLatestMetadata="true",
                    **{"from": start.isoformat(), "to": end.isoformat()})  # fmt: skip
@@ -140,14 +150,22 @@ def test_json_agrees_with_what_the_archiver_client_decodes_from_raw(
                 assert math.isclose(r["val"], want, rel_tol=1e-6), pv
 
 
+def sixteen(server: ServerProcess) -> list[ArchiveEvent]:
+    """The waveform's events, once its last holds 16 elements."""
+    got = events(server, "PVW:WAVE16")
+    return got if got and isinstance(got[-1].val, list) and len(got[-1].val) == 16 else []
+
+
 def test_arrays_come_as_vectors_and_strings_as_their_current_value(server: ServerProcess) -> None:
-    got = eventually(lambda: (e := events(server, "PVW:WAVE16")) and len(e[-1].val) == 16 and e)
+    got = eventually(partial(sixteen, server))
     meta, _ = client(server).get_events("PVW:WAVE16", *window())
-    assert {m.pv_type.rsplit('.', 1)[-1] for m in meta.values()} == {"VectorDouble'>"}
+    assert {m.pv_type.rsplit(".", 1)[-1] for m in meta.values()} == {"VectorDouble'>"}
     last = got[-1].val
-    assert isinstance(last, list) and last == [float(x) for x in range(int(last[0]), int(last[0]) + 16)]
+    assert isinstance(last, list) and last == [
+        float(x) for x in range(int(last[0]), int(last[0]) + 16)
+    ]
     meta, strings = client(server).get_events("PVW:STR", *window())
-    assert {m.pv_type.rsplit('.', 1)[-1] for m in meta.values()} == {"ScalarString'>"}
+    assert {m.pv_type.rsplit(".", 1)[-1] for m in meta.values()} == {"ScalarString'>"}
     assert [e.val for e in strings] in (["hello"], [])  # its value, if it came in the window
     start = datetime.datetime.now(UTC) - datetime.timedelta(days=3000)
     _, strings = client(server).get_events("PVW:STR", start, window()[1])
@@ -170,8 +188,10 @@ def test_mean_bins_of_the_counter_are_the_means_of_its_points(server: ServerProc
     )
     for e, b in zip(means, bins, strict=True):
         assert e.timestamp_ns % 10**9 == 0 and e.timestamp_ns // 10**9 == b * 2 + 1
-        inside = [r.val for r in raw if r.timestamp_ns // 10**9 // 2 == b
-                  and start.timestamp() * 1e9 <= r.timestamp_ns <= end.timestamp() * 1e9]  # fmt: skip
+        lo, hi = start.timestamp() * 1e9, end.timestamp() * 1e9
+        inside = [
+            r.val for r in raw if r.timestamp_ns // 10**9 // 2 == b and lo <= r.timestamp_ns <= hi
+        ]
         if b >= start_s // 2 and inside:
             assert math.isclose(e.val, sum(inside) / len(inside)), (b, inside)  # type: ignore[arg-type]
 
@@ -180,7 +200,9 @@ def test_an_unknown_pv_answers_404_as_the_archiver_does(server: ServerProcess) -
     with pytest.raises(ArchiverResponseError):
         client(server).get_events("PVW:NO:SUCH:PV", *window())
     try:
-        urllib.request.urlopen(f"{server.url}/retrieval/data/getData.json?pv=PVW:NO:SUCH:PV", timeout=30)
+        urllib.request.urlopen(
+            f"{server.url}/retrieval/data/getData.json?pv=PVW:NO:SUCH:PV", timeout=30
+        )
     except urllib.error.HTTPError as exc:
         with exc:
             assert (exc.code, exc.read()) == (404, b"Unable to find typeinfo for pv PVW:NO:SUCH:PV")
@@ -196,7 +218,9 @@ def test_matching_pvs_as_the_client_and_grafanas_picker_ask(server: ServerProces
     assert get_json(server, "bpl/getMatchingPVs", pv="PVW:AA:?HAR") == ["PVW:AA:CHAR"]
 
 
-def test_grafanas_request_form_is_answered(server: ServerProcess, written: dict[str, list[Any]]) -> None:
+def test_grafanas_request_form_is_answered(
+    server: ServerProcess, written: dict[str, list[Any]]
+) -> None:
     """What the Grafana data source sends (pkg/archiverappliance/aaclient.go, buildQueryUrl):
     `<op>_<binSeconds>(pv)`, times as 2006-01-02T15:04:05.000-07:00 and `donotchunk` empty; the
     body, with its Content-Length, read by the PyPI client's parser."""
@@ -207,12 +231,14 @@ def test_grafanas_request_form_is_answered(server: ServerProcess, written: dict[
             "from": (now - datetime.timedelta(minutes=1)).isoformat(timespec="milliseconds"),
             "to": now.isoformat(timespec="milliseconds"),
         })  # fmt: skip
-        with urllib.request.urlopen(f"{server.url}/retrieval/data/getData.raw?{query}", timeout=30) as r:
+        with urllib.request.urlopen(
+            f"{server.url}/retrieval/data/getData.raw?{query}", timeout=30
+        ) as r:
             assert r.headers["Transfer-Encoding"] is None and r.headers["Content-Length"]
             meta, got = parse_pb_data(r.read())
         assert [m.pv_name for m in meta.values()] == ["PVW:COUNTER"] and len(got) >= 2, op
         if op.startswith(("mean", "max", "min", "count", "std")):
-            assert {m.pv_type.rsplit('.', 1)[-1] for m in meta.values()} == {"ScalarDouble'>"}
+            assert {m.pv_type.rsplit(".", 1)[-1] for m in meta.values()} == {"ScalarDouble'>"}
 
 
 def test_cs_web_libs_request_form_is_answered(server: ServerProcess) -> None:
@@ -220,8 +246,9 @@ def test_cs_web_libs_request_form_is_answered(server: ServerProcess) -> None:
     ISO times from the browser; it reads `meta.name`, `data[].secs` and `data[].val`."""
     now = datetime.datetime.now(UTC)
     start = (now - datetime.timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    end = now.isoformat().replace("+00:00", "Z")
     url = (f"{server.url}/retrieval/data/getDataForPVs.json?pv=mean_1(PVW:COUNTER)"
-           f"&pv=mean_1(ca://PVW:AO)&from={start}&to={now.isoformat().replace('+00:00', 'Z')}")  # fmt: skip
+           f"&pv=mean_1(ca://PVW:AO)&from={start}&to={end}")  # fmt: skip
     with urllib.request.urlopen(url, timeout=30) as r:
         doc = json.loads(r.read())
     assert [d["meta"]["name"] for d in doc] == ["PVW:COUNTER", "ca://PVW:AO"]
@@ -229,7 +256,9 @@ def test_cs_web_libs_request_form_is_answered(server: ServerProcess) -> None:
     assert len(doc[0]["data"]) >= 3 and doc[1]["data"]
 
 
-def test_data_at_time_as_save_and_restore_asks(server: ServerProcess, written: dict[str, list[Any]]) -> None:
+def test_data_at_time_as_save_and_restore_asks(
+    server: ServerProcess, written: dict[str, list[Any]]
+) -> None:
     body = json.dumps(["PVW:AO", "PVW:LONG", "PVW:NO:SUCH:PV"]).encode()
     req = urllib.request.Request(f"{server.url}/retrieval/data/getDataAtTime", data=body,
                                  headers={"Content-Type": "application/json"})  # fmt: skip

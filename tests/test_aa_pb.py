@@ -19,7 +19,8 @@ from pvwire.aa.pb import Chunk, PayloadType, PbError, PbReader, Sample
 
 T = PayloadType
 CLASSES: dict[PayloadType, Any] = {
-    T.SCALAR_STRING: ee.ScalarString, T.SCALAR_SHORT: ee.ScalarShort, T.SCALAR_FLOAT: ee.ScalarFloat,
+    T.SCALAR_STRING: ee.ScalarString, T.SCALAR_SHORT: ee.ScalarShort,
+    T.SCALAR_FLOAT: ee.ScalarFloat,
     T.SCALAR_ENUM: ee.ScalarEnum, T.SCALAR_BYTE: ee.ScalarByte, T.SCALAR_INT: ee.ScalarInt,
     T.SCALAR_DOUBLE: ee.ScalarDouble, T.WAVEFORM_SHORT: ee.VectorShort,
     T.WAVEFORM_FLOAT: ee.VectorFloat, T.WAVEFORM_ENUM: ee.VectorEnum,
@@ -70,8 +71,8 @@ def test_what_pvwire_writes_the_archiver_classes_read(ptype: PayloadType) -> Non
     assert line.endswith(b"\n") and b"\n" not in line[:-1] and b"\r" not in line
     msg = CLASSES[ptype]()
     msg.ParseFromString(unescape_bytes(line[:-1]))
-    assert (msg.secondsintoyear, msg.nano, msg.severity, msg.status) == (3 * 86400 + 10,
-                                                                         123_456_789, 2, 17)  # fmt: skip
+    head = (msg.secondsintoyear, msg.nano, msg.severity, msg.status)
+    assert head == (3 * 86400 + 10, 123_456_789, 2, 17)
     got = msg.val if not ptype.vector or ptype == T.WAVEFORM_BYTE else list(msg.val)
     want = expected(ptype, value)
     if isinstance(want, list):
@@ -84,7 +85,9 @@ def test_what_pvwire_writes_the_archiver_classes_read(ptype: PayloadType) -> Non
 
 @pytest.mark.parametrize("ptype", list(VALUES), ids=lambda t: t.name)
 def test_what_the_archiver_classes_write_pvwire_reads(ptype: PayloadType) -> None:
-    info = ee.PayloadInfo(type=int(ptype), pvname="X:\n:Y", year=2026, elementCount=3)
+    info = ee.PayloadInfo(
+        type=ee.PayloadType.Value(ptype.name), pvname="X:\n:Y", year=2026, elementCount=3
+    )
     info.headers.add(name="EGU", val="m\rm")
     msg = CLASSES[ptype](secondsintoyear=42, nano=7, severity=1, status=3)
     value = expected(ptype, VALUES[ptype])
@@ -97,7 +100,12 @@ def test_what_the_archiver_classes_write_pvwire_reads(ptype: PayloadType) -> Non
     events = PbReader().feed(data)
     assert events[0] == Chunk(ptype, "X:\n:Y", 2026, 3, (("EGU", "m\rm"),))
     s = events[1]
-    assert isinstance(s, Sample) and (s.secondsintoyear, s.nano, s.severity, s.status) == (42, 7, 1, 3)
+    assert isinstance(s, Sample) and (s.secondsintoyear, s.nano, s.severity, s.status) == (
+        42,
+        7,
+        1,
+        3,
+    )
     assert s.fields == (("a", "b"),)
     got = list(s.value) if ptype.vector and ptype != T.WAVEFORM_BYTE else s.value
     if isinstance(value, list):
@@ -126,8 +134,11 @@ def body() -> bytes:
     out = pb.payload_info(T.WAVEFORM_DOUBLE, "W", 2026, 2)
     for i in range(20):
         out += pb.sample(T.WAVEFORM_DOUBLE, i, i * 1000 + 10, [float(i), 10.0 + i / 7])
-    return out + pb.chunk_break() + pb.payload_info(T.SCALAR_STRING, "S", 2026) + pb.sample(
-        T.SCALAR_STRING, 1, 2, "\x1b\n\r"
+    return (
+        out
+        + pb.chunk_break()
+        + pb.payload_info(T.SCALAR_STRING, "S", 2026)
+        + pb.sample(T.SCALAR_STRING, 1, 2, "\x1b\n\r")
     )
 
 
