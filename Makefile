@@ -196,6 +196,8 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_fail
 	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \
 	ratelimit reconnect_storm refusals roundtrip \
 	session_hub stream_client tick tick_compiled tokens vectors)
+# The Archiver Appliance API's format, post-processors and bounds (aa/).
+UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 

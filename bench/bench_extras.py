@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from . import (
+    aa_http,
     big_arrays,
     ca_recovery,
     churn,
@@ -229,6 +230,12 @@ def test_history_http(measure: Measure, quick: bool) -> None:
     """`history` over real HTTP against a real server holding an hour of 10 Hz data, beside the
     same reads in-process (bench/history_http.py)."""
     measure(lambda: history_http.measure(2 if quick else 20), flatten)
+
+
+def test_aa_http(measure: Measure, quick: bool) -> None:
+    """The Archiver Appliance API (getData.raw, getData.json; raw and mean_60) against GraphQL
+    `history`, an hour at 10 Hz and a day at 1 Hz, one real server (bench/aa_http.py)."""
+    measure(lambda: aa_http.measure(2 if quick else 20), flatten)
 
 
 def test_pyclient_frame(measure: Measure, quick: bool) -> None:

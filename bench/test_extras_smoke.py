@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from bench import (
+    aa_http,
     cli_monitor,
     client_cpu,
     failover,
@@ -87,6 +88,15 @@ def test_history_tiny() -> None:
     assert got["reading"]["last60s_rows"] == 600, got
     assert got["arrays"]["w16_frames"] == history.RAW_POINTS, got
     assert got["arrays"]["w1024_bytes"] > got["arrays"]["w16_bytes"] > history.CHANNEL_BYTES
+
+
+def test_aa_http_tiny() -> None:
+    got = aa_http.measure(1, verbose=False)
+    # the Archiver Appliance API answered every case, each with a ratio to GraphQL's read
+    for span in ("hour_10hz", "day_1hz"):
+        assert got[f"{span}_graphql"]["bytes"] > 0, got
+        for case in ("raw_raw", "raw_json", "mean_60_raw", "mean_60_json"):
+            assert got[f"{span}_{case}"]["bytes"] > 0 and got[f"{span}_{case}"]["vs_graphql"] > 0
 
 
 def test_history_http_tiny() -> None:

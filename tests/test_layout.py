@@ -13,10 +13,14 @@ import pvwire
 PACKAGE = Path(pvwire.__file__).parent
 # pvws's modules that sit above the hub, as api/ does; the rest of pvws/ is I/O-free, as wire/ is.
 PVWS_ENDPOINT = {"endpoint.py", "scripts.py", "wsprotocol.py"}
+# The Archiver Appliance API's modules above the hub; its PB format, times, post-processors and
+# bodies are I/O-free, below it.
+AA_ENDPOINT = {"endpoint.py", "source.py"}
 # Everything above core/: the API, the ASGI application that wires it, and the command line.
 OUTSIDE_CORE = [
     *sorted((PACKAGE / "api").glob("*.py")),
     *sorted(PACKAGE / "pvws" / name for name in PVWS_ENDPOINT),
+    *sorted(PACKAGE / "aa" / name for name in AA_ENDPOINT),
     PACKAGE / "app.py",
     PACKAGE / "cli.py",
 ]
@@ -27,10 +31,11 @@ HUB_PARTS = {"registry", "control", "signer", "rules", "ticker", "audit", "sessi
 ABOVE = {
     "api": {"upstream"},  # the API reaches the backends through the hub
     "pvws": {"upstream"},  # an endpoint, as api/ is
+    "aa": {"upstream", "api", "pvws"},  # an endpoint beside them
     "core": {"api", "app", "cli", "pvws"},
-    "upstream": {"api", "app", "cli", "core", "pvws", "wire"},
-    "wire": {"api", "app", "cli", "core", "pvws", "upstream"},
-    "model": {"api", "app", "cli", "core", "pvws", "upstream", "wire"},
+    "upstream": {"aa", "api", "app", "cli", "core", "pvws", "wire"},
+    "wire": {"aa", "api", "app", "cli", "core", "pvws", "upstream"},
+    "model": {"aa", "api", "app", "cli", "core", "pvws", "upstream", "wire"},
 }
 
 
@@ -129,6 +134,19 @@ def test_the_pvws_protocol_is_below_the_hub_as_wire_is() -> None:
         if name in ABOVE["wire"] - {"pvws"}  # what wire/ never imports, but itself
     ]
     assert len(list((PACKAGE / "pvws").glob("*.py"))) > len(PVWS_ENDPOINT) and found == []
+
+
+def test_the_archiver_format_is_below_the_hub_as_wire_is() -> None:
+    """aa/pb.py is what an archiver behind the history will parse, from core/: the format, times,
+    post-processors and bodies import nothing above model.py."""
+    below = sorted(p for p in (PACKAGE / "aa").glob("*.py") if p.name not in AA_ENDPOINT)
+    found = [
+        f"aa/{path.name} line {line}: imports pvwire.{name}"
+        for path in below
+        for line, name in pvwire_imports(ast.parse(path.read_text()), ("aa",))
+        if name in ABOVE["wire"] - {"aa"}
+    ]
+    assert len(below) >= 4 and found == []
 
 
 def test_the_check_sees_what_it_looks_for() -> None:

@@ -14,6 +14,11 @@ SERVER = Path(pvwire.__file__).parent
 ALARM_WORDS = {s.name for s in Severity} | (set(ALARM_STATUS_NAMES) - {"READ", "WRITE", "TIMEOUT"})
 
 
+# Record field names that are also alarm status names: the Archiver Appliance's headers name the
+# alarm limits by their fields (LOLO, LOW, HIGH, HIHI), not alarm statuses.
+FIELD_NAMES = {"aa/source.py": {"LOLO", "LOW", "HIGH", "HIHI"}}
+
+
 def test_only_model_py_spells_severity_and_status_names() -> None:
     spelled = {}
     for path in sorted(SERVER.rglob("*.py")):
@@ -26,7 +31,7 @@ def test_only_model_py_spells_severity_and_status_names() -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str)
         } | {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
         # An enum or table of them shows as two or more of the names in one file.
-        found = words & ALARM_WORDS
+        found = words & ALARM_WORDS - FIELD_NAMES.get(str(path.relative_to(SERVER)), set())
         if len(found) > 1:
             spelled[str(path.relative_to(SERVER))] = sorted(found)
     assert spelled == {}

@@ -16,6 +16,7 @@ from fastapi import FastAPI, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
 
 from . import __version__
+from .aa.endpoint import AaEndpoint
 from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.refusals import RefusalLog
 from .api import stream
@@ -103,6 +104,8 @@ def create_app(
     app.include_router(stream.router(hub, authenticator))
     app.state.pvws = mount_pvws(app, hub, authenticator)
     app.include_router(mjpeg.router())
+    if settings.aa_prefix:  # the Archiver Appliance's retrieval API (docs/ARCHIVER.md)
+        app.include_router(AaEndpoint(hub, authenticator).router())
     app.include_router(pages(settings))
     app.include_router(probes(hub, worker, mjpeg.stats))
     mount_page(app)  # last: it answers every path the routes above leave

@@ -57,6 +57,8 @@ def _settings(args: argparse.Namespace) -> Any:
         "not_found_s": args.not_found_s,
         "history_mb": args.history_mb,
         "history_array_max": args.history_array_max,
+        "aa_prefix": args.aa_prefix,
+        "aa_points_per_s": args.aa_points_per_s,
         "access_rules": args.access_rules,
         "audit_log": args.audit_log,
         "jwt_secret_file": args.jwt_secret_file,
@@ -251,6 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="N",
             help="keep the recent history of numeric arrays of at most N elements too (up to "
             "1,024; from the same --history-mb; default 0 = arrays keep none)",
+        )
+        p.add_argument(
+            "--aa-prefix",
+            metavar="PATH",
+            help="where the Archiver Appliance retrieval API is served (default /retrieval; "
+            "'' = off; docs/ARCHIVER.md)",
+        )
+        p.add_argument(
+            "--aa-points-per-s",
+            type=float,
+            help="samples that API answers per identity per second (default 1,000,000)",
         )
         p.add_argument(
             "--history-channels",

@@ -108,6 +108,10 @@ class Settings:
     history_channels: list[str] = field(default_factory=list)
     # CONNECTING this long with no server answering: NOT_FOUND.
     not_found_s: float = number("not_found_s")
+    # The Archiver Appliance retrieval API (aa/, docs/ARCHIVER.md): its prefix ("" switches
+    # it off) and the samples it answers per identity per second.
+    aa_prefix: str = "/retrieval"
+    aa_points_per_s: float = number("aa_points_per_s")
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs
     log_level: str = "info"

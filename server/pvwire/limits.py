@@ -308,6 +308,31 @@ LIMITS: tuple[Limit, ...] = (
     # A quarter of mjpeg_max_viewers: it takes at least four addresses to fill the process.
     Limit("mjpeg_viewers_per_address", 50, "viewers",
           "MJPEG connections at once from one client address", "HTTP 503", setting=True),
+    # --- the Archiver Appliance retrieval API (aa/, docs/ARCHIVER.md) ---
+    Limit("aa_max_pvs", 500, "PVs",
+          "PVs in one `getDataForPVs`, `getDataAtTime` or `getPVStatus` request", "HTTP 400"),
+    # A day of one channel in 1 s bins, with room: a plot asks for about its width in points.
+    Limit("aa_max_points", 100_000, "samples",
+          "samples in one answer, over all its PVs (an array's elements each count; so does "
+          "each bin a filling post-processor repeats), counted before anything is read",
+          "HTTP 400 naming the count"),
+    Limit("aa_max_range_s", 10 * 366 * 86_400.0, "s", "between `from` and `to`", "HTTP 400"),
+    Limit("aa_points_per_s", 1_000_000.0, "samples/s",
+          "samples answered per identity per second (bursts of twice it)", "HTTP 429",
+          setting=True),
+    Limit("aa_max_pattern", 1_024, "characters",
+          "one `getMatchingPVs` or `getPVStatus` regex or glob (matched by RE2, in linear time)",
+          "HTTP 400"),
+    # What the reader of an archiver's `getData.raw` accepts (aa/pb.py `PbReader`).
+    Limit("aa_pb_line_bytes", _MIB, "bytes", "one line of an archiver's PB answer",
+          "the answer is refused as malformed"),
+    Limit("aa_pb_samples", 1_000_000, "samples", "samples in one archiver's PB answer",
+          "the answer is refused as malformed"),
+    Limit("aa_pb_bytes", 64 * _MIB, "bytes", "one archiver's PB answer",
+          "the answer is refused as malformed"),
+    Limit("aa_pb_fields", 256, "fields",
+          "headers of one `PayloadInfo`, field values of one sample, in an archiver's answer",
+          "the answer is refused as malformed"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -32,6 +32,7 @@ from .channel import FailureUnit
 from .clients import Client
 from .control import Control
 from .history import HistorySlice, HistoryStore
+from .recorded import Recorded, recorded
 from .reduce import Reduction
 from .registry import Registry
 from .stats import ChannelSnapshot, ClientSnapshot, HubSnapshot
@@ -173,6 +174,20 @@ class Hub:
         cid = self.registry.resolve(channel_id)[0]
         self.control.require_read(identity, [cid])
         return cid, self.history_store.query(cid, since, until, max_points)
+
+    def recorded(self, channel_id: str, identity: Identity) -> Recorded:
+        """What the Archiver Appliance API reads of a channel (core/recorded.py): its history
+        and, while it is open, its state. Raises for an id that does not resolve or that
+        `identity` may not read. Opens nothing: a read of the past costs no monitor."""
+        cid = self.registry.resolve(channel_id)[0]
+        self.control.require_read(identity, [cid])
+        return recorded(cid, self.registry.channels.get(cid), self.history_store.get(cid))
+
+    def known_ids(self, identity: Identity) -> list[str]:
+        """The ids the server knows (catalogue, open channels, sim kinds) and those it holds a
+        history of, that `identity` may read, sorted: the Archiver Appliance API's PVs."""
+        found = set(self.control.matching("*")) | set(self.history_store.channel_ids())
+        return sorted(i for i in found if self.may_read(identity, i))
 
     def unavailable_schemes(self) -> dict[str, str]:
         """Schemes this process cannot serve (pva:// without its compiled module), with why."""

@@ -306,6 +306,15 @@ class ChannelHistory:
         self._aggregate()
         return reading.backfill(self, since, limit)
 
+    def rings(self) -> reading.Held:
+        """Its rings as a reader of them sees them (the Archiver Appliance API, pvwire/aa/):
+        every update written and folded into the tiers first. An array channel's frames."""
+        self._sync()
+        if self.arrays is not None:
+            return self.arrays
+        self._aggregate()
+        return self
+
     def backfills_from(self, since: int) -> bool:
         """Whether `backfill(since)` has a row to give, in O(1) (`reading.backfills_from`), so
         that a backfill passes over an idle channel without reading it. Its points still in its

@@ -72,6 +72,10 @@ class HistoryStore:
     def get(self, channel_id: str) -> ChannelHistory | None:
         return self._histories.get(channel_id)
 
+    def channel_ids(self) -> list[str]:
+        """The ids of every history held (recording or not)."""
+        return list(self._histories)
+
     def query(self, channel_id: str, since: int, until: int, max_points: int) -> HistorySlice:
         """Raises NoHistory when nothing is recorded for the channel, saying why."""
         h = self._histories.get(channel_id)

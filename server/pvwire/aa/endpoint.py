@@ -1,0 +1,425 @@
+"""The Archiver Appliance's retrieval routes, under `--aa-prefix` (`/retrieval`): `data/getData`
+(`.json`, `.raw`, `.csv`), `data/getDataForPVs` (`.json`, `.raw`), `data/getDataAtTime` (POST),
+`bpl/getMatchingPVs` and `bpl/getPVStatus`, answered from the hub's history (docs/ARCHIVER.md).
+
+Every request is checked before any work: the origin, the identity, READ on every PV, PVs per
+request, the time range, the samples its answer will hold (counted from the rows it will read)
+and the identity's samples per second. The answer is then made a piece at a time as the client
+reads it: a client that stops reading holds one piece and what the socket buffers, and after
+`stall_timeout_s` without progress is dropped. With `donotchunk` the body is counted whole
+first (it is bounded by `aa_max_points`) and sent with its length."""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import re2
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from ..access.identity import Authenticator, AuthError, Identity
+from ..access.ratelimit import RateLimiter
+from ..core.hub import Hub
+from ..core.recorded import Recorded
+from ..errors import BadChannelId, Forbidden, PvwireError
+from ..limits import MAX_SEARCH_RESULTS, integer, number
+from . import answers, pb, times
+from .answers import Answer
+from .operators import BadOperator, Operator, Series, compute, estimate, parse_pv
+from .pb import PayloadType
+from .source import headers, payload_type, rows_of, string_series
+
+__all__ = ["AaEndpoint"]
+
+log = logging.getLogger("pvwire.aa")
+
+NS = 1_000_000_000
+MAX_PVS = integer("aa_max_pvs")
+MAX_POINTS = integer("aa_max_points")
+MAX_RANGE_NS = int(number("aa_max_range_s") * NS)
+MAX_PATTERN = integer("aa_max_pattern")
+_MEDIA = {"json": "application/json", "raw": "application/x-protobuf", "csv": "text/csv"}
+
+
+class Refused(Exception):
+    """A request answered with an HTTP error before any work; `status` and the reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Pieces(Response):
+    """A body made a piece at a time as the client reads it (the module docstring)."""
+
+    def __init__(self, pieces: Iterator[bytes], media_type: str, stall_s: float) -> None:
+        super().__init__(media_type=media_type)
+        # No Content-Length: the body's length is not known before it is made (chunked).
+        self.raw_headers = [h for h in self.raw_headers if h[0] != b"content-length"]
+        self.pieces = pieces
+        self.stall_s = stall_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.raw_headers})  # fmt: skip
+            for piece in self.pieces:
+                if gone.done():
+                    return
+                await asyncio.wait_for(
+                    send({"type": "http.response.body", "body": piece, "more_body": True}),
+                    self.stall_s,
+                )
+                await asyncio.sleep(0)  # other requests and the tick run between pieces
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            log.info("an Archiver Appliance API client stopped reading; dropped")
+        finally:
+            gone.cancel()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (what came before, the request's body, was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class AaEndpoint:
+    def __init__(self, hub: Hub, authenticator: Authenticator) -> None:
+        self.hub = hub
+        self.authenticator = authenticator
+        rate = hub.settings.aa_points_per_s
+        self.limiter = RateLimiter(rate, 2 * rate)
+
+    def router(self) -> APIRouter:
+        router = APIRouter(prefix=self.hub.settings.aa_prefix)
+        for ext in ("json", "raw", "csv"):
+            router.add_api_route(f"/data/getData.{ext}", self._route(self.get_data, ext),
+                                 methods=["GET"])  # fmt: skip
+        for ext in ("json", "raw"):
+            router.add_api_route(f"/data/getDataForPVs.{ext}", self._route(self.get_data, ext),
+                                 methods=["GET", "POST"])  # fmt: skip
+        router.add_api_route("/data/getDataAtTime", self._route(self.data_at_time, ""),
+                             methods=["POST"])  # fmt: skip
+        router.add_api_route("/bpl/getMatchingPVs", self._route(self.matching, ""),
+                             methods=["GET"])  # fmt: skip
+        router.add_api_route("/bpl/getPVStatus", self._route(self.status, ""),
+                             methods=["GET", "POST"])  # fmt: skip
+        return router
+
+    def _route(self, handler: Callable[..., Any], ext: str) -> Callable[[Request], Any]:
+        async def route(request: Request) -> Response:
+            try:
+                identity = self._admit(request)
+                return await handler(request, identity, ext)  # type: ignore[no-any-return]
+            except Refused as exc:
+                return PlainTextResponse(str(exc), status_code=exc.status)
+
+        return route
+
+    def _admit(self, request: Request) -> Identity:
+        allowed = self.hub.settings.allowed_origins
+        origin = request.headers.get("origin")
+        if allowed and origin is not None and origin not in allowed:
+            raise Refused(403, f"origin {origin!r} is not allowed")
+        peer = request.client.host if request.client else ""
+        try:
+            return self.authenticator.identify(request.headers, peer, f"aa {request.url.path}")
+        except AuthError as exc:
+            raise Refused(401, str(exc)) from None
+
+    def _spend(self, identity: Identity, cost: int) -> None:
+        if not self.limiter.take(identity.user or identity.address, cost):
+            raise Refused(
+                429,
+                f"more than {self.limiter.rate:,.0f} samples per second for this identity "
+                "(aa_points_per_s); slow down",
+            )
+
+    # --- data ---------------------------------------------------------------------------------
+
+    async def get_data(self, request: Request, identity: Identity, ext: str) -> Response:
+        params = request.query_params
+        names = params.getlist("pv")
+        if request.method == "POST":
+            names += await _posted_names(request)
+        if not names:
+            raise Refused(400, "PV name is null.")
+        if len(names) > MAX_PVS:
+            raise Refused(
+                400, f"{len(names):,} PVs in one request; at most {MAX_PVS:,} (aa_max_pvs)"
+            )
+        if ext == "csv" and len(names) > 1:
+            raise Refused(400, "getData.csv answers one PV")
+        try:
+            since, until = times.request_range(params.get("from"), params.get("to"))
+        except times.BadTime as exc:
+            raise Refused(400, str(exc)) from None
+        if until - since > MAX_RANGE_NS:
+            raise Refused(400, f"from {times.iso(since)} to {times.iso(until)} is longer than "
+                               f"{MAX_RANGE_NS // NS:,} s (aa_max_range_s)")  # fmt: skip
+        latest = params.get("fetchLatestMetadata") == "true"
+        known = _Known(self.hub, identity)
+        wanted = [self._wanted(name, identity, known, since, until) for name in names]
+        points = sum(w[3] for w in wanted)
+        if points > MAX_POINTS:
+            raise Refused(400, f"the answer would hold up to {points:,} samples, more than "
+                               f"{MAX_POINTS:,} (aa_max_points): ask for a shorter range or "
+                               "larger bins (mean_N with a larger N)")  # fmt: skip
+        self._spend(identity, points + len(wanted))
+
+        def made() -> Iterator[Answer]:
+            for name, op, rec, _ in wanted:
+                yield self._answer(name, op, rec, since, until, latest)
+
+        pieces = {"json": answers.json_pieces, "raw": answers.raw_pieces,
+                  "csv": answers.csv_pieces}[ext](made())  # fmt: skip
+        media = _MEDIA[ext]
+        chunked = params.get("donotchunk") in (None, "false")
+        if chunked:
+            return Pieces(pieces, media, self.hub.settings.stall_timeout_s)
+        body = []
+        for piece in pieces:
+            body.append(piece)
+            await asyncio.sleep(0)
+        return Response(b"".join(body), media_type=media)
+
+    def _wanted(self, text: str, identity: Identity, known: _Known, since: int, until: int
+                ) -> tuple[str, Operator | None, Recorded, int]:  # fmt: skip
+        """(name, operator, channel, samples at most) of one `pv` of a request."""
+        try:
+            op, name = parse_pv(text)
+        except BadOperator as exc:
+            raise Refused(400, str(exc)) from None
+        if name.endswith(".VAL"):  # the record's value is the record, as the Archiver has it
+            name = name[:-4]
+        rec = self._recorded(name, identity, known)
+        if rec.rings is None or _string(rec):
+            return name, op, rec, 1
+        return name, op, rec, estimate(op, rows_of(rec.rings, since, until), since, until)
+
+    def _recorded(self, name: str, identity: Identity, known: _Known) -> Recorded:
+        unknown = Refused(404, f"Unable to find typeinfo for pv {name}")
+        try:
+            rec = self.hub.recorded(name, identity)
+        except BadChannelId:
+            raise unknown from None
+        except Forbidden as exc:
+            raise Refused(403, str(exc)) from None
+        except PvwireError as exc:
+            raise Refused(400, str(exc)) from None
+        if rec.rings is None and not rec.open and rec.id not in known.ids():
+            raise unknown
+        return rec
+
+    def _answer(self, name: str, op: Operator | None, rec: Recorded, since: int, until: int,
+                latest: bool) -> Answer:  # fmt: skip
+        year = pb.seconds_into_year(until // NS)[0]
+        if rec.rings is None or _string(rec):
+            return Answer(name, headers(rec.meta, latest), string_series(rec, until), year)
+        rows = rows_of(rec.rings, since, until)
+        series = compute(op, rows, payload_type(rec, rows.vector), since, until)
+        return Answer(name, headers(rec.meta, latest), series, year)
+
+    async def data_at_time(self, request: Request, identity: Identity, _: str) -> Response:
+        names = await _posted_names(request)
+        if len(names) > MAX_PVS:
+            raise Refused(
+                400, f"{len(names):,} PVs in one request; at most {MAX_PVS:,} (aa_max_pvs)"
+            )
+        at_text = request.query_params.get("at")
+        try:
+            at = times.parse_instant(at_text) if at_text else time.time_ns()
+        except times.BadTime as exc:
+            raise Refused(400, str(exc)) from None
+        self._spend(identity, len(names))
+        out: dict[str, Any] = {}
+        known = _Known(self.hub, identity)
+        for name in names:
+            try:
+                rec = self._recorded(name[:-4] if name.endswith(".VAL") else name, identity, known)
+            except Refused:
+                continue  # as the Archiver Appliance: a PV it cannot answer is left out
+            if rec.rings is None or _string(rec):
+                series = string_series(rec, at)
+            else:
+                rows = rows_of(rec.rings, at, at)
+                series = compute(None, rows, payload_type(rec, rows.vector), at, at)
+            if len(series):
+                out[name] = _at(series)
+            await asyncio.sleep(0)
+        # json's NaN and Infinity, as the Archiver Appliance writes them (JSONResponse refuses).
+        return Response(json.dumps(out), media_type="application/json")
+
+    # --- bpl ----------------------------------------------------------------------------------
+
+    def _shown(self, cid: str) -> str:
+        """An id as a PV name: bare for the default scheme, as the clients' users write them."""
+        prefix = self.hub.settings.default_scheme + "://"
+        return cid[len(prefix) :] if cid.startswith(prefix) else cid
+
+    def _pattern(self, text: str) -> Any:
+        if len(text) > MAX_PATTERN:
+            raise Refused(400, f"a pattern longer than {MAX_PATTERN:,} characters (aa_max_pattern)")
+        try:
+            return re2.compile(text)
+        except re2.error as exc:
+            raise Refused(400, f"bad regex {text[:80]!r}: {exc}") from None
+
+    async def matching(self, request: Request, identity: Identity, _: str) -> Response:
+        params = request.query_params
+        if "regex" in params:
+            pattern = params["regex"]
+        elif "pv" in params:  # a glob, made a regex as the Archiver Appliance does
+            pattern = params["pv"].replace("*", ".*").replace("?", ".")
+        else:
+            raise Refused(404, "getMatchingPVs needs regex= or pv=")
+        compiled = self._pattern(pattern)
+        limit = _limit(params.get("limit"), 500)
+        ids = self.hub.known_ids(identity)
+        self._spend(identity, len(ids) + 1)
+        shown = sorted({self._shown(i) for i in ids if _matches(compiled, i, self._shown(i))})
+        return JSONResponse(shown[:limit])
+
+    async def status(self, request: Request, identity: Identity, _: str) -> Response:
+        params = request.query_params
+        asked: list[str] = []
+        for p in params.getlist("pv"):
+            asked += [x for x in p.split(",") if x]
+        if request.method == "POST":
+            asked += await _posted_names(request)
+        ids = self.hub.known_ids(identity)
+        self._spend(identity, len(ids) + len(asked) + 1)
+        names: list[str] = []
+        if "regex" in params and not asked:
+            compiled = self._pattern(params["regex"])
+            names = [self._shown(i) for i in ids if _matches(compiled, i, self._shown(i))]
+        for pv in asked:
+            if "*" in pv or "?" in pv:
+                if len(pv) > MAX_PATTERN:
+                    raise Refused(400, f"a glob longer than {MAX_PATTERN:,} characters")
+                names += [self._shown(i) for i in ids
+                          if fnmatch.fnmatchcase(self._shown(i), pv)]  # fmt: skip
+            else:
+                names.append(pv)
+        names = names[: _limit(params.get("limit"), -1)]
+        if len(names) > MAX_PVS:
+            raise Refused(
+                400, f"{len(names):,} PVs in one request; at most {MAX_PVS:,} (aa_max_pvs)"
+            )
+        out = []
+        known = _Known(self.hub, identity, ids)
+        for name in names:
+            try:
+                rec = self._recorded(name, identity, known)
+            except Refused:
+                out.append({"pvName": name, "status": "Not being archived"})
+                continue
+            out.append(self._status_of(name, rec))
+        return JSONResponse(out)
+
+    def _status_of(self, name: str, rec: Recorded) -> dict[str, str]:
+        if rec.rings is None and not rec.open:
+            return {"pvName": name, "status": "Not being archived"}
+        common = {"appliance": self.hub.settings.instance, "pvName": name,
+                  "pvNameOnly": self._shown(rec.id)}  # fmt: skip
+        if not rec.open:  # its history is kept, nothing is recorded now
+            return {**common, "status": "Paused"}
+        return {
+            **common,
+            "status": "Being archived",
+            "isMonitored": "true",
+            "samplingPeriod": "0.0",
+            "connectionState": "true" if rec.connected else "false",
+            "lastEvent": times.human(rec.seconds),
+            "recorded": "true" if rec.rings is not None else f"false: {rec.unkept}",
+        }
+
+
+class _Known:
+    """The ids the hub knows for one request's identity, asked for once, when first needed."""
+
+    def __init__(self, hub: Hub, identity: Identity, ids: list[str] | None = None) -> None:
+        self._hub, self._identity = hub, identity
+        self._ids = set(ids) if ids is not None else None
+
+    def ids(self) -> set[str]:
+        if self._ids is None:
+            self._ids = set(self._hub.known_ids(self._identity))
+        return self._ids
+
+
+def _string(rec: Recorded) -> bool:
+    """A string channel: the history keeps none of its values, its answer is its current one."""
+    return isinstance(rec.value, str) or rec.meta.type == "string"
+
+
+def _too_many(n: int) -> Refused:
+    return Refused(400, f"{n:,} PVs in one request; at most {MAX_PVS:,} (aa_max_pvs)")
+
+
+def _matches(compiled: Any, cid: str, shown: str) -> bool:
+    return bool(compiled.fullmatch(shown) or compiled.fullmatch(cid))
+
+
+def _limit(text: str | None, default: int) -> int:
+    """A `limit` parameter: -1 (or any number below 1) for all, at most MAX_SEARCH_RESULTS."""
+    if text is None:
+        return _limit(str(default), default)
+    try:
+        n = int(text)
+    except ValueError:
+        raise Refused(400, f"limit must be a number, not {text[:40]!r}") from None
+    return MAX_SEARCH_RESULTS if n < 1 else min(n, MAX_SEARCH_RESULTS)
+
+
+async def _posted_names(request: Request) -> list[str]:
+    """PV names in a POST body: a JSON list (of names, or of {"pv": name}), text lines, or a
+    form's `pv` (comma-separated), as the Archiver Appliance reads them."""
+    body = await request.body()
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        raise Refused(400, "the body is not UTF-8") from None
+    if kind == "application/json":
+        try:
+            got = json.loads(text)
+        except ValueError as exc:
+            raise Refused(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(got, list):
+            raise Refused(400, "the body must be a JSON list of PV names")
+        names = [x.get("pv") if isinstance(x, dict) else x for x in got]
+        if not all(isinstance(x, str) for x in names):
+            raise Refused(400, "the body must be a JSON list of PV names")
+        return [str(x) for x in names]
+    if kind == "text/plain":
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    form = await request.form()
+    return [x for v in form.getlist("pv") if isinstance(v, str) for x in v.split(",") if x]
+
+
+def _at(s: Series) -> dict[str, Any]:
+    """`getDataAtTime`'s answer for one PV: its last sample, with its type in `meta`."""
+    i = len(s) - 1
+    value = answers.values(s)[i]
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    secs, nanos = divmod(int(s.t[i]), NS)
+    return {
+        "nanos": nanos,
+        "secs": secs,
+        "severity": int(s.severity[i]),
+        "status": int(s.status[i]),
+        "val": value,
+        "meta": {"DBRType": "DBR_" + PayloadType(s.ptype).name},
+    }
