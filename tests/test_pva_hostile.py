@@ -1,0 +1,93 @@
+"""pvwire's own PVA client (upstream/pva_identity.py) against a hostile PVA server on loopback
+(tests/hostile_pva.py): every way the server breaks the protocol closes that one connection with
+a clear error, counted by reason; what nobody asked for is dropped and counted; its words reach
+the log cut and at a bounded rate. No IOC: the server is in this process."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from pvwire import limits
+from pvwire.errors import PutRejected
+from pvwire.upstream.pva_identity import IdentityConnections
+
+from tests.eventually import eventually_async
+from tests.hostile_pva import (
+    HostilePva,
+    Name,
+    chain_type,
+    doubling_type,
+    message_flood,
+    unsolicited_types,
+)
+
+MESSAGES = 200
+MESSAGE_BYTES = 100_000
+UNSOLICITED = 300
+
+NAMES = {
+    "H:PLAIN": Name(),
+    "H:DOUBLE": Name(put_type=doubling_type(42)),
+    "H:CHAIN": Name(put_type=chain_type(2000)),
+    "H:FLOOD": Name(before_init=lambda ioid: unsolicited_types(UNSOLICITED, 50)),
+    "H:SAYS": Name(before_init=lambda ioid: message_flood(MESSAGES, MESSAGE_BYTES, ioid)),
+}
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[HostilePva]:
+    with HostilePva(NAMES) as server:
+        yield server
+
+
+@pytest.fixture
+async def connections() -> AsyncIterator[IdentityConnections]:
+    c = IdentityConnections("pvwire-host")
+    yield c
+    c.close()
+
+
+async def put(c: IdentityConnections, hostile: HostilePva, name: str) -> None:
+    await c.put("olga", ("127.0.0.1", hostile.tcp_port), name, "value", 1.0, True, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "words"),
+    [
+        ("H:DOUBLE", "type_nodes", f"more than {limits.integer('pva_identity_type_nodes')} nodes"),
+        ("H:CHAIN", "type_depth", "deeper than"),
+    ],
+)
+async def test_a_type_past_a_bound_closes_that_connection_only(
+    hostile: HostilePva, connections: IdentityConnections, name: str, reason: str, words: str
+) -> None:
+    await put(connections, hostile, "H:PLAIN")
+    with pytest.raises(PutRejected, match=words):
+        await put(connections, hostile, name)
+    assert connections.refusals.counts[reason] == 1
+    await eventually_async(lambda: len(connections) == 0)  # closed, by this side
+    await put(connections, hostile, "H:PLAIN")  # a new connection, as the next put needs
+    assert len(connections) == 1
+
+
+async def test_replies_nobody_asked_for_are_dropped_and_counted(
+    hostile: HostilePva, connections: IdentityConnections
+) -> None:
+    """Each stores a type under a key of its own if read: none is, and the put goes on."""
+    await put(connections, hostile, "H:FLOOD")
+    assert connections.refusals.counts["unsolicited"] == UNSOLICITED
+
+
+async def test_a_servers_messages_reach_the_log_cut_and_bounded(
+    hostile: HostilePva, connections: IdentityConnections, caplog: pytest.LogCaptureFixture
+) -> None:
+    burst = limits.integer("pva_identity_message_lines")
+    with caplog.at_level(logging.INFO, logger="pvwire.upstream.pva_identity"):
+        await put(connections, hostile, "H:SAYS")
+    said = [r.getMessage() for r in caplog.records if "the IOC says" in r.getMessage()]
+    assert len(said) == burst, len(said)
+    assert max(len(line) for line in said) < limits.integer("pva_identity_text_bytes") + 200
+    assert f"({MESSAGE_BYTES} bytes, cut)" in said[0]
+    assert connections.refusals.counts["message_log"] == MESSAGES - burst
