@@ -1,17 +1,20 @@
 """pvwire's own PVA client (upstream/pva_identity.py) against a hostile PVA server on loopback
 (tests/hostile_pva.py): every way the server breaks the protocol closes that one connection with
 a clear error, counted by reason; what nobody asked for is dropped and counted; its words reach
-the log cut and at a bounded rate. No IOC: the server is in this process."""
+the log cut and at a bounded rate; and its search answers count only for a pending search, from
+an address searched. No IOC: the server is in this process."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from pvwire import limits
-from pvwire.errors import PutRejected
-from pvwire.upstream.pva_identity import IdentityConnections
+from pvwire.errors import ChannelNotFound, PutRejected
+from pvwire.upstream.pva_identity import IdentityConnections, PvaSearch
 
 from tests.eventually import eventually_async
 from tests.hostile_pva import (
@@ -91,3 +94,57 @@ async def test_a_servers_messages_reach_the_log_cut_and_bounded(
     assert max(len(line) for line in said) < limits.integer("pva_identity_text_bytes") + 200
     assert f"({MESSAGE_BYTES} bytes, cut)" in said[0]
     assert connections.refusals.counts["message_log"] == MESSAGES - burst
+
+
+# --- search ------------------------------------------------------------------------------------
+
+
+def only(server: HostilePva) -> dict[str, str]:
+    """EPICS_PVA_* that search `server` alone, unicast."""
+    return {"EPICS_PVA_ADDR_LIST": server.address_list, "EPICS_PVA_AUTO_ADDR_LIST": "NO"}
+
+
+async def test_search_ids_are_not_predictable(hostile: HostilePva) -> None:
+    search = PvaSearch(only(hostile))
+    first = len(hostile.searches)
+    try:
+        for _ in range(5):
+            with pytest.raises(ChannelNotFound):
+                await search.find("H:NOBODY", 0.1)
+    finally:
+        search.close()
+    seen = hostile.searches[first:]
+    cids = sorted({s.cids[0] for s in seen})
+    seqs = {s.seq for s in seen}
+    assert len(cids) == 5 and len(seqs) == 5  # one of each per search, resends alike
+    assert 1 not in cids and all(b - a > 1 for a, b in itertools.pairwise(cids))
+    assert all(s.seq != s.cids[0] for s in seen)
+
+
+async def test_an_answer_counts_only_for_its_search_from_where_it_was_sent(
+    hostile: HostilePva,
+) -> None:
+    """Forged answers naming the hostile server's TCP port, from an address nobody searched:
+    one with the search's own seq and cid (as one who sees the search would send it), and
+    guesses of the cids to come. The real answer, from the address searched, is taken."""
+    search = PvaSearch(only(hostile))
+    try:
+        assert await search.find("H:PLAIN", 30.0) == ("127.0.0.1", hostile.tcp_port)
+        seen = hostile.searches[-1]
+        target = ("127.0.0.1", seen.reply_port)
+        # The cids a counter would give next, with the seqs it used (seq = cid).
+        hostile.forge(target, [seen.seq, *range(1, 50)], [*seen.cids, *range(1, 50)])
+        await eventually_async(lambda: search.refused >= 50, lambda: f"{search.refused}")
+        # An answer for a search still pending, copied, but from elsewhere: refused.
+        searching = asyncio.ensure_future(search.find("H:ELSEWHERE", 30.0))
+        await eventually_async(lambda: any("H:ELSEWHERE" in s.names for s in hostile.searches))
+        copied = next(s for s in hostile.searches if "H:ELSEWHERE" in s.names)
+        before = search.refused
+        hostile.forge(target, [copied.seq], copied.cids)
+        await eventually_async(lambda: search.refused > before)
+        assert not searching.done()
+        searching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await searching
+    finally:
+        search.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import time
 from collections import OrderedDict
@@ -406,21 +407,27 @@ class _SearchReplies(asyncio.DatagramProtocol):
         self._search = search
 
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
-        try:
-            found = search_response(data)
-        except RemoteProtocolError as exc:
-            log.debug("a bad search reply from %s: %s", addr, exc)
-            return
-        if found is not None:
-            address = (found.host or str(addr[0]), found.port)
-            for cid in found.cids:
-                waiter = self._search.waiting.get(cid)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(address)
+        self._search.received(data, (str(addr[0]), int(addr[1])))
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    """A search waiting for its answer: the answer names its cid and carries its seq, and comes
+    from one of `sources` when every destination searched was unicast (None: any address, as a
+    broadcast is answered by whoever hears it)."""
+
+    seq: int
+    found: asyncio.Future[Address]
+    sources: frozenset[Address] | None
 
 
 class PvaSearch:
-    """Finds the server of a PV name by PVA's UDP search; remembers the answers (bounded)."""
+    """Finds the server of a PV name by PVA's UDP search; remembers the answers (bounded).
+
+    Any host that receives a search (or guesses one) may answer it, so an answer counts only for
+    a search waiting for it: its cid and seq, random 32-bit numbers each (pvxs's cids count up
+    from a constant), and from an address searched where every destination is unicast. What
+    else comes is dropped and counted (`refused`)."""
 
     def __init__(
         self, env: Mapping[str, str] | None = None, max_names: int = PVA_IDENTITY_ADDRESSES
@@ -429,9 +436,9 @@ class PvaSearch:
         self._env = env
         self.max_names = max_names
         self._known: OrderedDict[str, Address] = OrderedDict()
-        self.waiting: dict[int, asyncio.Future[Address]] = {}
+        self.waiting: dict[int, _Pending] = {}  # by cid
+        self.refused = 0  # answers dropped: to no pending search, or from elsewhere
         self._transport: asyncio.DatagramTransport | None = None
-        self._next = 0
         self._resolved: tuple[tuple[str | None, ...], list[tuple[Address, bool]]] | None = None
 
     def __len__(self) -> int:
@@ -453,27 +460,55 @@ class PvaSearch:
         destinations = await self._destinations()
         transport = await self._open(all(a[0].startswith("127.") for a, _ in destinations))
         port = transport.get_extra_info("sockname")[1]
-        self._next = self._next % 0xFFFFFFFF + 1
-        cid = self._next
-        found: asyncio.Future[Address] = asyncio.get_running_loop().create_future()
-        self.waiting[cid] = found
+        cid = secrets.randbits(32)
+        while cid in self.waiting:
+            cid = secrets.randbits(32)
+        unicast = all(u for _, u in destinations)
+        pending = _Pending(
+            secrets.randbits(32),
+            asyncio.get_running_loop().create_future(),
+            frozenset(a for a, _ in destinations) if unicast else None,
+        )
+        self.waiting[cid] = pending
         try:
             pause = 0.05
-            while not found.done():  # resent with a growing pause, as pvxs does
+            while not pending.found.done():  # resent with a growing pause, as pvxs does
                 for address, unicast in destinations:
-                    transport.sendto(search_request(cid, cid, name, port, unicast), address)
+                    transport.sendto(search_request(pending.seq, cid, name, port, unicast), address)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ChannelNotFound(f"pva://{name}: no server answered within {timeout:g} s")
-                await asyncio.wait([found], timeout=min(pause, left))
+                await asyncio.wait([pending.found], timeout=min(pause, left))
                 pause = min(pause * 2, 1.0)
         finally:
             self.waiting.pop(cid, None)
-        address = found.result()
+        address = pending.found.result()
         self._known[name] = address
         while len(self._known) > self.max_names:
             self._known.popitem(last=False)
         return address
+
+    def received(self, data: bytes, source: Address) -> None:
+        """A datagram on the search socket, from `source`."""
+        try:
+            found = search_response(data)
+        except RemoteProtocolError as exc:
+            log.debug("a bad search reply from %s: %s", source, exc)
+            self.refused += 1
+            return
+        if found is None:  # a negative answer, a beacon: nothing to take
+            return
+        address = (found.host or source[0], found.port)
+        taken = False
+        for cid in found.cids:
+            pending = self.waiting.get(cid)
+            if pending is None or pending.seq != found.seq or pending.found.done():
+                continue
+            if pending.sources is None or source in pending.sources:
+                pending.found.set_result(address)
+                taken = True
+        if not taken:
+            self.refused += 1
 
     async def _destinations(self) -> list[tuple[Address, bool]]:
         """search_destinations, resolved off the event loop and once per value of the
