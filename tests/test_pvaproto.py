@@ -573,3 +573,13 @@ def test_a_servers_words_are_cut() -> None:
     (init, told) = proto.receive(message(CMD_PUT, refusal) + message(CMD_MESSAGE, said))
     assert isinstance(init, PutInitialized) and init.status.message == "é" * (keep // 2)
     assert told == ServerMessage(5, 1, "é" * (keep // 2), 2 * keep)
+
+
+def test_a_shared_type_hashes_without_unfolding() -> None:
+    node = struct_of("", x=DOUBLE)
+    for _ in range(64):
+        node = struct_of("", a=node, b=node)
+    twin = struct_of("", x=DOUBLE)
+    for _ in range(64):
+        twin = struct_of("", a=twin, b=twin)
+    assert hash(node) == hash(twin) and len({node, NT_SCALAR}) == 2

@@ -151,6 +151,10 @@ class FieldDesc:
         object.__setattr__(self, "depth", 1 + max((d.depth for d in children), default=0))
         object.__setattr__(self, "cost", NODE_BYTES + names + sum(d.cost for d in children))
 
+    def __hash__(self) -> int:
+        """From the figures: the dataclass's own would hash every shared part unfolded."""
+        return hash((self.code, self.type_id, self.bound, self.size, self.nodes, self.depth))
+
     def __repr__(self) -> str:
         """Bounded: the dataclass's own would unfold every shared part."""
         names = ", ".join(n[:40] for n, _ in self.fields[:8])
