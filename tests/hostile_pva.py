@@ -47,6 +47,7 @@ __all__ = [
     "NT_DOUBLE",
     "HostilePva",
     "Name",
+    "Search",
     "chain_type",
     "doubling_type",
     "message",
@@ -127,27 +128,30 @@ def chain_type(levels: int) -> bytes:
     return _levels(levels, ("n",))
 
 
-def init_reply(ioid: int, desc: bytes, status: Status | None = None) -> bytes:
+def init_reply(ioid: int, desc: bytes, cmd: int = CMD_PUT) -> bytes:
+    """The answer to the INIT of a PUT (or GET) `ioid`: its type."""
     w = Writer(False)
     w.pack("IB", ioid, INIT)
-    w.status(status or Status())
-    return message(CMD_PUT, bytes(w.buf) + desc)
+    w.status(Status())
+    return message(cmd, bytes(w.buf) + desc)
 
 
 def unsolicited_types(count: int, members: int, first_ioid: int = 0x7000_0000) -> Iterator[bytes]:
     """`count` PUT INIT replies for ioids nobody asked for, each storing a structure of
-    `members` strings in the type cache under a key of its own (~(members x 5) bytes each)."""
+    `members` strings in the type cache under a key of its own (~6 bytes a member)."""
+    w = Writer(False)
+    w.size(members)
+    for m in range(members):
+        w.string(f"m{m}")
+        w.buf.append(STRING)
+    fields = bytes(w.buf)
     for i in range(count):
-        w = Writer(False)
-        w.buf += b"\xfd"
-        w.pack("H", i % 0x10000)
-        w.buf.append(STRUCT)
-        w.string(f"flood{i}")
-        w.size(members)
-        for m in range(members):
-            w.string(f"m{m}")
-            w.buf.append(STRING)
-        yield init_reply(first_ioid + i, bytes(w.buf))
+        head = Writer(False)
+        head.buf += b"\xfd"
+        head.pack("H", i % 0x10000)
+        head.buf.append(STRUCT)
+        head.string(f"flood{i}")
+        yield init_reply(first_ioid + i, bytes(head.buf) + fields)
 
 
 def message_flood(count: int, size: int, ioid: int = 0) -> Iterator[bytes]:
@@ -234,6 +238,8 @@ class HostilePva:
         self.connections = 0  # TCP connections accepted
         self.puts: list[tuple[str, int]] = []  # (name, ioid) of every PUT INIT received
         self.forged = 0  # forged search answers sent
+        self.forging: asyncio.Task[None] | None = None
+        self.relay_from: tuple[str, int] | None = None  # searches copied as forged answers
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._ready = threading.Event()
@@ -269,15 +275,47 @@ class HostilePva:
         data = [search_reply(seq, ids, self.tcp_port) for seq in seqs]
 
         def send() -> None:
-            assert self._forger is not None
             for d in data:
-                with contextlib.suppress(OSError):  # a full buffer: the next one is sent
-                    self._forger.sendto(d, target)
-                    self.forged += 1
+                self._forge(d, target)
 
         self._loop.call_soon_threadsafe(send)
 
+    def start_forging(
+        self, target: tuple[str, int], cids: Iterable[int], seqs: Iterable[int] = (0,)
+    ) -> None:
+        """Until `stop_forging`: forged answers to `target` naming every cid of `cids` (one
+        datagram per seq), as fast as the socket takes them; and every search from `target`
+        answered at once with a forged copy (its own seq and cids)."""
+        ids, seq_list = list(cids), list(seqs)
+
+        async def flood() -> None:
+            data = [search_reply(seq, ids, self.tcp_port) for seq in seq_list]
+            while True:
+                for d in data:
+                    self._forge(d, target)
+                await asyncio.sleep(0.0005)
+
+        def start() -> None:
+            self.relay_from = target
+            self.forging = self._loop.create_task(flood())
+
+        self._loop.call_soon_threadsafe(start)
+
+    def stop_forging(self) -> None:
+        def stop() -> None:
+            self.relay_from = None
+            if self.forging is not None:
+                self.forging.cancel()
+
+        self._loop.call_soon_threadsafe(stop)
+
     # -- the server's side (its own loop) ---------------------------------------------------
+
+    def _forge(self, data: bytes, target: tuple[str, int]) -> None:
+        assert self._forger is not None
+        with contextlib.suppress(OSError):  # a full buffer: the next one is sent
+            self._forger.sendto(data, target)
+            self.forged += 1
 
     async def _start(self) -> None:
         server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -293,6 +331,8 @@ class HostilePva:
         self._forger.setblocking(False)
 
     async def _close(self) -> None:
+        if self.forging is not None:
+            self.forging.cancel()
         self._server.close()
         for task in list(self._tasks):
             task.cancel()
@@ -304,6 +344,8 @@ class HostilePva:
 
     def searched(self, search: Search) -> None:
         self.searches.append(search)
+        if self.relay_from == (search.source[0], search.reply_port):
+            self._forge(search_reply(search.seq, search.cids, self.tcp_port), self.relay_from)
         ours = [cid for cid, name in zip(search.cids, search.names, strict=True)
                 if name in self.names]  # fmt: skip
         if ours and self._udp is not None:
@@ -330,6 +372,8 @@ class HostilePva:
                 body = await reader.readexactly(length)
                 await self._answer(head[3], body, writer, channels)
         except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:  # the server closes: a task cancelled is logged
             pass
         finally:
             writer.close()
@@ -366,7 +410,7 @@ class HostilePva:
                     await writer.drain()
                 writer.write(init_reply(ioid, behaviour.put_type))
             elif subcmd & INIT:  # a get's INIT
-                writer.write(init_reply(ioid, type_bytes(NT_DOUBLE)))
+                writer.write(init_reply(ioid, type_bytes(NT_DOUBLE), CMD_GET))
             elif cmd == CMD_GET:
                 w = Writer(False)
                 w.pack("IB", ioid, subcmd)

@@ -23,7 +23,7 @@ from pvwire.upstream.pva_identity import Address, IdentityConnections, PvaSearch
 from pvwire_dev.ioc import IocProcess, free_port
 
 from tests.eventually import eventually_async
-from tests.p4p_server import p4p_server
+from tests.p4p_server import Accepting, p4p_server
 
 pytestmark = pytest.mark.ioc
 
@@ -46,18 +46,6 @@ async def search(ioc: IocProcess) -> AsyncIterator[PvaSearch]:
 @pytest.fixture
 async def address(search: PvaSearch) -> Address:
     return await search.find("ACF:SP", 30.0)
-
-
-class Accepting:
-    """A p4p SharedPV handler that takes every put and records its name, account and value."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, Any]] = []
-
-    def put(self, pv: SharedPV, op: Any) -> None:
-        self.seen.append((op.name(), op.account(), op.value().raw["value"]))
-        pv.post(op.value())
-        op.done()
 
 
 def read(ioc: IocProcess, name: str) -> Any:
