@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from pvwire import limits
 from pvwire.errors import ChannelNotFound, PutRejected
-from pvwire.upstream.pva_identity import IdentityConnections, PvaSearch
+from pvwire.upstream.pva_identity import IdentityConnections, PeerRefusals, PvaSearch
+from pvwire.upstream.pvaproto import ServerMessage
 
 from tests.eventually import eventually_async
 from tests.hostile_pva import (
@@ -148,3 +149,24 @@ async def test_an_answer_counts_only_for_its_search_from_where_it_was_sent(
             await searching
     finally:
         search.close()
+
+
+def test_past_the_burst_one_message_is_logged_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    burst = limits.integer("pva_identity_message_lines")
+    interval = limits.number("pva_identity_message_interval_s")
+    now = [0.0]
+    gate = PeerRefusals(clock=lambda: now[0])
+    said = ServerMessage(1, 1, "careful", 7)
+    with caplog.at_level(logging.INFO, logger="pvwire.upstream.pva_identity"):
+        for _ in range(burst + 5):
+            gate.message("conn", said)
+        now[0] += interval * 0.9
+        gate.message("conn", said)  # not yet
+        now[0] += interval * 0.2
+        gate.message("conn", said)  # one more, saying how many were left out
+        gate.message("conn", said)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == burst + 1 and "6 left out so far" in lines[-1]
+    assert gate.counts["message_log"] == 7
