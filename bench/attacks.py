@@ -15,6 +15,12 @@ nothing; one pvws `subscribe` of 20,000 names; 30 MJPEG viewers of a 1024 x 1024
 1,000 WebSockets through haproxy (TLS, as docs/OPERATIONS.md configures it) from one address,
 each forging an X-Forwarded-For of its own; 100,000 refused requests (a bad bearer token), each
 from a source address of its own in 127.0.0.0/8.
+
+The `pva-*` attacks are a hostile PVA server's against pvwire's own PVA client (a server with
+--forward-identity, olga putting, tests/hostile_pva.py on loopback beside a legitimate p4p
+server): the doubling type of ~830 bytes (42 cached levels); 65,536 PUT INIT replies nobody
+asked for, each a type of 1,000 members under a cache key of its own (~390 MB); 1,000 MESSAGEs
+of 1 MiB; and search answers forged from an address nobody searched while 20 puts search.
 """
 
 from __future__ import annotations
@@ -29,29 +35,46 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pvwire.limits import integer
+from pvwire.limits import PVA_IDENTITY_MESSAGE_BYTES, integer
 from pvwire.loopback import apply_loopback_env
 
 from tests.attacks import (
     MIB,
     Bystander,
+    PvaPeers,
+    PvaSizes,
     Watch,
     backfill_attack,
     body_attack,
     forged_sockets,
     mjpeg_viewers,
+    peer_refusals,
+    pva_peers,
+    pva_put,
+    pva_server_args,
     pvws_subscribe,
     pvws_write_burst,
     read_backfill,
     reconnect_storm,
     record_history,
     rotating_refusals,
+    search_hijack,
     stream_token,
 )
 from tests.certs import TestCA
 from tests.eventually import eventually_async
+from tests.hostile_pva import doubling_type
 from tests.proxies import PROXY_SOURCE, Proxy
 from tests.server_process import ServerProcess
+
+PVA_FULL = PvaSizes(
+    doubling_levels=42, unsolicited=65_536, unsolicited_members=1_000, messages=1_000,
+    message_bytes=PVA_IDENTITY_MESSAGE_BYTES - 16, fresh_names=20,
+)  # fmt: skip
+PVA_TINY = PvaSizes(
+    doubling_levels=20, unsolicited=20, unsolicited_members=10, messages=20, message_bytes=1024,
+    fresh_names=2,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +94,7 @@ class Sizes:
     storm_attachments: int = 250
     forged_sockets: int = 1_000
     rotating_refusals: int = 100_000
+    pva: PvaSizes = PVA_FULL
 
 
 FULL = Sizes()
@@ -80,6 +104,7 @@ TINY = Sizes(
     backfill_rate_hz=50.0, backfill_rows=20, pvws_names=50, mjpeg_fps_values=3,
     mjpeg_image="sim://image/bench?width=64&height=64&rate=10", mjpeg_frames=3, writes=30,
     storm_connections=2, storm_attachments=5, forged_sockets=3, rotating_refusals=50,
+    pva=PVA_TINY,
 )  # fmt: skip
 
 
@@ -202,6 +227,61 @@ async def refusals(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
             "statuses": statuses, "s": round(time.monotonic() - t0, 2)}  # fmt: skip
 
 
+# --- a hostile PVA server against pvwire's own PVA client ---------------------------------------
+
+PvaAttack = Callable[[ServerProcess, PvaPeers, PvaSizes], Coroutine[Any, Any, dict[str, Any]]]
+
+
+async def _hostile_put(server: ServerProcess, name: str) -> dict[str, Any]:
+    before, logged = peer_refusals(server), server.output_bytes
+    t0 = time.monotonic()
+    result = await pva_put(server, name, 1.0, timeout=300)
+    after = peer_refusals(server)
+    return {
+        "result": result[:160], "put_s": round(time.monotonic() - t0, 2),
+        "log_bytes": server.output_bytes - logged,
+        "refused": {r: n - before.get(r, 0) for r, n in after.items() if n > before.get(r, 0)},
+    }  # fmt: skip
+
+
+async def pva_doubling(server: ServerProcess, peers: PvaPeers, sizes: PvaSizes) -> dict[str, Any]:
+    figures = await _hostile_put(server, "HOSTILE:DOUBLE")
+    type_bytes = len(doubling_type(sizes.doubling_levels))
+    return {"levels": sizes.doubling_levels, "type_bytes": type_bytes, **figures}
+
+
+async def pva_unsolicited(
+    server: ServerProcess, peers: PvaPeers, sizes: PvaSizes
+) -> dict[str, Any]:
+    figures = await _hostile_put(server, "HOSTILE:UNSOLICITED")
+    return {"replies": sizes.unsolicited, "members": sizes.unsolicited_members, **figures}
+
+
+async def pva_messages(server: ServerProcess, peers: PvaPeers, sizes: PvaSizes) -> dict[str, Any]:
+    figures = await _hostile_put(server, "HOSTILE:MESSAGES")
+    return {"messages": sizes.messages, "message_bytes": sizes.message_bytes, **figures}
+
+
+async def pva_search(server: ServerProcess, peers: PvaPeers, sizes: PvaSizes) -> dict[str, Any]:
+    names = [f"LEGIT:B{i}" for i in range(sizes.fresh_names)]
+    before, refused = len(peers.legit.seen), peer_refusals(server).get("search_reply", 0)
+    results = await search_hijack(server, peers, names)
+    return {
+        "puts": len(names), "ok": results.count("ok"),
+        "legit_server_got": len(peers.legit.seen) - before - 1,  # LEGIT:X first
+        "forged": peers.hostile.forged,
+        "answers_dropped": peer_refusals(server).get("search_reply", 0) - refused,
+    }  # fmt: skip
+
+
+PVA_ATTACKS: dict[str, PvaAttack] = {
+    "pva-doubling": pva_doubling,
+    "pva-unsolicited": pva_unsolicited,
+    "pva-messages": pva_messages,
+    "pva-search": pva_search,
+}
+
+
 ATTACKS: dict[str, Attack] = {
     "body": body,
     "body-chunked": body_chunked,
@@ -227,20 +307,31 @@ def measure(name: str, sizes: Sizes = FULL, extra: list[str] | None = None) -> d
     apply_loopback_env()
     with tempfile.TemporaryDirectory() as tmp:
         audit = Path(tmp) / "audit.jsonl"
+        if name in PVA_ATTACKS:
+            with pva_peers(sizes.pva) as peers:
+                args = server_args(audit, [*pva_server_args(Path(tmp)), *(extra or [])])
+                with ServerProcess(*args, env=peers.env) as server:
+                    return attack(server, name, sizes, audit, peers)
         with ServerProcess(*server_args(audit, extra or [])) as server:
             return attack(server, name, sizes, audit)
 
 
-def attack(server: ServerProcess, name: str, sizes: Sizes, audit: Path) -> dict[str, Any]:
-    """Run attack `name` against `server` (audit file `audit`) with a bystander beside it; its
-    figures with the server's cost and the bystander's gaps."""
+def attack(
+    server: ServerProcess, name: str, sizes: Sizes, audit: Path, peers: PvaPeers | None = None
+) -> dict[str, Any]:
+    """Run attack `name` against `server` (audit file `audit`; `peers` for the PVA attacks)
+    with a bystander beside it; its figures with the server's cost and the bystander's gaps."""
     lines_before = audit.read_text().count("\n") if audit.exists() else 0
     bystander = Bystander(server)
     bystander.start()
     try:
         start = bystander.mark()
         with Watch(server) as watch:
-            figures = asyncio.run(ATTACKS[name](server, sizes))
+            if name in PVA_ATTACKS:
+                assert peers is not None, f"{name} needs the PVA peers its server searches"
+                figures = asyncio.run(PVA_ATTACKS[name](server, peers, sizes.pva))
+            else:
+                figures = asyncio.run(ATTACKS[name](server, sizes))
         end = bystander.mark()
         # An attack that prepares first (backfill records) says what the attack cost.
         cost = figures.pop("cost", watch.cost)
@@ -261,21 +352,22 @@ def attack(server: ServerProcess, name: str, sizes: Sizes, audit: Path) -> dict[
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.attacks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("names", nargs="*", help=f"attacks (default all): {', '.join(ATTACKS)}")
+    known = [*ATTACKS, *PVA_ATTACKS]
+    p.add_argument("names", nargs="*", help=f"attacks (default all): {', '.join(known)}")
     p.add_argument("--list", action="store_true", help="list the attacks")
     p.add_argument("--tiny", action="store_true", help="the smoke test's sizes")
     p.add_argument("--backfill-channels", type=int, help="channels recorded for `backfill`")
     a = p.parse_args(argv)
     if a.list:
-        print("\n".join(ATTACKS))
+        print("\n".join(known))
         return
-    unknown = [n for n in a.names if n not in ATTACKS]
+    unknown = [n for n in a.names if n not in known]
     if unknown:
-        p.error(f"unknown attack(s) {unknown}; known: {', '.join(ATTACKS)}")
+        p.error(f"unknown attack(s) {unknown}; known: {', '.join(known)}")
     sizes = TINY if a.tiny else FULL
     if a.backfill_channels:
         sizes = replace(sizes, backfill_channels=a.backfill_channels)
-    for name in a.names or list(ATTACKS):
+    for name in a.names or known:
         print(json.dumps(measure(name, sizes), default=str), flush=True)
 
 

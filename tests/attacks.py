@@ -10,6 +10,7 @@ server process's resident memory (/proc/PID/status) and its own event-loop lag m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -19,16 +20,29 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import jwt
 import msgpack
 import websockets
-from pvwire_client import wire
+from p4p.nt import NTScalar
+from p4p.server.thread import SharedPV
+from pvwire_client import Client, PvwireError, wire
 
 from tests.eventually import eventually, eventually_async
+from tests.hostile_pva import (
+    HostilePva,
+    Name,
+    Search,
+    doubling_type,
+    message_flood,
+    unsolicited_types,
+)
+from tests.p4p_server import Accepting, p4p_server
 from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, stream_token
 from tests.stream_client import RawStream
@@ -37,6 +51,8 @@ __all__ = [
     "MIB",
     "Bystander",
     "Cost",
+    "PvaPeers",
+    "PvaSizes",
     "Watch",
     "backfill_attack",
     "body_attack",
@@ -44,12 +60,17 @@ __all__ = [
     "forged_sockets",
     "metric",
     "mjpeg_viewers",
+    "peer_refusals",
+    "pva_peers",
+    "pva_put",
+    "pva_server_args",
     "pvws_subscribe",
     "pvws_write_burst",
     "reconnect_storm",
     "rotating_refusals",
     "rotating_source",
     "rss_bytes",
+    "search_hijack",
     "stream_token",
 ]
 
@@ -630,3 +651,117 @@ async def rotating_refusals(port: int, requests: int, at_once: int = 32) -> dict
 
     await asyncio.gather(*(one(i) for i in range(requests)))
     return statuses
+
+
+# --- (i) a hostile PVA server -----------------------------------------------------------------
+
+PVA_USER = "olga"
+PVA_SECRET = "attacks-on-the-pva-client-share-this-secret-0123"
+PVA_RULES = """
+default = "READ"
+[[rule]]
+channels = ["pva://LEGIT:*", "pva://HOSTILE:*"]
+users = ["olga"]
+access = "WRITE"
+"""
+# pvxs's SEARCHes carry this sequence number ("find"): any other is pvwire's own search.
+PVXS_SEARCH_SEQ = 0x66696E64
+LEGIT_NAMES = ("LEGIT:X", *(f"LEGIT:B{i}" for i in range(20)))
+
+
+@dataclass(frozen=True, slots=True)
+class PvaSizes:
+    doubling_levels: int  # the type's cached levels: ~20 bytes and twice the nodes each
+    unsolicited: int  # PUT INIT replies nobody asked for, each a type of its own
+    unsolicited_members: int  # strings in each (~6 bytes on the wire, ~230 in memory, each)
+    messages: int  # MESSAGEs
+    message_bytes: int  # each
+    fresh_names: int  # legitimate puts to names not searched yet, while answers are forged
+
+
+@dataclass
+class PvaPeers:
+    """A legitimate p4p server (LEGIT:* names, every put recorded) and a hostile one
+    (HOSTILE:* names) on loopback, and the EPICS_PVA_* that search those two alone."""
+
+    legit: Accepting
+    hostile: HostilePva
+    env: dict[str, str]
+
+    def our_searches(self, name: str) -> list[Search]:
+        """The searches for `name` the hostile server heard from pvwire's own client."""
+        return [s for s in self.hostile.searches
+                if name in s.names and s.seq != PVXS_SEARCH_SEQ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def pva_peers(sizes: PvaSizes) -> Iterator[PvaPeers]:
+    handler = Accepting()
+    pvs = {n: SharedPV(nt=NTScalar("d"), initial=0.0, handler=handler) for n in LEGIT_NAMES}
+    names = {
+        "HOSTILE:DOUBLE": Name(put_type=doubling_type(sizes.doubling_levels)),
+        "HOSTILE:UNSOLICITED": Name(before_init=lambda ioid: unsolicited_types(
+            sizes.unsolicited, sizes.unsolicited_members)),
+        "HOSTILE:MESSAGES": Name(before_init=lambda ioid: message_flood(
+            sizes.messages, sizes.message_bytes, ioid)),
+    }  # fmt: skip
+    with p4p_server("legit", pvs) as legit_env, HostilePva(names) as hostile:
+        env = {
+            "EPICS_PVA_ADDR_LIST": f"{legit_env['EPICS_PVA_ADDR_LIST']} {hostile.address_list}",
+            "EPICS_PVA_AUTO_ADDR_LIST": "NO",
+            "EPICS_PVA_BROADCAST_PORT": legit_env["EPICS_PVA_BROADCAST_PORT"],
+        }
+        yield PvaPeers(handler, hostile, env)
+
+
+def pva_server_args(folder: Path) -> list[str]:
+    """A server that puts as the user over PVA (--forward-identity), olga allowed to write
+    LEGIT:* and HOSTILE:*, logging at INFO (what a server's MESSAGEs cost shows there)."""
+    (folder / "secret").write_text(PVA_SECRET)
+    (folder / "rules.toml").write_text(PVA_RULES)
+    return [
+        "--forward-identity", "--jwt-secret-file", str(folder / "secret"),
+        "--access-rules", str(folder / "rules.toml"), "--log-level", "info",
+    ]  # fmt: skip
+
+
+def pva_token(user: str = PVA_USER) -> str:
+    now = int(time.time())
+    claims = {"sub": user, "preferred_username": user, "iat": now, "exp": now + 4 * 3600}
+    return jwt.encode(claims, PVA_SECRET, "HS256")
+
+
+async def pva_put(server: ServerProcess, name: str, value: float, timeout: float = 30) -> str:
+    """A GraphQL put as olga, waiting for completion: "ok", or the error's class and words."""
+    async with Client(server.url, token=pva_token()) as c:
+        try:
+            await c.put(f"pva://{name}", value, wait=True, timeout=timeout)
+        except PvwireError as exc:
+            return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def peer_refusals(server: ServerProcess) -> dict[str, float]:
+    """pvwire_peer_refusals_total of scheme pva, by reason."""
+    out = {}
+    for labels, n in metric(server, "pvwire_peer_refusals_total").items():
+        m = re.search(r'scheme="pva",reason="(\w+)"', labels)
+        if m:
+            out[m[1]] = n
+    return out
+
+
+async def search_hijack(server: ServerProcess, peers: PvaPeers, names: Sequence[str]) -> list[str]:
+    """After one legitimate put (LEGIT:X: its search shows the hostile server pvwire's search
+    socket), the hostile server forges answers to that socket from an address nobody searched
+    (the cids a counter from 1 would give next, and a copy of every search it hears), while
+    olga puts to `names`, each served by the legitimate server and searched for the first time.
+    Returns the puts' results."""
+    assert await pva_put(server, "LEGIT:X", 1.0) == "ok"
+    (seen, *_) = peers.our_searches("LEGIT:X")
+    target = (seen.source[0], seen.reply_port)
+    peers.hostile.start_forging(target, range(1, 200), seqs=(0, *range(1, 30)))
+    try:
+        return [await pva_put(server, name, float(i)) for i, name in enumerate(names)]
+    finally:
+        peers.hostile.stop_forging()

@@ -5,11 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 from p4p.server import Server, StaticProvider
 from p4p.server.thread import SharedPV
 from pvwire.loopback import loopback_env
 from pvwire_dev.ioc import free_port
+
+
+class Accepting:
+    """A p4p SharedPV handler that takes every put and records its name, account and value."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, Any]] = []
+
+    def put(self, pv: SharedPV, op: Any) -> None:
+        self.seen.append((op.name(), op.account(), op.value().raw["value"]))
+        pv.post(op.value())
+        op.done()
 
 
 @contextmanager

@@ -47,6 +47,7 @@ class ServerProcess:
         self.args = list(args)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: deque[str] = deque(maxlen=300)
+        self.output_bytes = 0  # everything it wrote to stdout and stderr, its log included
 
     def _use_port(self, port: int) -> None:
         self.port = port
@@ -81,6 +82,7 @@ class ServerProcess:
         def pump() -> None:
             assert proc.stdout is not None
             for raw in proc.stdout:
+                self.output_bytes += len(raw)
                 self._log.append(raw.decode(errors="replace").rstrip())
 
         reader = threading.Thread(target=pump, daemon=True)

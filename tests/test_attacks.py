@@ -26,6 +26,8 @@ from tests.attacks import (
     MIB,
     Bystander,
     Cost,
+    PvaPeers,
+    PvaSizes,
     Watch,
     attachments_of,
     backfill_attack,
@@ -34,12 +36,17 @@ from tests.attacks import (
     forged_sockets,
     metric,
     mjpeg_viewers,
+    peer_refusals,
+    pva_peers,
+    pva_put,
+    pva_server_args,
     pvws_subscribe,
     pvws_write_burst,
     read_backfill,
     reconnect_storm,
     record_history,
     rotating_refusals,
+    search_hijack,
     stream_token,
 )
 from tests.certs import TestCA
@@ -442,3 +449,112 @@ async def test_h_refusals_from_rotating_addresses_write_bounded_lines(
     assert len(lines) - len(written) <= seconds / SUMMARY_S + 2
     held(watch.cost, ROTATING_RSS_BOUND, f"{ROTATING_REQUESTS} refusals from rotating addresses")
     bystander.check(start, end)
+
+
+# --- (i) a hostile PVA server ------------------------------------------------------------------
+# pvwire's own PVA client (--forward-identity) talks to whoever answers its search. A server of
+# its own here: a legitimate p4p server and a hostile one on loopback, searched by it alone.
+
+PVA = PvaSizes(
+    # 2**24 nodes unfolded in 473 bytes: the code that sized them held the loop 9.6 s.
+    doubling_levels=24,
+    # 3,000 types of 200 members: 127 MiB once parsed and cached, 3.7 MB on the wire.
+    unsolicited=3_000, unsolicited_members=200,
+    # 300 MESSAGEs of 64 KiB: 19.7 MB of log when each was logged whole.
+    messages=300, message_bytes=64 * 1024,
+    fresh_names=8,
+)  # fmt: skip
+PVA_RSS_BOUND = SLACK
+# What the server may write to its log (at INFO) during a MESSAGE flood: the lines the burst
+# lets through, cut, and the requests' own lines.
+PVA_LOG_BOUND = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def pva_peers_() -> Iterator[PvaPeers]:
+    with pva_peers(PVA) as peers:
+        yield peers
+
+
+@pytest.fixture(scope="module")
+def pva_target(pva_peers_: PvaPeers) -> Iterator[ServerProcess]:
+    """A server putting as the user over PVA, whose searches reach the two peers alone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = pva_server_args(Path(tmp))
+        with ServerProcess(*args, "--stall-timeout", "120", env=pva_peers_.env) as proc:
+            yield proc
+
+
+@pytest.fixture(scope="module")
+def pva_bystander(pva_target: ServerProcess) -> Iterator[Bystander]:
+    b = Bystander(pva_target)
+    b.start()
+    yield b
+    b.stop()
+
+
+async def legit_puts_arrive(target: ServerProcess, peers: PvaPeers) -> None:
+    """olga's puts to the legitimate server all arrive, as hers."""
+    before = len(peers.legit.seen)
+    values = [float(v) for v in range(3)]
+    assert [await pva_put(target, "LEGIT:X", v) for v in values] == ["ok"] * 3
+    assert peers.legit.seen[before:] == [("LEGIT:X", "olga", v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("name", "result", "reason"),
+    [
+        ("HOSTILE:DOUBLE", "more than 16384 nodes", "type_nodes"),
+        ("HOSTILE:UNSOLICITED", "ok", "unsolicited"),
+        ("HOSTILE:MESSAGES", "ok", "message_log"),
+    ],
+    ids=["doubling-type", "unsolicited-types", "message-flood"],
+)
+async def test_i_a_hostile_pva_servers_replies_cost_what_its_bounds_allow(
+    pva_target: ServerProcess,
+    pva_bystander: Bystander,
+    pva_peers_: PvaPeers,
+    name: str,
+    result: str,
+    reason: str,
+) -> None:
+    before = peer_refusals(pva_target)
+    log_before = pva_target.output_bytes
+    start = pva_bystander.mark()
+    with Watch(pva_target) as watch:
+        got = await pva_put(pva_target, name, 1.0)
+    end = pva_bystander.mark()
+    logged = pva_target.output_bytes - log_before
+    assert result in got, got
+    counted = peer_refusals(pva_target).get(reason, 0) - before.get(reason, 0)
+    assert counted >= 1, f"{reason}: {peer_refusals(pva_target)}"
+    if name == "HOSTILE:UNSOLICITED":
+        assert counted == PVA.unsolicited
+    if name == "HOSTILE:MESSAGES":
+        assert counted == PVA.messages - limits.integer("pva_identity_message_lines")
+    assert logged <= PVA_LOG_BOUND, f"{name}: the server logged {logged} bytes"
+    held(watch.cost, PVA_RSS_BOUND, f"a PVA put answered with {name}'s replies")
+    pva_bystander.check(start, end)
+    await legit_puts_arrive(pva_target, pva_peers_)
+
+
+async def test_i_a_forged_search_answer_takes_no_put(
+    pva_target: ServerProcess, pva_bystander: Bystander, pva_peers_: PvaPeers
+) -> None:
+    """Answers forged from an address nobody searched, for the cids a counter would give next
+    and copies of each search heard: every put goes to the legitimate server all the same."""
+    names = [f"LEGIT:B{i}" for i in range(PVA.fresh_names)]
+    before, refused = len(pva_peers_.legit.seen), peer_refusals(pva_target)
+    start = pva_bystander.mark()
+    with Watch(pva_target) as watch:
+        results = await search_hijack(pva_target, pva_peers_, names)
+    end = pva_bystander.mark()
+    assert results == ["ok"] * len(names), results
+    assert [(n, a) for n, a, _ in pva_peers_.legit.seen[before + 1 :]] == [
+        (n, "olga") for n in names
+    ]
+    assert not [n for n, _ in pva_peers_.hostile.puts if n.startswith("LEGIT:")]
+    dropped = peer_refusals(pva_target)["search_reply"] - refused.get("search_reply", 0)
+    assert dropped >= len(names), dropped
+    held(watch.cost, PVA_RSS_BOUND, f"{pva_peers_.hostile.forged} forged search answers")
+    pva_bystander.check(start, end)

@@ -89,3 +89,13 @@ async def test_clients_and_channels_are_counted_in_the_snapshot(hub: Hub) -> Non
     assert samples(text, "pvwire_clients") == {"": "2"}
     assert samples(text, "pvwire_channels") == {"": "2"}
     assert hub.channel_count == 2
+
+
+def test_what_pvas_own_client_refused_is_exported_by_reason(hub: Hub) -> None:
+    from pvwire.upstream.pva_identity import PEER_REASONS
+
+    counts = dict.fromkeys(PEER_REASONS, 0) | {"type_nodes": 2, "search_reply": 7}
+    snap = dataclasses.replace(hub.snapshot(detail=False), peer_refusals={"pva": counts})
+    got = samples(render_metrics(snap), "pvwire_peer_refusals_total")
+    assert got == {f'scheme="pva",reason="{r}"': str(n) for r, n in counts.items()}
+    assert "pvwire_peer_refusals_total" in render_metrics(hub.snapshot(detail=False))

@@ -23,7 +23,7 @@ from pvwire.upstream.pva_identity import Address, IdentityConnections, PvaSearch
 from pvwire_dev.ioc import IocProcess, free_port
 
 from tests.eventually import eventually_async
-from tests.p4p_server import p4p_server
+from tests.p4p_server import Accepting, p4p_server
 
 pytestmark = pytest.mark.ioc
 
@@ -46,18 +46,6 @@ async def search(ioc: IocProcess) -> AsyncIterator[PvaSearch]:
 @pytest.fixture
 async def address(search: PvaSearch) -> Address:
     return await search.find("ACF:SP", 30.0)
-
-
-class Accepting:
-    """A p4p SharedPV handler that takes every put and records its name, account and value."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, Any]] = []
-
-    def put(self, pv: SharedPV, op: Any) -> None:
-        self.seen.append((op.name(), op.account(), op.value().raw["value"]))
-        pv.post(op.value())
-        op.done()
 
 
 def read(ioc: IocProcess, name: str) -> Any:
@@ -252,6 +240,51 @@ async def test_a_p4p_server_hears_the_users_name_and_every_kind_of_value() -> No
     assert values[:3] == [-2.5, "Ольга's", 255]
     assert list(values[3]) == [1, -2, 3] and list(values[4]) == ["one", "two"]
     assert values[5]["index"] == 2
+
+
+@pytest.mark.parametrize("puts", [2, 5])
+async def test_concurrent_puts_of_one_user_to_one_pv_each_get_their_own_answer(puts: int) -> None:
+    """A slider, a double click, two tabs: puts of one user to one PV at once, on one
+    connection. Each is answered as itself (on one request id, the first timed out while the
+    second took its answer), and the server sees every value."""
+    handler = Accepting()
+    pvs = {"C:X": SharedPV(nt=NTScalar("d"), initial=0.0, handler=handler)}
+    with p4p_server("concurrent", pvs) as env:
+        search = PvaSearch(env)
+        connections = IdentityConnections("pvwire-host")
+        try:
+            address = await search.find("C:X", 30.0)
+            rounds = [(True, True), (True, False), (False, False)]  # (first puts, wait)
+            for first, wait in rounds:  # the channel and operation made, then already there
+                results = await asyncio.gather(
+                    *(connections.put("olga", address, "C:X", "value", float(v), wait, 10.0)
+                      for v in range(puts)),
+                    return_exceptions=True,
+                )  # fmt: skip
+                assert results == [None] * puts, (first, wait, results)
+            assert len(connections) == 1 and connections.channels() == 1
+        finally:
+            connections.close()
+            search.close()
+    expected = [float(v) for v in range(puts)] * len(rounds)
+    assert sorted(v for _, _, v in handler.seen) == sorted(expected)
+    assert {account for _, account, _ in handler.seen} == {"olga"}
+
+
+async def test_concurrent_puts_to_the_ioc_each_complete(ioc: IocProcess, address: Address) -> None:
+    """The same against QSRV, waiting for the record to process: the last value is the IOC's."""
+    connections = IdentityConnections("pvwire-host")
+    try:
+        await connections.put("olga", address, "ACF:SP", "value", 0.5, True, 30.0)
+        values = [1.5, 2.5, 3.5]
+        results = await asyncio.gather(
+            *(connections.put("olga", address, "ACF:SP", "value", v, True, 10.0) for v in values),
+            return_exceptions=True,
+        )
+        assert results == [None] * len(values), results
+        assert await asyncio.to_thread(read, ioc, "ACF:SP") == values[-1]
+    finally:
+        connections.close()
 
 
 async def test_the_backend_refuses_what_it_cannot_write_as_a_user(

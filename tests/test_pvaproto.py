@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pvwire import limits
 from pvwire.upstream.pvaproto import (
     ANY,
     ARRAY,
@@ -55,6 +56,8 @@ from pvwire.upstream.pvaproto import (
     search_response,
     struct_of,
 )
+
+from tests.hostile_pva import chain_type, doubling_type
 
 DOUBLE, INT, UBYTE, LONG = FieldDesc(0x43), FieldDesc(0x22), FieldDesc(0x24), FieldDesc(0x23)
 ALARM = struct_of("alarm_t", severity=INT, status=INT, message=FieldDesc(STRING))
@@ -145,7 +148,7 @@ def test_validation_sends_the_users_name_in_the_servers_byte_order(big: bool, ho
     assert (cmd, bool(proto.big_endian)) == (CMD_CONNECTION_VALIDATION, big)
     r.take(8)  # buffer size, registry size, QoS
     assert r.string() == "ca"
-    assert r.type_desc({}) == CREDENTIALS
+    assert r.type_desc() == CREDENTIALS
     assert (r.string(), r.string()) == ("olga", "console7")
     with pytest.raises(LocalProtocolError):  # nothing before the server says validated
         proto.create_channel(1, "ACF:SP")
@@ -176,9 +179,10 @@ def test_a_put_from_channel_to_completion(big: bool, how: str) -> None:
     assert (cmd, r.unpack("H"), r.unpack("I"), r.string()) == (CMD_CREATE_CHANNEL, 1, 7, "ACF:SP")
     cmd, r = decode_client(proto.put_init(99, 8, wait=True))
     assert (cmd, r.unpack("I"), r.unpack("I"), r.u8()) == (CMD_PUT, 99, 8, 0x08)
-    request = r.type_desc({})
+    request = r.type_desc()
     assert request is not None and request.locate("record._options.block") is not None
     assert r.string() == "true"
+    proto.put_init(99, 9, wait=False)
     # The server's answers: the type arrives through its introspection cache (0xFD), and a
     # second INIT names the cached type by its key alone (0xFE).
     init_body = body(big, lambda w: w.pack("IB", 8, 0x08), lambda w: w.status(Status()))
@@ -187,33 +191,53 @@ def test_a_put_from_channel_to_completion(big: bool, how: str) -> None:
     again = body(big, lambda w: w.pack("IB", 9, 0x08), lambda w: w.status(Status()),
                  lambda w: w.buf.extend(b"\xfe"), lambda w: w.pack("H", 3))  # fmt: skip
     created = body(big, lambda w: w.pack("II", 7, 99), lambda w: w.status(Status()))
-    done = body(big, lambda w: w.pack("IB", 8, 0), lambda w: w.status(Status()))
-    said = body(big, lambda w: w.pack("IB", 8, 1), lambda w: w.string("hm"))
     data = (
         message(CMD_CREATE_CHANNEL, created, big)
         + message(CMD_PUT, init_body + cached, big)
         + message(CMD_PUT, again, big)
-        + message(CMD_PUT, done, big)
-        + message(CMD_MESSAGE, said, big)
-        + message(CMD_DESTROY_CHANNEL, body(big, lambda w: w.pack("II", 99, 7)), big)
-        + message(CMD_ECHO, b"", big)
     )  # fmt: skip
     assert feed(proto, data, how) == [
         ChannelCreated(7, 99, Status()),
         PutInitialized(8, Status(), NT_SCALAR),
         PutInitialized(9, Status(), NT_SCALAR),
-        PutDone(8, Status()),
-        ServerMessage(8, 1, "hm"),
-        ChannelDestroyed(99, 7),
     ]
-    cmd, r = decode_client(proto.put(99, 8, NT_SCALAR, "value", 2.5))
+    cmd, r = decode_client(proto.put(8, "value", 2.5))
     assert (cmd, r.unpack("I"), r.unpack("I"), r.u8()) == (CMD_PUT, 99, 8, 0)
     assert (r.size(), r.u8(), r.unpack("d")) == (1, 0b10, 2.5)  # bit 1: `value`
+    with pytest.raises(LocalProtocolError, match="putting"):  # one put at a time
+        proto.put(8, "value", 3.5)
+    done = body(big, lambda w: w.pack("IB", 8, 0), lambda w: w.status(Status()))
+    said = body(big, lambda w: w.pack("IB", 8, 1), lambda w: w.string("hm"))
+    data = (
+        message(CMD_PUT, done, big)
+        + message(CMD_MESSAGE, said, big)
+        + message(CMD_DESTROY_CHANNEL, body(big, lambda w: w.pack("II", 99, 7)), big)
+        + message(CMD_ECHO, b"", big)
+    )
+    assert feed(proto, data, how) == [
+        PutDone(8, Status()),
+        ServerMessage(8, 1, "hm", 2),
+        ChannelDestroyed(99, 7),
+    ]
+    with pytest.raises(LocalProtocolError, match="unknown"):  # gone with its channel
+        proto.put(9, "value", 1.0)
+    assert proto.dropped == 0
+
+
+def initialised(proto: ClientProtocol, ioid: int, desc: FieldDesc, sid: int = 1) -> None:
+    """Operation `ioid` initialised with the structure `desc`, as a server answers."""
+    proto.put_init(sid, ioid, wait=True)
+    reply = body(False, lambda w: w.pack("IB", ioid, 8), lambda w: w.status(Status()),
+                 lambda w: w.type_desc(desc))  # fmt: skip
+    assert proto.receive(message(CMD_PUT, reply)) == [PutInitialized(ioid, Status(), desc)]
 
 
 def test_a_refused_put_carries_the_servers_words() -> None:
     proto = ready(False)
     refusal = Status(STATUS_ERROR, "Put not permitted", "")
+    initialised(proto, 5, NT_SCALAR)
+    proto.put(5, "value", 1.0)
+    proto.put_init(1, 6, wait=True)
     done = message(CMD_PUT, body(False, lambda w: w.pack("IB", 5, 0), lambda w: w.status(refusal)))
     failed_init = message(
         CMD_PUT, body(False, lambda w: w.pack("IB", 6, 8), lambda w: w.status(refusal))
@@ -235,6 +259,7 @@ def test_segments_are_joined() -> None:
         + message(CMD_CREATE_CHANNEL, parts[1], flags=FLAG_SEGMENT_FIRST | FLAG_SEGMENT_LAST)
         + message(CMD_CREATE_CHANNEL, parts[2], flags=FLAG_SEGMENT_LAST)
     )
+    proto.create_channel(7, "X")
     assert proto.receive(data) == [ChannelCreated(7, 99, Status(1, "careful", "t"))]
     with pytest.raises(RemoteProtocolError, match="segments"):
         ready(False).receive(message(CMD_CREATE_CHANNEL, whole, flags=FLAG_SEGMENT_LAST))
@@ -267,21 +292,21 @@ def test_what_a_server_may_not_send(data: bytes) -> None:
 def test_type_descriptions_round_trip(big: bool, desc: FieldDesc) -> None:
     data = body(big, lambda w: w.type_desc(desc))
     r = Reader(data, big)
-    assert r.type_desc({}) == desc
+    assert r.type_desc() == desc
     with pytest.raises(RemoteProtocolError):  # every byte counts
-        Reader(data[:-1], big).type_desc({})
+        Reader(data[:-1], big).type_desc()
 
 
 def test_bad_type_descriptions() -> None:
     with pytest.raises(RemoteProtocolError, match="never defined"):
-        Reader(b"\xfe\x01\x00", False).type_desc({})
+        Reader(b"\xfe\x01\x00", False).type_desc()
     with pytest.raises(RemoteProtocolError, match="fixed or bounded"):
-        Reader(b"\x1b\x02", False).type_desc({})
+        Reader(b"\x1b\x02", False).type_desc()
     with pytest.raises(RemoteProtocolError, match="unknown"):
-        Reader(b"\x44", False).type_desc({})
+        Reader(b"\x44", False).type_desc()
     deep = b"\x80\x00\x01\x01a" * 30 + b"\x43"
     with pytest.raises(RemoteProtocolError, match="deeper"):
-        Reader(deep, False).type_desc({})
+        Reader(deep, False).type_desc()
 
 
 def test_bit_offsets_count_every_node_depth_first() -> None:
@@ -332,8 +357,10 @@ def test_values_of_every_kind_a_put_writes(big: bool) -> None:
 
 
 def test_a_put_to_a_field_the_structure_lacks() -> None:
+    proto = ready(False)
+    initialised(proto, 2, NT_ARRAY)
     with pytest.raises(LocalProtocolError, match="no field"):
-        ready(False).put(1, 2, NT_ARRAY, "value.index", 1)
+        proto.put(2, "value.index", 1)
 
 
 def test_search_round_trip() -> None:
@@ -388,3 +415,171 @@ def test_echo_is_a_bare_header_in_the_servers_order() -> None:
         data = ready(big).echo()
         assert len(data) == 8 and bool(data[2] & 0x80) == big
         assert decode_client(data)[0] == CMD_ECHO
+
+
+# --- a hostile server's types and replies (DESIGN.md section 7e) ------------------------------
+
+
+def init_reply(ioid: int, type_data: bytes, big: bool = False) -> bytes:
+    reply = body(big, lambda w: w.pack("IB", ioid, 0x08), lambda w: w.status(Status()))
+    return message(CMD_PUT, reply + type_data, big)
+
+
+def answer_init(proto: ClientProtocol, ioid: int, type_data: bytes) -> list[Event]:
+    proto.put_init(1, ioid, wait=True)
+    return proto.receive(init_reply(ioid, type_data))
+
+
+def refused(proto: ClientProtocol, data: bytes, reason: str) -> RemoteProtocolError:
+    with pytest.raises(RemoteProtocolError) as caught:
+        proto.receive(data)
+    assert caught.value.reason == reason, caught.value
+    assert proto.state == "closed"
+    return caught.value
+
+
+def test_shared_parts_are_sized_once_not_unfolded() -> None:
+    """A structure of two references to the one below, 64 levels: 2**64 nodes unfolded, each
+    node's figures made from its children's when it is made."""
+    node = struct_of("", x=DOUBLE)
+    for _ in range(64):
+        node = struct_of("", a=node, b=node)
+    assert (node.nodes, node.size, node.depth) == (3 * 2**64 - 1, 3 * 2**64 - 1, 66)
+    top = struct_of("", levels=node, value=DOUBLE)
+    assert top.locate("value") == (1 + node.size, DOUBLE)
+    below = node.fields[1][1].fields[0][1]  # levels.b.a
+    assert top.locate("levels.b.a") == (3 + node.size // 2, below)
+    assert "nodes)" in repr(top) and len(repr(top)) < 200  # bounded too
+
+
+def test_the_doubling_type_is_refused_by_its_node_count() -> None:
+    """~830 bytes, 2**42 nodes unfolded: refused once past the bound, while it is read."""
+    data = doubling_type(42)
+    assert 800 < len(data) < 860
+    error = refused_init(data)
+    assert f"more than {limits.integer('pva_identity_type_nodes')} nodes" in str(error)
+
+
+def refused_init(type_data: bytes, reason: str = "type_nodes") -> RemoteProtocolError:
+    proto = ready(False)
+    proto.put_init(1, 5, wait=True)
+    return refused(proto, init_reply(5, type_data), reason)
+
+
+def test_a_cached_type_counts_as_what_it_refers_to() -> None:
+    """The node bound exactly: a cached structure named twice counts twice; as many members
+    as fit are taken, one more is refused."""
+    bound = limits.integer("pva_identity_type_nodes")
+
+    def twice(members: int) -> bytes:
+        wide = FieldDesc(STRUCT, "", tuple((f"m{i}", DOUBLE) for i in range(members)))
+        w = Writer(False)
+        w.buf.append(STRUCT)
+        w.string("")
+        w.size(2)
+        w.string("a")
+        w.buf += b"\xfd"
+        w.pack("H", 1)
+        w.type_desc(wide)
+        w.string("b")
+        w.buf += b"\xfe"
+        w.pack("H", 1)
+        return bytes(w.buf)
+
+    members = (bound - 3) // 2  # the top, and twice a structure and its members
+    (event,) = answer_init(ready(False), 5, twice(members))
+    assert isinstance(event, PutInitialized) and event.desc is not None
+    assert bound - 2 < event.desc.nodes <= bound
+    refused_init(twice(members + 1))
+
+
+def test_a_chain_of_cached_types_is_refused_by_its_depth_unfolded() -> None:
+    """Read shallow (each level a member of the top), deep once unfolded: refused by the
+    depth bound, not a RecursionError later."""
+    depth = limits.integer("pva_identity_type_depth")
+    (event,) = answer_init(ready(False), 5, chain_type(depth - 2))
+    assert isinstance(event, PutInitialized) and event.desc is not None
+    assert event.desc.depth == depth
+    refused_init(chain_type(depth - 1), "type_depth")
+    proto = ready(False)
+    proto.put_init(1, 5, wait=True)
+    refused(proto, init_reply(5, chain_type(2000)), "type_depth")
+
+
+def test_replies_to_nothing_asked_are_dropped_unread() -> None:
+    """An INIT nobody asked for stores nothing in the type cache (its type is never read), a
+    PUT's answer with no put in flight and a channel nobody created are dropped, and counted."""
+    proto = ready(False)
+    stored = body(False, lambda w: w.buf.extend(b"\xfd\x01\x00"),
+                  lambda w: w.type_desc(NT_SCALAR))  # fmt: skip
+    done = body(False, lambda w: w.pack("IB", 5, 0), lambda w: w.status(Status()))
+    created = body(False, lambda w: w.pack("II", 7, 99), lambda w: w.status(Status()))
+    garbage = body(False, lambda w: w.pack("IB", 6, 0x08), lambda w: w.buf.extend(b"\x77" * 40))
+    assert (
+        proto.receive(
+            init_reply(5, stored)
+            + message(CMD_PUT, done)
+            + message(CMD_CREATE_CHANNEL, created)
+            + message(CMD_PUT, garbage)
+        )
+        == []
+    )
+    assert proto.take_dropped() == 4 and proto.take_dropped() == 0
+    proto.put_init(1, 5, wait=True)  # now asked: the unsolicited one stored no key 1
+    refused(proto, init_reply(5, b"\xfe\x01\x00"), "malformed")
+
+
+def test_a_reply_given_up_is_dropped() -> None:
+    proto = ready(False)
+    proto.create_channel(7, "ACF:SP")
+    proto.abandon_channel(7)
+    initialised(proto, 5, NT_SCALAR)
+    proto.put(5, "value", 1.0)
+    cmd, r = decode_client(proto.destroy_request(5))
+    assert (cmd, r.unpack("I"), r.unpack("I")) == (15, 1, 5)
+    created = body(False, lambda w: w.pack("II", 7, 99), lambda w: w.status(Status()))
+    done = body(False, lambda w: w.pack("IB", 5, 0), lambda w: w.status(Status()))
+    assert proto.receive(message(CMD_CREATE_CHANNEL, created) + message(CMD_PUT, done)) == []
+    assert proto.take_dropped() == 2
+
+
+def test_the_type_cache_is_bounded_in_bytes() -> None:
+    """Types asked for, each stored under a key of its own: past the cache's bytes (each type
+    counted unfolded) the connection is closed."""
+    bound = limits.integer("pva_identity_type_cache_bytes")
+    wide = FieldDesc(STRUCT, "", tuple((f"m{i:04}", DOUBLE) for i in range(4000)))
+    assert bound // 5 < wide.cost < bound // 4
+    proto = ready(False)
+
+    def stored(key: int) -> bytes:
+        return b"\xfd" + struct.pack("<H", key) + body(False, lambda w: w.type_desc(wide))
+
+    for key in range(4):
+        assert answer_init(proto, 10 + key, stored(key)) == [PutInitialized(10 + key, OK, wide)]
+    assert answer_init(proto, 20, stored(2)) == [PutInitialized(20, OK, wide)]  # replaced
+    proto.put_init(1, 21, wait=True)
+    refused(proto, init_reply(21, stored(9)), "type_cache")
+
+
+def test_a_servers_words_are_cut() -> None:
+    """A status's message and a MESSAGE keep their first bytes, and say how many came."""
+    keep = limits.integer("pva_identity_text_bytes")
+    long = "é" * keep  # two bytes each
+    proto = ready(False)
+    proto.put_init(1, 5, wait=True)
+    refusal = body(False, lambda w: w.pack("IB", 5, 0x08),
+                   lambda w: w.status(Status(STATUS_ERROR, long, long)))  # fmt: skip
+    said = body(False, lambda w: w.pack("IB", 5, 1), lambda w: w.string(long))
+    (init, told) = proto.receive(message(CMD_PUT, refusal) + message(CMD_MESSAGE, said))
+    assert isinstance(init, PutInitialized) and init.status.message == "é" * (keep // 2)
+    assert told == ServerMessage(5, 1, "é" * (keep // 2), 2 * keep)
+
+
+def test_a_shared_type_hashes_without_unfolding() -> None:
+    node = struct_of("", x=DOUBLE)
+    for _ in range(64):
+        node = struct_of("", a=node, b=node)
+    twin = struct_of("", x=DOUBLE)
+    for _ in range(64):
+        twin = struct_of("", a=twin, b=twin)
+    assert hash(node) == hash(twin) and len({node, NT_SCALAR}) == 2

@@ -176,6 +176,20 @@ LIMITS: tuple[Limit, ...] = (
     Limit("pva_identity_type_depth", 20, "levels",
           "nesting of a type description from an IOC on such a connection",
           "refused as malformed"),
+    Limit("pva_identity_type_nodes", 16_384, "nodes",
+          "nodes of one type description from an IOC on such a connection, a cached type "
+          "counted as what it refers to (an NTNDArray has ~70)",
+          "refused while it is read: the connection is closed"),
+    Limit("pva_identity_type_cache_bytes", 4 * _MIB, "bytes",
+          "types an IOC caches on such a connection, each counted unfolded at 224 bytes a node "
+          "plus its names", "the connection is closed"),
+    Limit("pva_identity_text_bytes", 512, "bytes",
+          "words kept of an IOC's status or MESSAGE on such a connection", "the rest is dropped"),
+    Limit("pva_identity_message_lines", 10, "lines",
+          "IOC MESSAGEs logged at once, over all such connections",
+          "one more per `pva_identity_message_interval_s`; the others are counted"),
+    Limit("pva_identity_message_interval_s", 10.0, "s",
+          "between IOC MESSAGEs logged once the burst is spent", "counted, not logged"),
     # --- recent history ---
     Limit("history_mb", 128.0, "MiB",
           "memory for every channel's recent history (0: none)",

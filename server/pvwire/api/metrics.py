@@ -142,6 +142,15 @@ METRICS: tuple[Metric, ...] = (
            lambda s: [("", (("reason", r),), s.snapshot.put_refusals.get(r, 0))
                       for r in PUT_REASONS],
            {"reason": frozenset(PUT_REASONS)}),
+    Metric("peer_refusals_total", "counter",
+           "What pvwire's own PVA client (puts as a user) refused from servers, by reason: a "
+           "protocol error that closed the connection (message_bytes, type_depth, type_nodes, "
+           "type_cache, malformed), a reply to nothing asked (unsolicited), a search answer to "
+           "no pending search or from an address not searched (search_reply), a MESSAGE left "
+           "out of the log (message_log).",
+           lambda s: [("", (("scheme", scheme), ("reason", reason)), n)
+                      for scheme, counts in s.snapshot.peer_refusals.items()
+                      for reason, n in counts.items()]),
     Metric("event_loop_lag_seconds", "gauge", "Worst event loop lag in the last 10 s.",
            _one(lambda s: s.loop_lag)),
     Metric("tick_duration_seconds", "histogram", "Time to process one tick.", _tick_histogram),

@@ -423,6 +423,11 @@ class Hub:
                 scheme: backend.channel_counts()
                 for scheme, backend in sorted(self.registry.backends.items())
             },
+            peer_refusals={
+                scheme: counts
+                for scheme, backend in sorted(self.registry.backends.items())
+                if (counts := backend.peer_refusals())
+            },
         )
 
 

@@ -3,7 +3,7 @@ registries, so no endpoint reaches into the hub's dicts or holds a reference to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..model import ConnState
 from .channel import FAILURE_UNITS
@@ -64,3 +64,5 @@ class HubSnapshot:
     history: HistoryStats
     auth_refusals: dict[str, int]  # refused authentications by reason (access/refusals.py)
     put_refusals: dict[str, int]  # puts refused by pvwire by reason (refusals.PUT_REASONS)
+    # What pvwire's own clients refused from upstream servers, by scheme then reason.
+    peer_refusals: dict[str, dict[str, int]] = field(default_factory=dict)

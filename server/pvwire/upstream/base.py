@@ -105,6 +105,11 @@ class Backend(ABC):
         for `/metrics`. Default: none to report."""
         return {}
 
+    def peer_refusals(self) -> dict[str, int]:
+        """What this backend's own protocol clients refused from upstream servers, by reason
+        (counts since start), for `/metrics`. Default: none to report."""
+        return {}
+
     def names(self) -> Iterable[str]:
         """Names this backend can list for search (e.g. sim kinds). Default: none."""
         return ()

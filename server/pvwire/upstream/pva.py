@@ -602,6 +602,14 @@ class PvaBackend(Backend):
         finally:
             self.release(name)
 
+    def peer_refusals(self) -> dict[str, int]:
+        """pva_identity.PEER_REASONS, counted by the put connections and the search."""
+        if self._connections is None:
+            return {}
+        counts = dict(self._connections.refusals.counts)
+        counts["search_reply"] += self._search.refused
+        return counts
+
     async def close(self) -> None:
         if self._connections is not None:
             self._connections.close()

@@ -16,6 +16,18 @@ channel and request; later puts reuse it (one round trip each).
 The facts come from the PVA protocol specification and pvxs's encoder and decoder (pvaproto.h,
 dataencode.cpp, clientconn.cpp, clientget.cpp); every byte is checked against real servers in
 tests/test_pva_identity.py.
+
+A server is as untrusted as a client (any host may answer a search), so what it sends is parsed
+under bounds and only as an answer to something asked:
+- a message's size, a type's nesting, and a type's nodes in total, a cached type (0xFE) counted
+  as what it refers to: a type whose cached parts are shared has exponentially many nodes when
+  unfolded (~20 bytes per doubling), so nothing here walks the unfolded tree, each node knows
+  its size, and a type past the bound is refused while it is read;
+- the connection's type cache, in the bytes its types would hold unfolded;
+- replies to no request made (an INIT or a PUT nobody asked for, a channel nobody created) are
+  dropped from their ids, before their types are read, and counted (`dropped`);
+- the words of a status or a MESSAGE, truncated.
+Every violation is a RemoteProtocolError carrying its `reason`: the connection is then closed.
 """
 
 from __future__ import annotations
@@ -30,11 +42,13 @@ import numpy as np
 from ..limits import integer
 
 __all__ = [
+    "PROTOCOL_ERRORS",
     "ClientProtocol",
     "FieldDesc",
     "LocalProtocolError",
     "RemoteProtocolError",
     "Status",
+    "TypeCache",
 ]
 
 # Message header: magic, version, flags, command, then the body's length.
@@ -79,13 +93,30 @@ _SCALAR_FORMATS = {  # code: struct format of one element
     0x42: "f",
     0x43: "d",
 }
-# Nesting of a type description: a deeper one is refused, not recursed into.
+# Nesting of a type description, as read and as unfolded: a deeper one is refused (pvxs: 20).
 MAX_TYPE_DEPTH = integer("pva_identity_type_depth")
+# Nodes of one type description unfolded, a cached type counted as what it refers to.
+MAX_TYPE_NODES = integer("pva_identity_type_nodes")
+# What one connection's type cache may hold, in the bytes of its types unfolded (NODE_BYTES each).
+MAX_TYPE_CACHE_BYTES = integer("pva_identity_type_cache_bytes")
+# The words of a status or a MESSAGE kept; the rest is dropped.
+MAX_TEXT_BYTES = integer("pva_identity_text_bytes")
+# Memory of one parsed node beside its names: a FieldDesc, its (name, desc) pair and the name
+# object, by sys.getsizeof (104 + 56 + 57 bytes).
+NODE_BYTES = 224
 STATUS_OK, STATUS_WARNING, STATUS_ERROR, STATUS_FATAL = 0, 1, 2, 3
+
+# Why a server's connection was closed (RemoteProtocolError.reason), for the metrics.
+PROTOCOL_ERRORS = ("message_bytes", "type_depth", "type_nodes", "type_cache", "malformed")
 
 
 class RemoteProtocolError(Exception):
-    """The server sent something the protocol does not allow: the connection is unusable."""
+    """The server sent something the protocol does not allow: the connection is unusable.
+    `reason` is one of PROTOCOL_ERRORS."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class LocalProtocolError(Exception):
@@ -94,20 +125,45 @@ class LocalProtocolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class FieldDesc:
-    """One node of a pvData type description."""
+    """One node of a pvData type description. Its children may be shared (a cached type named
+    twice is one object): what would need the unfolded tree is computed once, from the
+    children's own figures, when the node is made."""
 
     code: int
     type_id: str = ""
     fields: tuple[tuple[str, FieldDesc], ...] = ()  # structures and unions
     element: FieldDesc | None = None  # arrays of structures or unions
     bound: int = 0  # bounded strings
+    # Bits this node takes in a bit set: itself and, for a structure, its descendants.
+    size: int = field(init=False, repr=False, compare=False)
+    nodes: int = field(init=False, repr=False, compare=False)  # itself and every descendant
+    depth: int = field(init=False, repr=False, compare=False)  # levels, itself included
+    cost: int = field(init=False, repr=False, compare=False)  # bytes it would hold unfolded
 
-    @property
-    def size(self) -> int:
-        """Bits this node takes in a bit set: itself and, for a structure, its descendants."""
-        if self.code != STRUCT:
-            return 1
-        return 1 + sum(child.size for _, child in self.fields)
+    def __post_init__(self) -> None:
+        children = [d for _, d in self.fields]
+        if self.element is not None:
+            children.append(self.element)
+        bits = 1 + sum(d.size for d in children) if self.code == STRUCT else 1
+        names = len(self.type_id) + sum(len(n) for n, _ in self.fields)
+        object.__setattr__(self, "size", bits)
+        object.__setattr__(self, "nodes", 1 + sum(d.nodes for d in children))
+        object.__setattr__(self, "depth", 1 + max((d.depth for d in children), default=0))
+        object.__setattr__(self, "cost", NODE_BYTES + names + sum(d.cost for d in children))
+
+    def __hash__(self) -> int:
+        """From the figures: the dataclass's own would hash every shared part unfolded."""
+        return hash((self.code, self.type_id, self.bound, self.size, self.nodes, self.depth))
+
+    def __repr__(self) -> str:
+        """Bounded: the dataclass's own would unfold every shared part."""
+        names = ", ".join(n[:40] for n, _ in self.fields[:8])
+        more = ", ..." if len(self.fields) > 8 else ""
+        kids = f", [{names}{more}]" if self.fields else ""
+        element = f", of {self.element.code:#04x}" if self.element is not None else ""
+        return (
+            f"FieldDesc({self.code:#04x}, {self.type_id[:60]!r}{kids}{element}, {self.nodes} nodes)"
+        )
 
     def child(self, name: str) -> FieldDesc | None:
         for n, d in self.fields:
@@ -136,6 +192,38 @@ def struct_of(type_id: str, **members: FieldDesc) -> FieldDesc:
     return FieldDesc(STRUCT, type_id, tuple(members.items()))
 
 
+class TypeCache:
+    """The server's introspection cache on one connection (0xFD stores a type under a key, 0xFE
+    names it), bounded in bytes: a type counts its `cost`, what it refers to included."""
+
+    __slots__ = ("_types", "bytes", "max_bytes")
+
+    def __init__(self, max_bytes: int = MAX_TYPE_CACHE_BYTES) -> None:
+        self._types: dict[int, FieldDesc] = {}
+        self.bytes = 0
+        self.max_bytes = max_bytes
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def put(self, key: int, desc: FieldDesc) -> None:
+        old = self._types.get(key)
+        total = self.bytes - (old.cost if old is not None else 0) + desc.cost
+        if total > self.max_bytes:
+            raise RemoteProtocolError(
+                f"the server's cached types would hold more than {self.max_bytes} bytes",
+                "type_cache",
+            )
+        self._types[key] = desc
+        self.bytes = total
+
+    def get(self, key: int) -> FieldDesc:
+        desc = self._types.get(key)
+        if desc is None:
+            raise RemoteProtocolError(f"introspection cache key {key} was never defined")
+        return desc
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     code: int = STATUS_OK
@@ -153,12 +241,13 @@ class Status:
 class Reader:
     """Reads one message body in its byte order; running past the end is the peer's fault."""
 
-    __slots__ = ("_data", "_order", "_pos")
+    __slots__ = ("_data", "_nodes", "_order", "_pos")
 
     def __init__(self, data: bytes, big_endian: bool) -> None:
         self._data = data
         self._pos = 0
         self._order = ">" if big_endian else "<"
+        self._nodes = 0  # of the type description being read
 
     def take(self, n: int) -> bytes:
         end = self._pos + n
@@ -188,54 +277,80 @@ class Reader:
     def string(self) -> str:
         return self.take(self.size(allow_null=True)).decode("utf-8", "replace")
 
+    def text(self) -> str:
+        """A string meant for people, of which the first MAX_TEXT_BYTES are kept."""
+        data = self.take(self.size(allow_null=True))
+        return data[:MAX_TEXT_BYTES].decode("utf-8", "replace")
+
     def status(self) -> Status:
         code = self.u8()
         if code == 255:
             return Status()
         if code > STATUS_FATAL:
             raise RemoteProtocolError(f"a status of type {code}")
-        return Status(code, self.string(), self.string())
+        return Status(code, self.text(), self.text())
 
-    def type_desc(self, cache: dict[int, FieldDesc], depth: int = 0) -> FieldDesc | None:
+    def type_desc(self, cache: TypeCache | None = None) -> FieldDesc | None:
+        """One type description, its cached parts stored in and taken from `cache`; refused
+        past MAX_TYPE_DEPTH levels or MAX_TYPE_NODES nodes (a cached type counted as what it
+        refers to), as soon as the bound is passed."""
+        self._nodes = 0
+        return self._type(cache if cache is not None else TypeCache(), 0)
+
+    def _counted(self, desc: FieldDesc, nodes: int) -> FieldDesc:
+        self._nodes += nodes
+        if self._nodes > MAX_TYPE_NODES:
+            raise RemoteProtocolError(
+                f"a type description of more than {MAX_TYPE_NODES} nodes "
+                "(cached types counted as what they refer to)",
+                "type_nodes",
+            )
+        if desc.depth > MAX_TYPE_DEPTH:
+            raise RemoteProtocolError(
+                f"a type description nested deeper than {MAX_TYPE_DEPTH} unfolded", "type_depth"
+            )
+        return desc
+
+    def _type(self, cache: TypeCache, depth: int) -> FieldDesc | None:
         if depth > MAX_TYPE_DEPTH:
-            raise RemoteProtocolError(f"a type description nested deeper than {MAX_TYPE_DEPTH}")
+            raise RemoteProtocolError(
+                f"a type description nested deeper than {MAX_TYPE_DEPTH}", "type_depth"
+            )
         code = self.u8()
         if code == _NULL_TYPE:
             return None
         if code == _CACHE_PUT:
             key = int(self.unpack("H"))
-            desc = self.type_desc(cache, depth + 1)
+            desc = self._type(cache, depth + 1)
             if desc is None:
                 raise RemoteProtocolError("a null type stored in the introspection cache")
-            cache[key] = desc
+            cache.put(key, desc)
             return desc
         if code == _CACHE_GET:
-            key = int(self.unpack("H"))
-            if key not in cache:
-                raise RemoteProtocolError(f"introspection cache key {key} was never defined")
-            return cache[key]
+            desc = cache.get(int(self.unpack("H")))
+            return self._counted(desc, desc.nodes)
         base, kind = code & ~0x18, code & 0x18
         if kind not in (0, ARRAY):
             raise RemoteProtocolError(f"type code {code:#04x}: fixed or bounded arrays")
         if base in (STRUCT, UNION):
             if kind == ARRAY:
-                element = self.type_desc(cache, depth + 1)
+                element = self._type(cache, depth + 1)
                 if element is None or element.code != base:
                     raise RemoteProtocolError(f"type code {code:#04x} without its element")
-                return FieldDesc(code, element=element)
+                return self._counted(FieldDesc(code, element=element), 1)
             type_id = self.string()
             members = []
             for _ in range(self.size()):
                 name = self.string()
-                member = self.type_desc(cache, depth + 1)
+                member = self._type(cache, depth + 1)
                 if member is None:
                     raise RemoteProtocolError(f"member {name!r} has no type")
                 members.append((name, member))
-            return FieldDesc(code, type_id, tuple(members))
+            return self._counted(FieldDesc(code, type_id, tuple(members)), 1)
         if base == BOUNDED_STRING and kind == 0:
-            return FieldDesc(code, bound=self.size())
+            return self._counted(FieldDesc(code, bound=self.size()), 1)
         if base in _SCALAR_FORMATS or base in (STRING, ANY):
-            return FieldDesc(code)
+            return self._counted(FieldDesc(code), 1)
         raise RemoteProtocolError(f"unknown type code {code:#04x}")
 
 
@@ -383,7 +498,8 @@ class PutDone:
 class ServerMessage:
     ioid: int
     level: int
-    text: str
+    text: str  # its first MAX_TEXT_BYTES
+    length: int  # bytes the server sent
 
 
 Event = Validated | ChannelCreated | ChannelDestroyed | PutInitialized | PutDone | ServerMessage
@@ -399,11 +515,26 @@ _PUT_REQUEST = struct_of(
 
 # Connection states, in order.
 AWAIT_VALIDATION, VALIDATING, READY, CLOSED = "await validation", "validating", "ready", "closed"
+# What an operation (a PUT request id) waits for: the INIT's reply, then a PUT's, one at a time.
+_INITIALIZING, _IDLE, _PUTTING = "initializing", "idle", "putting"
+
+
+@dataclass(slots=True)
+class _Operation:
+    sid: int
+    state: str = _INITIALIZING
+    desc: FieldDesc | None = None  # the structure a PUT writes into, once initialised
 
 
 @dataclass(slots=True)
 class ClientProtocol:
-    """One client connection's protocol state, for one user's name."""
+    """One client connection's protocol state, for one user's name.
+
+    The machine knows what it asked: a channel being created (its cid), an operation being
+    initialised or running a put (its ioid). A reply to anything else is dropped unread and
+    counted in `dropped`; so is a late reply to what was given up (`abandon_channel`,
+    `destroy_request`). One request at a time per operation: pvxs's server ignores a PUT on an
+    operation still executing one, and the answer would complete the wrong put."""
 
     user: str
     host: str
@@ -411,10 +542,13 @@ class ClientProtocol:
     state: str = AWAIT_VALIDATION
     big_endian: bool = False  # how this side sends: as the server's SET_ENDIAN asks
     outgoing: bytearray = field(default_factory=bytearray)
+    dropped: int = 0  # replies to nothing asked, read no further than their ids
     _buffer: bytearray = field(default_factory=bytearray)
     _segments: bytearray = field(default_factory=bytearray)
     _segment_cmd: int | None = None
-    _cache: dict[int, FieldDesc] = field(default_factory=dict)  # the server's type cache
+    _cache: TypeCache = field(default_factory=TypeCache)  # the server's type cache
+    _creating: set[int] = field(default_factory=set)  # cids of CREATE_CHANNELs unanswered
+    _operations: dict[int, _Operation] = field(default_factory=dict)  # by ioid
     _next_id: int = 1
 
     # -- sending -----------------------------------------------------------------------------
@@ -438,33 +572,62 @@ class ClientProtocol:
         w.pack("H", 1)
         w.pack("I", cid)
         w.string(name)
+        self._creating.add(cid)
         return self._message(CMD_CREATE_CHANNEL, w)
+
+    def abandon_channel(self, cid: int) -> None:
+        """Waiting for the CREATE_CHANNEL of `cid` was given up: a late reply is dropped."""
+        self._creating.discard(cid)
 
     def destroy_channel(self, sid: int, cid: int) -> bytes:
         w = self._writer()
         w.pack("II", sid, cid)
+        self._forget_channel(sid)
         return self._message(CMD_DESTROY_CHANNEL, w)
 
+    def _forget_channel(self, sid: int) -> None:
+        for ioid in [i for i, op in self._operations.items() if op.sid == sid]:
+            del self._operations[ioid]
+
     def put_init(self, sid: int, ioid: int, wait: bool) -> bytes:
+        if ioid in self._operations:
+            raise LocalProtocolError(f"request id {ioid} is in use")
         w = self._writer()
         w.pack("II", sid, ioid)
         w.buf.append(SUBCMD_INIT)
         w.type_desc(_PUT_REQUEST)
         w.string("true" if wait else "false")  # the request's one leaf: record._options.block
+        self._operations[ioid] = _Operation(sid)
         return self._message(CMD_PUT, w)
 
-    def put(self, sid: int, ioid: int, desc: FieldDesc, path: str, value: Any) -> bytes:
-        """PUT of the one field at `path` of the structure `desc` (from PutInitialized)."""
-        found = desc.locate(path)
+    def put(self, ioid: int, path: str, value: Any) -> bytes:
+        """PUT of the one field at `path` of the structure operation `ioid` was initialised
+        with (PutInitialized), once its previous PUT (if any) was answered."""
+        op = self._operations.get(ioid)
+        if op is None or op.state != _IDLE or op.desc is None:
+            why = "unknown" if op is None else op.state
+            raise LocalProtocolError(f"operation {ioid} cannot put now: it is {why}")
+        found = op.desc.locate(path)
         if found is None:
             raise LocalProtocolError(f"the structure has no field {path!r}")
         offset, leaf = found
         w = self._writer()
-        w.pack("II", sid, ioid)
+        w.pack("II", op.sid, ioid)
         w.buf.append(0)
         w.bitset([offset])
         w.leaf(leaf, value)
-        return self._message(CMD_PUT, w)
+        message = self._message(CMD_PUT, w)
+        op.state = _PUTTING  # only once the value was written: a refused one changes nothing
+        return message
+
+    def destroy_request(self, ioid: int) -> bytes:
+        """Ends operation `ioid` (given up, or done with): a reply still to come is dropped."""
+        op = self._operations.pop(ioid, None)
+        if op is None:
+            return b""
+        w = self._writer()
+        w.pack("II", op.sid, ioid)
+        return self._message(CMD_DESTROY_REQUEST, w)
 
     def echo(self) -> bytes:
         """A keep-alive the server answers (it closes connections that stay silent)."""
@@ -504,7 +667,8 @@ class ClientProtocol:
         (length,) = struct.unpack(">I" if big else "<I", head[4:])
         if length + len(self._segments) > self.max_message_bytes:
             raise RemoteProtocolError(
-                f"a message of more than {self.max_message_bytes} bytes (command {cmd})"
+                f"a message of more than {self.max_message_bytes} bytes (command {cmd})",
+                "message_bytes",
             )
         if len(self._buffer) < 8 + length:
             return None
@@ -540,22 +704,45 @@ class ClientProtocol:
         if self.state != READY:
             raise RemoteProtocolError(f"command {cmd} before the connection is validated")
         if cmd == CMD_CREATE_CHANNEL:
-            cid, sid = r.unpack("I"), r.unpack("I")
+            cid = int(r.unpack("I"))
+            if cid not in self._creating:
+                return self._drop()
+            self._creating.discard(cid)
+            sid = int(r.unpack("I"))
             return [ChannelCreated(cid, sid, r.status())]
         if cmd == CMD_DESTROY_CHANNEL:
-            sid, cid = r.unpack("I"), r.unpack("I")
+            sid, cid = int(r.unpack("I")), int(r.unpack("I"))
+            self._forget_channel(sid)
             return [ChannelDestroyed(sid, cid)]
         if cmd == CMD_PUT:
-            ioid, subcmd = r.unpack("I"), r.u8()
-            status = r.status()
-            if subcmd & SUBCMD_INIT:
-                desc = r.type_desc(self._cache) if status.ok else None
-                return [PutInitialized(ioid, status, desc)]
-            return [PutDone(ioid, status)]
+            return self._put_reply(r)
         if cmd == CMD_MESSAGE:
-            ioid, level = r.unpack("I"), r.u8()
-            return [ServerMessage(ioid, level, r.string())]
+            ioid, level = int(r.unpack("I")), r.u8()
+            size = r.size(allow_null=True)
+            text = r.take(size)[:MAX_TEXT_BYTES].decode("utf-8", "replace")
+            return [ServerMessage(ioid, level, text, size)]
         return []  # anything else (beacons, an ACL change...) says nothing to a put
+
+    def _put_reply(self, r: Reader) -> list[Event]:
+        ioid, subcmd = int(r.unpack("I")), r.u8()
+        op = self._operations.get(ioid)
+        init = bool(subcmd & SUBCMD_INIT)
+        if op is None or op.state != (_INITIALIZING if init else _PUTTING):
+            return self._drop()  # its type, if any, is never read
+        status = r.status()
+        if not init:
+            op.state = _IDLE
+            return [PutDone(ioid, status)]
+        desc = r.type_desc(self._cache) if status.ok else None
+        if desc is not None and desc.code == STRUCT:
+            op.state, op.desc = _IDLE, desc
+        else:  # refused, or nothing a PUT can write into: the operation is over
+            del self._operations[ioid]
+        return [PutInitialized(ioid, status, desc)]
+
+    def _drop(self) -> list[Event]:
+        self.dropped += 1
+        return []
 
     def _validate(self, r: Reader) -> None:
         if self.state != AWAIT_VALIDATION:
@@ -564,9 +751,8 @@ class ClientProtocol:
         methods = [r.string() for _ in range(r.size())]
         if "ca" not in methods:
             # Going on anonymous would write as nobody, or as a name the IOC did not hear.
-            raise RemoteProtocolError(
-                f"the server offers no 'ca' authentication (only {', '.join(methods) or 'none'})"
-            )
+            shown = ", ".join(m[:40] for m in methods[:10]) or "none"
+            raise RemoteProtocolError(f"the server offers no 'ca' authentication (only {shown})")
         w = Writer(self.big_endian)
         w.pack("IHH", 0x10000, 0x7FFF, 0)  # receive buffer, registry size, QoS: as pvxs sends
         w.string("ca")
@@ -580,6 +766,11 @@ class ClientProtocol:
         out = bytes(self.outgoing)
         self.outgoing.clear()
         return out
+
+    def take_dropped(self) -> int:
+        """Replies dropped since the last call."""
+        n, self.dropped = self.dropped, 0
+        return n
 
 
 # -- name search (UDP) ---------------------------------------------------------------------------
