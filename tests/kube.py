@@ -1,10 +1,10 @@
 """k8s/ played by podman on one machine: `make kube` (`python -m tests.kube`), and the harness of
 tests/test_container.py.
 
-`podman kube play` runs Deployments, ConfigMaps and Secrets, and ignores Services, HPAs and
-PDBs; without systemd it runs no probes. So the manifests are rendered as `kubectl apply -k`
-does (kustomize) and a copy is adapted to what one podman host can express, while k8s/ stays
-what a cluster needs:
+`podman kube play` runs Deployments, ConfigMaps and Secrets, and ignores Services, HPAs, PDBs
+and Ingresses; without systemd it runs no probes. So the manifests are rendered as `kubectl
+apply -k` does (kustomize) and a copy is adapted to what one podman host can express, while k8s/
+stays what a cluster needs:
 
 - each replica is its own one-replica Deployment (`pvwire-<run>-rN`) on the host network (the
   IOCs are on the host's loopback; nothing else is reached), listening on 127.0.0.1 and a port
@@ -51,7 +51,7 @@ KUSTOMIZE = ROOT / ".tools" / "kustomize"
 CONTAINERS_CONF = ROOT / "scripts" / "containers.conf"
 IMAGE = "pvwire:0.1.0"
 # What podman kube play leaves out of a rendered k8s/: the test and `make kube` stand in for them.
-NOT_PLAYED = {"Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+NOT_PLAYED = {"Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Ingress"}
 
 __all__ = [
     "Container",

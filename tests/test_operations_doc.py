@@ -28,6 +28,7 @@ OTHER_TOOLS = {"--example-config": "pvagw", "--network": "docker", "--now": "sys
 OTHER_TOOLS |= {"--no-deps": "pip", "--no-build-isolation": "pip"}
 OTHER_TOOLS |= {"--strict": "kubernetes-validate"}
 OTHER_TOOLS |= {"--build-arg": "docker", "--from-literal": "kubectl"}
+OTHER_TOOLS |= {"--cert": "kubectl", "--key": "kubectl"}
 
 
 FLAG = r"(?<![\w-])--[a-z][a-z-]*"
