@@ -48,6 +48,8 @@ from tests.stream_client import RawStream
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / ".tools" / "kustomize"
+HELM = ROOT / ".tools" / "helm"
+CHART = ROOT / "charts" / "pvwire"
 CONTAINERS_CONF = ROOT / "scripts" / "containers.conf"
 IMAGE = "pvwire:0.1.0"
 # What podman kube play leaves out of a rendered k8s/: the test and `make kube` stand in for them.
@@ -60,6 +62,7 @@ __all__ = [
     "graphql",
     "podman",
     "render",
+    "render_chart",
     "token_travels",
     "wait_http",
 ]
@@ -80,6 +83,17 @@ def render(path: Path = ROOT / "k8s") -> list[dict[str, Any]]:
     )
     if out.returncode != 0:
         raise RuntimeError(f"kustomize build {path}: {out.stderr}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def render_chart(*args: str, release: str = "pvwire") -> list[dict[str, Any]]:
+    """charts/pvwire/ as `helm install RELEASE charts/pvwire ARGS...` sends it (`make helm`)."""
+    out = subprocess.run(
+        [str(HELM), "template", release, str(CHART), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"helm template {CHART} {' '.join(args)}: {out.stderr}")
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
