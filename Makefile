@@ -38,7 +38,7 @@ export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopbac
 .PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext sanitize node chromium haproxy keycloak graphiql clean runtime-lock coniql
 .PHONY: unit matrix
 .PHONY: podman image kustomize kube
-.PHONY: helm
+.PHONY: helm kube-chart
 
 # pvwire itself is installed without an isolated build environment: its build needs the EPICS
 # wheels (setup.py), which the lock has just installed. Editable: `make ext` compiles in place.
@@ -143,6 +143,10 @@ $(HELM):
 # Secret, haproxy standing in for the Service; runs until Ctrl-C (tests/kube.py).
 kube: venv image kustomize haproxy
 	$(PY) -m tests.kube
+
+# The same with charts/pvwire/ rendered by helm (its default values) instead of k8s/.
+kube-chart: venv image helm haproxy
+	$(PY) -m tests.kube --chart
 
 # The identity provider of the sign-in tests (tests/keycloak.py starts it): Keycloak's
 # distribution from Maven Central, fetched by Maven and unpacked under .cache/, run by Debian's

@@ -1,5 +1,5 @@
 """k8s/ played by podman on one machine: `make kube` (`python -m tests.kube`), and the harness of
-tests/test_container.py.
+tests/test_container.py; charts/pvwire/ rendered by helm the same way (`make kube-chart`).
 
 `podman kube play` runs Deployments, ConfigMaps and Secrets, and ignores Services, HPAs, PDBs
 and Ingresses; without systemd it runs no probes. So the manifests are rendered as `kubectl
@@ -213,6 +213,14 @@ class Rollout:
         return new
 
     @property
+    def count(self) -> int:
+        """The replicas a cluster starts: the Deployment's, or where an HPA owns the count (the
+        chart then leaves `replicas` out, so that an upgrade does not reset it) its minimum."""
+        if "replicas" in self.deployment["spec"]:
+            return int(self.deployment["spec"]["replicas"])
+        return int(one(self.docs, "HorizontalPodAutoscaler")["spec"]["minReplicas"])
+
+    @property
     def grace(self) -> int:
         return int(self.deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
 
@@ -322,14 +330,15 @@ def demo_ioc() -> Iterator[dict[str, str]]:
 
 
 def main() -> int:
-    """`make kube`: the demo IOC, k8s/ played as two replicas, haproxy in front; until Ctrl-C."""
-    docs = render()
+    """`make kube`: the demo IOC, k8s/ played as two replicas, haproxy in front; until Ctrl-C.
+    `--chart` (`make kube-chart`): charts/pvwire/ with its default values instead of k8s/."""
+    docs = render_chart() if "--chart" in sys.argv[1:] else render()
     with demo_ioc() as epics_env:
         rollout = Rollout(docs, epics_env)
         proxy: Haproxy | None = None
         try:
             rollout.create_secret()
-            replicas = [rollout.add() for _ in range(int(rollout.deployment["spec"]["replicas"]))]
+            replicas = [rollout.add() for _ in range(rollout.count)]
             counter = "ca://PVWIRE:DEMO:COUNTER"
             for r in replicas:
                 r.wait_ready(120)
