@@ -39,6 +39,7 @@ export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopbac
 .PHONY: nginx
 .PHONY: unit matrix
 .PHONY: podman image kustomize kube
+.PHONY: helm kube-chart
 
 # pvwire itself is installed without an isolated build environment: its build needs the EPICS
 # wheels (setup.py), which the lock has just installed. Editable: `make ext` compiles in place.
@@ -136,10 +137,21 @@ kustomize: $(KUSTOMIZE)
 $(KUSTOMIZE):
 	GOBIN=$(abspath .tools) go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0
 
+# helm lints and renders charts/pvwire/ in the tests, built once from the Go module proxy the
+# same way (~4 min).
+HELM := .tools/helm
+helm: $(HELM)
+$(HELM):
+	GOBIN=$(abspath .tools) go install helm.sh/helm/v4/cmd/helm@v4.3.2
+
 # k8s/ played by podman on this machine: a demo IOC, two replicas from the Deployment and the
 # Secret, haproxy standing in for the Service; runs until Ctrl-C (tests/kube.py).
 kube: venv image kustomize haproxy
 	$(PY) -m tests.kube
+
+# The same with charts/pvwire/ rendered by helm (its default values) instead of k8s/.
+kube-chart: venv image helm haproxy
+	$(PY) -m tests.kube --chart
 
 # The identity provider of the sign-in tests (tests/keycloak.py starts it): Keycloak's
 # distribution from Maven Central, fetched by Maven and unpacked under .cache/, run by Debian's
@@ -179,7 +191,7 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv ext tsbuild graphiql chromium haproxy nginx coniql podman kustomize keycloak
+pytest: venv ext tsbuild graphiql chromium haproxy nginx coniql podman kustomize helm keycloak
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
 tstest: venv ext node tsbuild graphiql chromium keycloak

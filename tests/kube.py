@@ -1,10 +1,10 @@
 """k8s/ played by podman on one machine: `make kube` (`python -m tests.kube`), and the harness of
-tests/test_container.py.
+tests/test_container.py; charts/pvwire/ rendered by helm the same way (`make kube-chart`).
 
-`podman kube play` runs Deployments, ConfigMaps and Secrets, and ignores Services, HPAs and
-PDBs; without systemd it runs no probes. So the manifests are rendered as `kubectl apply -k`
-does (kustomize) and a copy is adapted to what one podman host can express, while k8s/ stays
-what a cluster needs:
+`podman kube play` runs Deployments, ConfigMaps and Secrets, and ignores Services, HPAs, PDBs
+and Ingresses; without systemd it runs no probes. So the manifests are rendered as `kubectl
+apply -k` does (kustomize) and a copy is adapted to what one podman host can express, while k8s/
+stays what a cluster needs:
 
 - each replica is its own one-replica Deployment (`pvwire-<run>-rN`) on the host network (the
   IOCs are on the host's loopback; nothing else is reached), listening on 127.0.0.1 and a port
@@ -48,10 +48,12 @@ from tests.stream_client import RawStream
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / ".tools" / "kustomize"
+HELM = ROOT / ".tools" / "helm"
+CHART = ROOT / "charts" / "pvwire"
 CONTAINERS_CONF = ROOT / "scripts" / "containers.conf"
 IMAGE = "pvwire:0.1.0"
 # What podman kube play leaves out of a rendered k8s/: the test and `make kube` stand in for them.
-NOT_PLAYED = {"Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+NOT_PLAYED = {"Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Ingress"}
 
 __all__ = [
     "Container",
@@ -60,6 +62,7 @@ __all__ = [
     "graphql",
     "podman",
     "render",
+    "render_chart",
     "token_travels",
     "wait_http",
 ]
@@ -80,6 +83,17 @@ def render(path: Path = ROOT / "k8s") -> list[dict[str, Any]]:
     )
     if out.returncode != 0:
         raise RuntimeError(f"kustomize build {path}: {out.stderr}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def render_chart(*args: str, release: str = "pvwire") -> list[dict[str, Any]]:
+    """charts/pvwire/ as `helm install RELEASE charts/pvwire ARGS...` sends it (`make helm`)."""
+    out = subprocess.run(
+        [str(HELM), "template", release, str(CHART), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"helm template {CHART} {' '.join(args)}: {out.stderr}")
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
@@ -199,6 +213,14 @@ class Rollout:
         return new
 
     @property
+    def count(self) -> int:
+        """The replicas a cluster starts: the Deployment's, or where an HPA owns the count (the
+        chart then leaves `replicas` out, so that an upgrade does not reset it) its minimum."""
+        if "replicas" in self.deployment["spec"]:
+            return int(self.deployment["spec"]["replicas"])
+        return int(one(self.docs, "HorizontalPodAutoscaler")["spec"]["minReplicas"])
+
+    @property
     def grace(self) -> int:
         return int(self.deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"])
 
@@ -308,14 +330,15 @@ def demo_ioc() -> Iterator[dict[str, str]]:
 
 
 def main() -> int:
-    """`make kube`: the demo IOC, k8s/ played as two replicas, haproxy in front; until Ctrl-C."""
-    docs = render()
+    """`make kube`: the demo IOC, k8s/ played as two replicas, haproxy in front; until Ctrl-C.
+    `--chart` (`make kube-chart`): charts/pvwire/ with its default values instead of k8s/."""
+    docs = render_chart() if "--chart" in sys.argv[1:] else render()
     with demo_ioc() as epics_env:
         rollout = Rollout(docs, epics_env)
         proxy: Haproxy | None = None
         try:
             rollout.create_secret()
-            replicas = [rollout.add() for _ in range(int(rollout.deployment["spec"]["replicas"]))]
+            replicas = [rollout.add() for _ in range(rollout.count)]
             counter = "ca://PVWIRE:DEMO:COUNTER"
             for r in replicas:
                 r.wait_ready(120)

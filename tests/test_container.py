@@ -20,9 +20,10 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pvwire_client import Client
@@ -38,6 +39,7 @@ from tests.kube import (
     graphql,
     podman,
     render,
+    render_chart,
     token_travels,
 )
 from tests.replicas import CounterFollower, Haproxy
@@ -50,14 +52,17 @@ COUNTER = "ca://PVW:COUNTER"  # tests/dbs/test.db: +1 every 0.1 s
 LOAD = ["sim://counter/load?rate=200", "sim://sine/load?rate=100", "sim://waveform?rate=20"]
 BOUND = 120.0  # generous: a loaded 2-core machine, containers starting
 KEY = "container-test-key"
+# What k8s/ and the chart hold that podman does not play (tests/kube.py stands in for them).
+NOT_PLAYED = ["HorizontalPodAutoscaler", "Ingress", "PodDisruptionBudget", "Service"]
 
 
 @pytest.fixture(scope="session")
 def image() -> str:
-    """`make image`, as an operator runs it (and kustomize, for the manifests)."""
+    """`make image`, as an operator runs it (and kustomize and helm, for the manifests)."""
     p = subprocess.run(
-        ["make", "-s", "image", "kustomize"], cwd=ROOT, capture_output=True, text=True, timeout=1800
-    )
+        ["make", "-s", "image", "kustomize", "helm"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-4000:]
     print(*[line for line in p.stderr.splitlines() if " image: " in line], sep="\n")
     return IMAGE
@@ -96,6 +101,17 @@ def fetch(url: str, accept: str = "*/*") -> bytes:
         assert r.status == 200, url
         body: bytes = r.read()
         return body
+
+
+async def counted(client: Client, channel: str, n: int) -> list[float]:
+    """The first `n` values of a counter channel as the client's monitor gives them."""
+    seen: list[float] = []
+    async for u in client.monitor([channel]):
+        if u.channel.state == CONNECTED and u.channel.value is not None:
+            seen.append(float(u.channel.value))
+        if len(seen) == n:
+            break
+    return seen
 
 
 def test_image_runs_as_the_deployment_says(
@@ -140,12 +156,7 @@ async def test_image_serves_a_real_ioc_page_and_graphiql(container: Container) -
             await client.put("ca://PVW:STR", old, wait=True)
         # A stream of counters, over CA and over PVA (the compiled module's monitors).
         for channel in (COUNTER, "pva://PVW:COUNTER"):
-            seen: list[float] = []
-            async for u in client.monitor([channel]):
-                if u.channel.state == CONNECTED and u.channel.value is not None:
-                    seen.append(float(u.channel.value))
-                if len(seen) == 5:
-                    break
+            seen = await counted(client, channel, 5)
             assert seen == sorted(seen) and seen[-1] > seen[0], (channel, seen)
     page = fetch(f"{container.url}/").decode()
     assert "<title>pvwire demo</title>" in page
@@ -288,18 +299,24 @@ class TsFollower:
             return self.proc.stderr.read()
 
 
+@contextlib.contextmanager
+def played(docs: Sequence[dict[str, Any]], ioc_env: dict[str, str]) -> Iterator[Rollout]:
+    rollout = Rollout(docs, ioc_env)
+    try:
+        rollout.create_secret()
+        yield rollout
+    finally:
+        rollout.down()
+
+
 @pytest.fixture
 def rollout(image: str, ioc_env: dict[str, str]) -> Iterator[Rollout]:
-    played = Rollout(render(), ioc_env)
-    try:
-        played.create_secret()
-        yield played
-    finally:
-        played.down()
+    with played(render(), ioc_env) as made:
+        yield made
 
 
 def test_manifests_play_ready_with_one_key_and_the_ioc(rollout: Rollout) -> None:
-    assert rollout.ignored == ["HorizontalPodAutoscaler", "PodDisruptionBudget", "Service"]
+    assert rollout.ignored == NOT_PLAYED
     replicas = [rollout.add() for _ in range(rollout.deployment["spec"]["replicas"])]
     assert len(replicas) == 2
     for r in replicas:
@@ -367,3 +384,29 @@ async def test_replicas_replaced_under_load_clients_stream_on(
         errors = node.stop()
         proxy.stop()
     assert not errors.strip(), errors
+
+
+async def test_chart_plays_ready_and_serves_the_ioc(image: str, ioc_env: dict[str, str]) -> None:
+    """charts/pvwire/ with its default values, rendered by helm and played as `make kube-chart`
+    plays it: the replicas the cluster starts (the HPA's minimum), each with the ConfigMap's
+    settings, the chart's own variables and the Secret's key, a Python client reading the IOC
+    through each, and a token of one attached on the other."""
+    with played(render_chart(), ioc_env) as rollout:
+        assert rollout.ignored == NOT_PLAYED
+        replicas = [rollout.add() for _ in range(rollout.count)]
+        assert len(replicas) == 2
+        for r in replicas:
+            await asyncio.to_thread(r.wait_ready, BOUND)
+            assert r.env("PVWIRE_TOKEN_KEY") == rollout.token_key  # from the Secret
+            assert r.env("PVWIRE_DEFAULT_SCHEME") == "ca"  # from the ConfigMap
+            assert r.env("EPICS_CA_ADDR_LIST") == ioc_env["EPICS_CA_ADDR_LIST"]
+            assert r.env("PVWIRE_DRAIN_WINDOW_S") == "20"  # the chart's own, beside the Secret
+            inspect = json.loads(podman("inspect", r.container))[0]
+            assert inspect["HostConfig"]["ReadonlyRootfs"] is True
+            assert inspect["Config"]["User"].split(":")[0] == "10001"
+            async with Client(r.url) as client:
+                assert (await client.get("ca://PVW:AO")).metadata["units"] == "mm"
+                seen = await counted(client, COUNTER, 3)
+                assert seen == sorted(seen) and seen[-1] > seen[0], (r.pod, seen)
+        a, b = replicas
+        assert await token_travels(a.url, b.url, COUNTER) == (COUNTER,)

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from pvwire import limits
+from pvwire.app import create_app
 from pvwire.config import Settings
+from pvwire.upstream.loc import LocBackend
+from starlette.routing import Match, Mount
 
 ROOT = Path(__file__).resolve().parent.parent / "k8s"
 K8S = ROOT / "base"
@@ -161,3 +165,54 @@ def test_kustomize_builds_valid_kubernetes(path: Path, tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def routed(path: str, kind: str) -> bool:
+    """Whether a route of the server as assembled, not the page (mounted last, it answers every
+    other path), answers a GET or a WebSocket (`kind`) at `path`; no socket opened."""
+    app = create_app(Settings(), backends={"loc": LocBackend()})
+    *routes, page = app.router.routes
+    assert isinstance(page, Mount) and page.path == ""
+    scope = {"type": kind, "path": path, "root_path": "", "method": "GET", "headers": []}
+    return any(r.matches(scope)[0] is Match.FULL for r in routes)
+
+
+def ingress_backends(ingress: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(host, path, pathType, service:port name) of each of the Ingress' paths."""
+    return [
+        (rule["host"], p["path"], p["pathType"],
+         f"{p['backend']['service']['name']}:{p['backend']['service']['port']['name']}")
+        for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]
+    ]  # fmt: skip
+
+
+def test_ingress_reaches_every_path_over_tls() -> None:
+    main, stream = load("ingress.yaml"), load("ingress-stream.yaml")
+    service = load("service.yaml")
+    (port,) = service["spec"]["ports"]
+    backend = f"{service['metadata']['name']}:{port['name']}"
+    # `/` is every path: the page answers whatever the other routes leave (app.py mounts it last).
+    assert ingress_backends(main) == [("pvwire.example.org", "/", "Prefix", backend)]
+    assert {b[3] for b in ingress_backends(stream)} == {backend}
+    for ingress in (main, stream):  # one host, one certificate: the controller merges them
+        assert ingress["spec"]["ingressClassName"] == "nginx"
+        (tls,) = ingress["spec"]["tls"]
+        assert tls == {"hosts": ["pvwire.example.org"], "secretName": "pvwire-tls"}
+    # pvwire's own bound on a body is the one that answers (413 from it, not nginx's 1m).
+    size = main["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]
+    assert size.endswith("m") and int(size[:-1]) * 2**20 == limits.default("max_request_bytes")
+
+
+def test_ingress_streams_the_long_lived_paths_unbuffered() -> None:
+    stream = load("ingress-stream.yaml")
+    paths = {path: kind for _, path, kind, _ in ingress_backends(stream)}
+    # The WebSockets by their exact paths (/pvws/pvget and the others stay with `/`), MJPEG by
+    # its prefix: each one a route of the server.
+    assert paths == {"/stream": "Exact", "/pvws/pv": "Exact", "/mjpeg": "Prefix"}
+    assert routed("/stream", "websocket") and routed("/pvws/pv", "websocket")
+    assert routed("/mjpeg/BL1:CAM1:Image1:Pva", "http") and not routed("/mjpeg", "http")
+    notes = stream["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    quiet = max(limits.default("heartbeat_s"), limits.default("ws_ping_interval_s"))
+    for timeout in ("proxy-read-timeout", "proxy-send-timeout"):
+        assert int(notes[f"nginx.ingress.kubernetes.io/{timeout}"]) > 2 * quiet
