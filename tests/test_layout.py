@@ -13,10 +13,12 @@ import pvwire
 PACKAGE = Path(pvwire.__file__).parent
 # pvws's modules that sit above the hub, as api/ does; the rest of pvws/ is I/O-free, as wire/ is.
 PVWS_ENDPOINT = {"endpoint.py", "scripts.py", "wsprotocol.py"}
-# Everything above core/: the API, the ASGI application that wires it, and the command line.
+# Everything above core/: the API, the status PVs, the ASGI application that wires them, and
+# the command line.
 OUTSIDE_CORE = [
     *sorted((PACKAGE / "api").glob("*.py")),
     *sorted(PACKAGE / "pvws" / name for name in PVWS_ENDPOINT),
+    *sorted((PACKAGE / "status").glob("*.py")),
     PACKAGE / "app.py",
     PACKAGE / "cli.py",
 ]
@@ -27,10 +29,12 @@ HUB_PARTS = {"registry", "control", "signer", "rules", "ticker", "audit", "sessi
 ABOVE = {
     "api": {"upstream"},  # the API reaches the backends through the hub
     "pvws": {"upstream"},  # an endpoint, as api/ is
-    "core": {"api", "app", "cli", "pvws"},
-    "upstream": {"api", "app", "cli", "core", "pvws", "wire"},
-    "wire": {"api", "app", "cli", "core", "pvws", "upstream"},
-    "model": {"api", "app", "cli", "core", "pvws", "upstream", "wire"},
+    # The status PVs read the hub's snapshots as /metrics does; the application wires them.
+    "status": {"api", "app", "cli", "pvws", "upstream"},
+    "core": {"api", "app", "cli", "pvws", "status"},
+    "upstream": {"api", "app", "cli", "core", "pvws", "status", "wire"},
+    "wire": {"api", "app", "cli", "core", "pvws", "status", "upstream"},
+    "model": {"api", "app", "cli", "core", "pvws", "status", "upstream", "wire"},
 }
 
 

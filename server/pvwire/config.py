@@ -104,6 +104,8 @@ class Settings:
     history_channels: list[str] = field(default_factory=list)
     # CONNECTING this long with no server answering: NOT_FOUND.
     not_found_s: float = number("not_found_s")
+    # The server's own figures as PVA PVs named PREFIX + clients, ... (status/); empty: none.
+    status_prefix: str = ""
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs
     log_level: str = "info"

@@ -237,6 +237,11 @@ LIMITS: tuple[Limit, ...] = (
           "clients (addresses; users for puts) whose refusals are written to the audit file "
           "each under its own flood bound",
           "the least recently refused is forgotten; its lines left out still summarised"),
+    # --- the status PVs (status/, `--status-prefix`) ---
+    Limit("status_period_s", 1.0, "s", "between two readings of the status PVs' figures",
+          "they are read again; a PV is posted when its value or alarm changed"),
+    Limit("status_window_s", 10.0, "s",
+          "the span of the status PVs' rates and `tickP99`", "older readings are forgotten"),
     # --- HTTP request bodies (api/body_limit.py) ---
     # 4 MiB: a `putMany` of `max_graphql_elements` float64 in their longest JSON form (~25
     # bytes each, 2.5 MB) with room for the query; a GraphQL query itself needs a few KiB.
