@@ -36,6 +36,7 @@ include server/pvwire/epics-loopback.env
 export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopback.env)
 
 .PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext sanitize node chromium haproxy keycloak graphiql clean runtime-lock coniql
+.PHONY: prometheus
 .PHONY: unit matrix
 .PHONY: podman image kustomize kube
 
@@ -109,6 +110,12 @@ chromium:
 haproxy:
 	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; }
 
+# The Prometheus that scrapes the real server in the dashboard's tests (docs/grafana/pvwire.json):
+# Debian's package, without its recommended node exporter. The tests start their own on loopback
+# ports; the package's service (started by systemd where it runs) is not used.
+prometheus:
+	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends prometheus >/dev/null; }
+
 # The container engine for `make image` and `make kube`: Debian's podman, with runc and iptables
 # (crun refuses this machine's cgroups; netavark needs iptables) and debootstrap for the base
 # images when the public ones cannot be pulled. Its settings: scripts/containers.conf.
@@ -174,7 +181,7 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv ext tsbuild graphiql chromium haproxy coniql podman kustomize keycloak
+pytest: venv ext tsbuild graphiql chromium haproxy prometheus coniql podman kustomize keycloak
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
 tstest: venv ext node tsbuild graphiql chromium keycloak

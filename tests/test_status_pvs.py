@@ -26,7 +26,7 @@ from pvwire_client import Client
 from pvwire_dev.ioc import free_port
 
 from tests.eventually import eventually, eventually_async
-from tests.server_process import ServerProcess, server_args_for_tests
+from tests.server_process import ServerProcess, refuse_bearer_tokens, server_args_for_tests
 
 PREFIX = "PVWT:STS:"
 TABLE = {pv.name: pv for pv in status_pvs(20.0)}  # the tests' servers tick every 20 ms
@@ -199,15 +199,7 @@ async def test_refusals_raise_the_alarm_and_it_clears(
     refusals = Monitor(pva, PREFIX + "refusalsPerSec")
     try:
         await eventually_async(refusals.last, refusals.what)
-        for _ in range(30):
-            request = urllib.request.Request(
-                f"{status_server.url}/graphql",
-                data=b'{"query": "{ search(pattern: \\"x\\") }"}',
-                headers={"Content-Type": "application/json", "Authorization": "Bearer x.y.z"},
-            )
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                await asyncio.to_thread(urllib.request.urlopen, request, timeout=30)
-            refused.value.close()
+        await asyncio.to_thread(refuse_bearer_tokens, status_server, 30)
         raised = await eventually_async(
             lambda: next((u for u in refusals.updates if u.alarm.severity == 1), None),
             refusals.what,

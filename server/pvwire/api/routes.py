@@ -41,7 +41,11 @@ def probes(hub: Hub, worker: WorkerIdentity, mjpeg_stats: Callable[[], MjpegStat
     @router.get("/metrics")
     async def metrics() -> PlainTextResponse:
         text = render_metrics(hub.snapshot(detail=False), worker, mjpeg_stats())
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        # Prometheus keeps its connection to a target open, so under --workers N every scrape
+        # reached the worker that accepted the first one and the others were never seen:
+        # closed after each answer, the next scrape goes to whichever worker the kernel picks.
+        headers = {"Connection": "close"} if worker.workers > 1 else None
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4", headers=headers)
 
     return router
 
