@@ -170,3 +170,24 @@ def test_a_failure_to_post_is_logged_once(caplog: pytest.LogCaptureFixture) -> N
         server.post()  # once a period: the first failure is logged, the next ones not
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "no snapshot" in errors[0].getMessage()
+
+
+def test_the_guide_lists_every_status_pv_with_its_type_units_and_alarm_limits() -> None:
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "OPERATIONS.md").read_text()
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in guide.splitlines()
+        if line.startswith("| `PREFIX")
+    ]
+    kinds = {"d": "double", "i": "int", "s": "string"}
+
+    def limits(alarm: Alarm | None) -> str:
+        if alarm is None:
+            return ""
+        named = ((alarm.high_warning, "MINOR (HIGH) from"), (alarm.high_alarm, "MAJOR (HIHI) from"),
+                 (alarm.low_alarm, "MAJOR (LOLO) at"))  # fmt: skip
+        return ", ".join(f"{what} {limit:g}" for limit, what in named if not math.isnan(limit))
+
+    expected = [(pv.name, kinds[pv.code], pv.units, pv.description, limits(pv.alarm))
+                for pv in status_pvs(20.0)]  # fmt: skip
+    assert [(row[0].strip("`").removeprefix("PREFIX"), *row[1:]) for row in rows] == expected
