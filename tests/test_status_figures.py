@@ -16,8 +16,8 @@ from pvwire.config import Settings
 from pvwire.core.hub import Hub
 from pvwire.core.stats import HubSnapshot
 from pvwire.core.tick import TICK_BUCKETS_MS
+from pvwire.model import Severity
 from pvwire.status import Alarm, StatusServer, Window, claim_slot, quantile, status_pvs
-from pvwire.status.pvs import MAJOR, MINOR
 
 from .hub_doubles import Client, FakeBackend, attach
 
@@ -127,11 +127,11 @@ def test_alarms_are_raised_at_their_limits_as_an_ai_record_raises_them() -> None
     lag, tick, ready = (by_name[n].alarm for n in ("loopLag", "tickP99", "ready"))
     assert lag is not None and tick is not None and ready is not None
     assert [lag.check(v) for v in (0.5, 1.0, 4.9, 5.0)] == [
-        (0, ""), (MINOR, "HIGH"), (MINOR, "HIGH"), (MAJOR, "HIHI")
+        (0, ""), (Severity.MINOR, "HIGH"), (Severity.MINOR, "HIGH"), (Severity.MAJOR, "HIHI")
     ]  # fmt: skip
-    assert tick.check(19.9) == (0, "") and tick.check(20.0) == (MINOR, "HIGH")
-    assert tick.check(100.0) == (MAJOR, "HIHI")
-    assert ready.check(1) == (0, "") and ready.check(0) == (MAJOR, "LOLO")
+    assert tick.check(19.9) == (0, "") and tick.check(20.0) == (Severity.MINOR, "HIGH")
+    assert tick.check(100.0) == (Severity.MAJOR, "HIHI")
+    assert ready.check(1) == (0, "") and ready.check(0) == (Severity.MAJOR, "LOLO")
     assert Alarm().check(math.inf) == (0, "")  # no limit set: nothing raised
     # A longer tick interval moves the tick's limits with it.
     slow = {pv.name: pv for pv in status_pvs(100.0)}["tickP99"].alarm

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..limits import number
+from ..model import Severity, alarm_status_name
 
-__all__ = ["MAJOR", "MINOR", "Alarm", "StatusPv", "status_pvs"]
+__all__ = ["Alarm", "StatusPv", "status_pvs"]
 
-NO_ALARM, MINOR, MAJOR = 0, 1, 2
+# The limit alarms' statuses, by their menuAlarmStat numbers (model.py names them).
+_HIHI, _HIGH, _LOLO = (alarm_status_name(n) for n in (3, 4, 5))
 _NONE = math.nan  # a limit that raises nothing (QSRV sends NaN for an unset one too)
 
 
@@ -27,12 +29,12 @@ class Alarm:
         """(severity, status name) of `value`, in the order an ai record checks them (HIHI,
         LOLO, HIGH); a NaN limit compares false, so it raises nothing."""
         if value >= self.high_alarm:
-            return MAJOR, "HIHI"
+            return Severity.MAJOR, _HIHI
         if value <= self.low_alarm:
-            return MAJOR, "LOLO"
+            return Severity.MAJOR, _LOLO
         if value >= self.high_warning:
-            return MINOR, "HIGH"
-        return NO_ALARM, ""
+            return Severity.MINOR, _HIGH
+        return Severity.NO_ALARM, ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,9 @@ from typing import Any
 from .. import __version__
 from ..core.stats import HubSnapshot
 from ..limits import number
+from ..model import Severity
 from .figures import Window
-from .pvs import MAJOR, MINOR, Alarm, StatusPv, status_pvs
+from .pvs import Alarm, StatusPv, status_pvs
 
 __all__ = ["StatusServer", "claim_slot"]
 
@@ -206,10 +207,10 @@ def _initial(pv: StatusPv, value: object) -> dict[str, Any]:
             "lowWarningLimit": _limit(math.nan, pv),
             "highWarningLimit": _limit(a.high_warning, pv),
             "highAlarmLimit": _limit(a.high_alarm, pv),
-            "lowAlarmSeverity": 0 if math.isnan(a.low_alarm) else MAJOR,
+            "lowAlarmSeverity": 0 if math.isnan(a.low_alarm) else Severity.MAJOR,
             "lowWarningSeverity": 0,
-            "highWarningSeverity": 0 if math.isnan(a.high_warning) else MINOR,
-            "highAlarmSeverity": 0 if math.isnan(a.high_alarm) else MAJOR,
+            "highWarningSeverity": 0 if math.isnan(a.high_warning) else Severity.MINOR,
+            "highAlarmSeverity": 0 if math.isnan(a.high_alarm) else Severity.MAJOR,
         }
     return initial
 
