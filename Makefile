@@ -37,6 +37,7 @@ export $(shell sed -n 's/^\(EPICS_[A-Z_]*\)=.*/\1/p' server/pvwire/epics-loopbac
 
 .PHONY: run test bench lint typecheck pytest tsbuild tstest venv ext sanitize node chromium haproxy keycloak graphiql clean runtime-lock coniql
 .PHONY: nginx
+.PHONY: prometheus
 .PHONY: unit matrix
 .PHONY: podman image kustomize kube
 .PHONY: helm kube-chart
@@ -114,6 +115,11 @@ haproxy:
 # The other TLS-terminating proxy of the proxy tests (tests/proxies.py): Debian's nginx.
 nginx:
 	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
+# The Prometheus that scrapes the real server in the dashboard's tests (docs/grafana/pvwire.json):
+# Debian's package, without its recommended node exporter. The tests start their own on loopback
+# ports; the package's service (started by systemd where it runs) is not used.
+prometheus:
+	@command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends prometheus >/dev/null; }
 
 # The container engine for `make image` and `make kube`: Debian's podman, with runc and iptables
 # (crun refuses this machine's cgroups; netavark needs iptables) and debootstrap for the base
@@ -191,7 +197,7 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
-pytest: venv ext tsbuild graphiql chromium haproxy nginx coniql podman kustomize helm keycloak
+pytest: venv ext tsbuild graphiql chromium haproxy nginx prometheus coniql podman kustomize helm keycloak
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
 
 tstest: venv ext node tsbuild graphiql chromium keycloak
@@ -208,7 +214,7 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_fail
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
 	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \
 	ratelimit reconnect_storm refusals roundtrip \
-	session_hub stream_client tick tick_compiled tokens vectors)
+	session_hub status_figures stream_client tick tick_compiled tokens vectors)
 # The Archiver Appliance API's format, post-processors and bounds (aa/).
 UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
 unit: venv ext

@@ -22,7 +22,7 @@ import psutil
 from pvwire.loopback import apply_loopback_env
 from pvwire_dev.ioc import free_port
 
-__all__ = ["TEST_TOKEN_KEY", "ServerProcess", "listens", "stream_token"]
+__all__ = ["TEST_TOKEN_KEY", "ServerProcess", "listens", "refuse_bearer_tokens", "stream_token"]
 
 TEST_TOKEN_KEY = "test-key-not-secret"
 
@@ -184,6 +184,24 @@ def stream_token(server: ServerProcess, ids: Sequence[str], **options: object) -
     )
     assert "errors" not in doc, doc
     return str(doc["data"]["subscribe"]["token"])
+
+
+def refuse_bearer_tokens(server: ServerProcess, count: int) -> None:
+    """`count` GraphQL requests with a malformed bearer token: each one refused (401) and
+    counted among the server's refused authentications."""
+    for _ in range(count):
+        request = urllib.request.Request(
+            f"{server.url}/graphql",
+            data=b'{"query": "{ search(pattern: \\"x\\") }"}',
+            headers={"Content-Type": "application/json", "Authorization": "Bearer x.y.z"},
+        )
+        try:
+            urllib.request.urlopen(request, timeout=30).close()
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            assert exc.code == 401, exc.code
+        else:
+            raise AssertionError("a malformed bearer token was accepted")
 
 
 def server_args_for_tests(extra: Sequence[str] = ()) -> list[str]:

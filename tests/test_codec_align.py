@@ -184,6 +184,9 @@ class _Listener:
     def count_failure(self, what: str) -> None:
         raise AssertionError(what)
 
+    def count_dropped(self, n: int) -> None:
+        raise AssertionError(f"{n} dropped")
+
 
 def _tick(listener: _Listener, view: View) -> None:
     """What the hub's tick does for one view: hand the changes over, encode once."""

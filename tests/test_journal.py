@@ -192,6 +192,9 @@ class Listener:
     def count_failure(self, unit: str) -> None:
         self.failures.append(unit)
 
+    def count_dropped(self, n: int) -> None:
+        raise AssertionError(f"{n} dropped: no ALL mode view here")
+
     def tick(self) -> None:
         """What Ticker.tick does with the dirty channels before it sends them."""
         dirty, self.dirty = self.dirty, []

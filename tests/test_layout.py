@@ -16,11 +16,13 @@ PVWS_ENDPOINT = {"endpoint.py", "scripts.py", "wsprotocol.py"}
 # The Archiver Appliance API's modules above the hub; its PB format, times, post-processors and
 # bodies are I/O-free, below it.
 AA_ENDPOINT = {"endpoint.py", "source.py"}
-# Everything above core/: the API, the ASGI application that wires it, and the command line.
+# Everything above core/: the API, the status PVs, the ASGI application that wires them, and
+# the command line.
 OUTSIDE_CORE = [
     *sorted((PACKAGE / "api").glob("*.py")),
     *sorted(PACKAGE / "pvws" / name for name in PVWS_ENDPOINT),
     *sorted(PACKAGE / "aa" / name for name in AA_ENDPOINT),
+    *sorted((PACKAGE / "status").glob("*.py")),
     PACKAGE / "app.py",
     PACKAGE / "cli.py",
 ]
@@ -31,11 +33,13 @@ HUB_PARTS = {"registry", "control", "signer", "rules", "ticker", "audit", "sessi
 ABOVE = {
     "api": {"upstream"},  # the API reaches the backends through the hub
     "pvws": {"upstream"},  # an endpoint, as api/ is
-    "aa": {"upstream", "api", "pvws"},  # an endpoint beside them
-    "core": {"api", "app", "cli", "pvws"},
-    "upstream": {"aa", "api", "app", "cli", "core", "pvws", "wire"},
-    "wire": {"aa", "api", "app", "cli", "core", "pvws", "upstream"},
-    "model": {"aa", "api", "app", "cli", "core", "pvws", "upstream", "wire"},
+    "aa": {"upstream", "api", "pvws", "status"},  # an endpoint beside them
+    # The status PVs read the hub's snapshots as /metrics does; the application wires them.
+    "status": {"aa", "api", "app", "cli", "pvws", "upstream"},
+    "core": {"api", "app", "cli", "pvws", "status"},
+    "upstream": {"aa", "api", "app", "cli", "core", "pvws", "status", "wire"},
+    "wire": {"aa", "api", "app", "cli", "core", "pvws", "status", "upstream"},
+    "model": {"aa", "api", "app", "cli", "core", "pvws", "status", "upstream", "wire"},
 }
 
 

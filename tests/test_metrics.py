@@ -7,12 +7,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import pytest
 from pvwire.api.metrics import render_metrics
+from pvwire.core import view as view_module
+from pvwire.core.channel import ALL_MODE_LIMIT
 from pvwire.core.hub import Hub
 from pvwire.wire.codes import CLOSE_CODES
 from pvwire.worker import WorkerIdentity
 
-from .hub_doubles import Client, attach
+from .hub_doubles import Client, FakeBackend, attach
 
 SAMPLE = re.compile(r"^(pvwire_\w+)(?:\{(.*)\})? (\S+)$")
 
@@ -99,3 +102,39 @@ def test_what_pvas_own_client_refused_is_exported_by_reason(hub: Hub) -> None:
     got = samples(render_metrics(snap), "pvwire_peer_refusals_total")
     assert got == {f'scheme="pva",reason="{r}"': str(n) for r, n in counts.items()}
     assert "pvwire_peer_refusals_total" in render_metrics(hub.snapshot(detail=False))
+async def test_deliveries_count_each_channel_update_queued_for_each_client(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    a, b = Client(hub), Client(hub)
+    attach(a, hub, ["fake://x", "fake://y"])
+    attach(b, hub, ["fake://x"])
+    before = hub.snapshot(detail=False).deliveries
+    backend.update("x", 1.0)
+    backend.update("y", 2.0)
+    hub.ticker.tick()
+    assert hub.snapshot(detail=False).deliveries == before + 3  # a: x and y, b: x
+    hub.remove_session(a.session)  # a client that leaves keeps its share of the total
+    text = render_metrics(hub.snapshot(detail=False))
+    assert samples(text, "pvwire_deliveries_total") == {"": str(before + 3)}
+
+
+async def test_dropped_counts_all_mode_updates_past_either_bound(
+    hub: Hub, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attach(Client(hub), hub, ["fake://x"], mode="ALL")
+    # One channel: all_mode_per_channel updates kept between two ticks, the rest dropped.
+    for i in range(ALL_MODE_LIMIT + 5):
+        backend.update("x", float(i))
+    hub.ticker.tick()
+    assert hub.snapshot(detail=False).dropped == 5
+    # One subscription: entries kept between two of its DATA (here a maxRate of one per
+    # 1,000 s holds them), the oldest beyond all_mode_per_view (here 4) dropped.
+    monkeypatch.setattr(view_module, "ALL_PENDING_LIMIT", 4)
+    # `attach` ticks once: the view's first DATA (metadata, connection), the next 1,000 s away.
+    attach(Client(hub), hub, ["fake://y", "fake://z"], mode="ALL", max_rate=0.001)
+    for i in range(3):
+        backend.update("y", float(i))
+        backend.update("z", float(i))
+        hub.ticker.tick()
+    text = render_metrics(hub.snapshot(detail=False))
+    assert samples(text, "pvwire_dropped_total") == {"": str(5 + 6 - 4)}

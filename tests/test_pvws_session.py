@@ -415,3 +415,23 @@ def test_first_image_frames_are_paced_to_the_image_budget() -> None:
         s.housekeeping(clock.now)
         got += [json.loads(t)["pv"] for t in drain(s)]
     assert got == names[1:] and s.images_held == 0
+
+
+def test_every_update_queued_is_a_delivery_and_a_merged_one_is_not() -> None:
+    ch, encoder = FakeChannel(), PvwsEncoder()
+    s = session(ch, encoder)
+    s.receive('{"type":"subscribe","pvs":["x"]}')
+    drain(s)
+    assert s.deliveries == 1  # the first value
+    for v in range(3):
+        ch.set(float(v))
+        s.collect(1, object())
+        s.flush_tick()
+    assert s.deliveries == 4
+    behind = session(FakeChannel(value=np.arange(4, dtype=np.float64)), encoder, budget=10)
+    behind.receive('{"type":"subscribe","pvs":["w"]}')
+    for _ in range(3):
+        behind.collect(1, object())
+        behind.flush_tick()
+    drain(behind)  # the first value, then the catch-up with the latest state
+    assert behind.conflated == 2 and behind.deliveries == 2

@@ -23,11 +23,12 @@ from .api import stream
 from .api.body_limit import BodyLimit
 from .api.graphql_http import auth_refused, graphql_router, mount_graphiql_assets
 from .api.mjpeg import MjpegEndpoint
-from .api.routes import mount_page, pages, probes
+from .api.routes import mount_page, pages, probes, readiness
 from .config import Settings
 from .core.hub import Hub
 from .pvws.endpoint import PvwsEndpoint
 from .pvws.scripts import router as pvws_js_router
+from .status import StatusServer
 from .upstream.base import Backend
 from .wire.tokens import TokenSigner
 from .worker import WorkerIdentity
@@ -76,10 +77,20 @@ def create_app(
     hub = Hub(backends if backends is not None else make_backends(settings), settings, signer)
     authenticator = make_authenticator(settings, hub.refusals)
     mjpeg = MjpegEndpoint(hub, authenticator)
+    status = None
+    if settings.status_prefix:
+        # The figures `/metrics` reads, and the readiness `/readyz` answers.
+        status = StatusServer(
+            settings.status_prefix,
+            lambda: hub.snapshot(detail=False),
+            lambda: bool(readiness(hub)["ready"]),
+            settings.tick_ms,
+            workers,
+        )
     app = FastAPI(
         title="pvwire",
         version=__version__,
-        lifespan=lifespan(hub, authenticator, mjpeg),
+        lifespan=lifespan(hub, authenticator, mjpeg, status),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -113,14 +124,20 @@ def create_app(
 
 
 def lifespan(
-    hub: Hub, authenticator: Authenticator, mjpeg: MjpegEndpoint
+    hub: Hub,
+    authenticator: Authenticator,
+    mjpeg: MjpegEndpoint,
+    status: StatusServer | None = None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """Starts the hub, then the OIDC key follower; stops them in reverse, MJPEG's feeds between."""
+    """Starts the hub, then the OIDC key follower, then the status PVs; stops them in reverse,
+    MJPEG's feeds between."""
 
     @asynccontextmanager
     async def serving(app: FastAPI) -> AsyncIterator[None]:
         hub.start()
         await authenticator.start()  # the OIDC issuer's keys, if one is followed
+        if status is not None:
+            status.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # SIGHUP reads the access rules and the catalogue file again (both are also read
             # when their file changes). The one handler: the loop's replaces any set before.
@@ -134,6 +151,8 @@ def lifespan(
         try:
             yield
         finally:
+            if status is not None:
+                await status.stop()
             await authenticator.stop()  # and the summary of refusals left out, if any
             mjpeg.close()
             await hub.stop()

@@ -72,6 +72,7 @@ def _settings(args: argparse.Namespace) -> Any:
         "user_header": args.user_header,
         "groups_header": args.groups_header,
         "catalogue_file": args.catalogue_file,
+        "status_prefix": args.status_prefix,
         "log_format": args.log_format,
         "log_level": args.log_level,
     }
@@ -303,6 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="CA and PVA puts of a signed-in user carry the user's name to the IOC, whose "
             "access security then decides; anonymous CA and PVA puts are refused "
             "(PVWIRE_FORWARD_IDENTITY)",
+        )
+        p.add_argument(
+            "--status-prefix",
+            metavar="PREFIX",
+            help="serve the server's own figures as PVA PVs PREFIX + clients, channels, ... "
+            "(docs/OPERATIONS.md section 7a; PVWIRE_STATUS_PREFIX)",
         )
         p.add_argument("--workers", type=int, default=1, help="worker processes (same port)")
         p.add_argument(

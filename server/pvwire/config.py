@@ -112,6 +112,8 @@ class Settings:
     # it off) and the samples it answers per identity per second.
     aa_prefix: str = "/retrieval"
     aa_points_per_s: float = number("aa_points_per_s")
+    # The server's own figures as PVA PVs named PREFIX + clients, ... (status/); empty: none.
+    status_prefix: str = ""
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs
     log_level: str = "info"

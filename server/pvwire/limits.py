@@ -273,6 +273,11 @@ LIMITS: tuple[Limit, ...] = (
           "a `--trusted-proxy`", "the last one read is the client"),
     Limit("forwarded_entry_bytes", 256, "bytes", "one `X-Forwarded-For` (or `Forwarded`) entry",
           "the walk ends: the last trusted proxy is the client"),
+    # --- the status PVs (status/, `--status-prefix`) ---
+    Limit("status_period_s", 1.0, "s", "between two readings of the status PVs' figures",
+          "they are read again; a PV is posted when its value or alarm changed"),
+    Limit("status_window_s", 10.0, "s",
+          "the span of the status PVs' rates and `tickP99`", "older readings are forgotten"),
     # --- HTTP request bodies (api/body_limit.py) ---
     # 4 MiB: a `putMany` of `max_graphql_elements` float64 in their longest JSON form (~25
     # bytes each, 2.5 MB) with room for the query; a GraphQL query itself needs a few KiB.

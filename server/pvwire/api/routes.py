@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
@@ -17,7 +18,7 @@ from ..limits import number
 from ..worker import WorkerIdentity
 from .metrics import render_metrics
 
-__all__ = ["STATIC", "mount_page", "pages", "probes"]
+__all__ = ["STATIC", "mount_page", "pages", "probes", "readiness"]
 
 STATIC = Path(__file__).parent.parent / "static"
 # A loop this late cannot serve anyone (DESIGN.md section 9).
@@ -34,24 +35,32 @@ def probes(hub: Hub, worker: WorkerIdentity, mjpeg_stats: Callable[[], MjpegStat
 
     @router.get("/readyz")
     async def readyz() -> JSONResponse:
-        lag = hub.loop_lag
-        ready = lag < MAX_LOOP_LAG_READY
-        # A scheme this process cannot serve (pva:// without its compiled module) leaves the
-        # others ready; it is named here, with the reason, for whoever looks at the probe.
-        body = {
-            "ready": ready,
-            "loop_lag_s": lag,
-            "channels": hub.channel_count,
-            "unavailable": hub.unavailable_schemes(),
-        }
-        return JSONResponse(body, status_code=200 if ready else 503)
+        body = readiness(hub)
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @router.get("/metrics")
     async def metrics() -> PlainTextResponse:
         text = render_metrics(hub.snapshot(detail=False), worker, mjpeg_stats())
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        # Prometheus keeps its connection to a target open, so under --workers N every scrape
+        # reached the worker that accepted the first one and the others were never seen:
+        # closed after each answer, the next scrape goes to whichever worker the kernel picks.
+        headers = {"Connection": "close"} if worker.workers > 1 else None
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4", headers=headers)
 
     return router
+
+
+def readiness(hub: Hub) -> dict[str, Any]:
+    """What `/readyz` answers, its `ready` deciding 200 or 503; the status PVs' `ready` is it."""
+    lag = hub.loop_lag
+    # A scheme this process cannot serve (pva:// without its compiled module) leaves the
+    # others ready; it is named here, with the reason, for whoever looks at the probe.
+    return {
+        "ready": lag < MAX_LOOP_LAG_READY,
+        "loop_lag_s": lag,
+        "channels": hub.channel_count,
+        "unavailable": hub.unavailable_schemes(),
+    }
 
 
 def pages(settings: Settings) -> APIRouter:

@@ -64,6 +64,10 @@ class DirtyListener(Protocol):
 
     def count_failure(self, unit: FailureUnit) -> None: ...
 
+    def count_dropped(self, n: int) -> None:
+        """`ALL` mode dropped `n` updates at one of its bounds (`all_mode_per_channel`,
+        `all_mode_per_view`)."""
+
 
 class ChangeSink(Protocol):
     """Who receives a channel's changes at the tick (a view, under the sid it knows it by)."""
@@ -294,9 +298,12 @@ class Channel:
         if not self.dirty:
             self.listener.mark_dirty(self)
         self.dirty |= mask
-        if self.all_views and len(self.history) < ALL_MODE_LIMIT:
-            # ALL mode must keep this update even if another arrives before the tick.
-            self.history.append(self.body(mask, cache=False))
+        if self.all_views:
+            if len(self.history) < ALL_MODE_LIMIT:
+                # ALL mode must keep this update even if another arrives before the tick.
+                self.history.append(self.body(mask, cache=False))
+            else:
+                self.listener.count_dropped(1)
         if type(value) is self.history_kind:
             # A value of the type `record` checked last waits in the slots above for the tick,
             # which writes every dirty channel's in one compiled call (`write_all_pending`): a

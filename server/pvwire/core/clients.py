@@ -29,6 +29,7 @@ class Client(Protocol):
     def queued_bytes(self) -> int: ...
 
     conflated: int
+    deliveries: int  # channel updates queued: `/stream` DATA entries, pvws update messages
     connected_at: float
 
     @property

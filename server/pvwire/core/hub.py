@@ -314,6 +314,7 @@ class Hub:
             frames_sent=c.frames_sent + session.frames_sent,
             bytes_sent=c.bytes_sent + session.bytes_sent,
             conflated=c.conflated + session.conflated,
+            deliveries=c.deliveries + session.deliveries,
         )
 
     def count_failure(self, unit: FailureUnit) -> None:
@@ -366,8 +367,10 @@ class Hub:
     def snapshot(self, detail: bool = True) -> HubSnapshot:
         """Everything `/metrics` and the `server` query show, copied out of the live state."""
         channels = self.registry.channels
-        sessions = sorted(self.sessions, key=lambda s: s.number)
+        sessions = self.sessions
         mono = time.monotonic()
+        # Per client and per channel only in detail: /metrics and the status PVs (once a
+        # second) read totals, and these cost ~14 us per client and ~10 us per channel.
         clients = tuple(
             ClientSnapshot(
                 number=s.number,
@@ -381,8 +384,9 @@ class Hub:
                 connected_seconds=mono - s.connected_at,
                 endpoint=s.endpoint,
                 identity=", ".join(sorted({identity_of(c).describe() for c in s.claims.values()})),
+                deliveries=s.deliveries,
             )
-            for s in sessions
+            for s in (sorted(sessions, key=lambda s: s.number) if detail else ())
         )
         upstream = tuple(
             ChannelSnapshot(
@@ -393,7 +397,7 @@ class Hub:
                 state=ch.state,
                 last_update=ch.seconds + ch.nanoseconds * 1e-9 if ch.seconds else None,
             )
-            for cid, ch in sorted(channels.items())
+            for cid, ch in (sorted(channels.items()) if detail else ())
         )
         closed = self._closed_sessions
         tick = self.ticker.stats
@@ -408,13 +412,15 @@ class Hub:
             closes_by_code=dict(self._closes_by_code),
             control=dataclasses.replace(self.control.stats),
             updates_in=self.registry.updates_closed + sum(ch.updates for ch in channels.values()),
-            frames_out=closed.frames_sent + sum(c.frames_sent for c in clients),
-            bytes_out=closed.bytes_sent + sum(c.bytes_sent for c in clients),
-            conflated=closed.conflated + sum(c.conflated for c in clients),
-            queued_bytes=sum(c.queued_bytes for c in clients),
-            clients=clients if detail else (),
-            channels=upstream if detail else (),
-            client_count=len(clients),
+            frames_out=closed.frames_sent + sum(s.frames_sent for s in sessions),
+            bytes_out=closed.bytes_sent + sum(s.bytes_sent for s in sessions),
+            conflated=closed.conflated + sum(s.conflated for s in sessions),
+            deliveries=closed.deliveries + sum(s.deliveries for s in sessions),
+            dropped=tick.dropped,
+            queued_bytes=sum(s.queued_bytes for s in sessions),
+            clients=clients,
+            channels=upstream,
+            client_count=len(sessions),
             channel_count=len(channels),
             history=self.history_store.stats(),
             auth_refusals=dict(self.refusals.counts),

@@ -26,6 +26,7 @@ class ClientSnapshot:
     connected_seconds: float
     endpoint: str = "stream"  # or "pvws"
     identity: str = ""  # who the client's subscriptions were made by
+    deliveries: int = 0  # channel updates queued for it (Client.deliveries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ class HubSnapshot:
     frames_out: int
     bytes_out: int
     conflated: int
+    deliveries: int  # channel updates queued for clients, both endpoints
+    dropped: int  # `ALL` mode updates dropped at its bounds
     queued_bytes: int
     clients: tuple[ClientSnapshot, ...]  # empty unless asked for in detail
     channels: tuple[ChannelSnapshot, ...]  # likewise

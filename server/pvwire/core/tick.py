@@ -43,6 +43,7 @@ class TickStats:
     tick_seconds: float = 0.0
     tick_buckets: list[int] = field(default_factory=lambda: [0] * (len(TICK_BUCKETS_MS) + 1))
     failures: dict[str, int] = field(default_factory=dict)  # FailureUnit -> n
+    dropped: int = 0  # `ALL` mode updates dropped at its bounds (channel.py, view.py)
 
 
 class Ticker:
@@ -88,6 +89,9 @@ class Ticker:
     def count_failure(self, unit: FailureUnit) -> None:
         failures = self.stats.failures
         failures[unit] = failures.get(unit, 0) + 1
+
+    def count_dropped(self, n: int) -> None:
+        self.stats.dropped += n
 
     # --- scheduling ---------------------------------------------------------------------------
 

@@ -147,6 +147,7 @@ class View:
                 out.append((sid, channel.body(mask, True, None, self.writes[sid] == 1)))
             if len(out) > ALL_PENDING_LIMIT:
                 # Oldest dropped first; the serial tells the client how many it missed.
+                channel.listener.count_dropped(len(out) - ALL_PENDING_LIMIT)
                 del out[: len(out) - ALL_PENDING_LIMIT]
         return first
 

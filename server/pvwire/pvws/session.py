@@ -356,6 +356,7 @@ class PvwsSession(AttachedSession[str, Pv]):
                     append(update)
         if texts:
             self._flow.extend(texts, sum(map(utf8_size, texts)))
+            self.deliveries += len(texts)
 
     def _image_room(self) -> bool:
         """Whether the image budget lets a frame out now: nothing is owed for earlier ones."""

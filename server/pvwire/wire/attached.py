@@ -63,6 +63,7 @@ class AttachedSession(FlowView[T], Generic[T, R]):
             limits.send_budget, limits.stall_timeout, clock, wake, self._catch_up, size
         )
         self.conflated = 0  # changes merged away while behind (`server` stats, metrics)
+        self.deliveries = 0  # channel updates queued for the client (metrics, status PVs)
 
     def _catch_up(self) -> None:
         """Queue what was merged while behind, from the current state: the flow control calls

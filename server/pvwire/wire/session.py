@@ -286,10 +286,9 @@ class Session(AttachedSession[bytes, _Attachment]):
                         pending[sid] = old | mask
                         self.conflated += 1
             return
-        frame = wire.encode_data(
-            self._next_seq(), [(att, v.tick_entries) for att, v in groups], self.aligned
-        )
-        self._queue_frame(frame)
+        entries = [(att, v.tick_entries) for att, v in groups]
+        self._queue_frame(wire.encode_data(self._next_seq(), entries, self.aligned))
+        self.deliveries += sum(e.length for _, e in entries)
 
     def _catch_up(self) -> None:
         """One DATA with everything merged while behind, from the channels' current state."""
@@ -300,6 +299,7 @@ class Session(AttachedSession[bytes, _Attachment]):
         self._pending.clear()
         if groups:
             self._queue_frame(wire.encode_data(self._next_seq(), groups, self.aligned))
+            self.deliveries += sum(e.length for _, e in groups)
 
     # --- outgoing -----------------------------------------------------------------------------
 
