@@ -320,3 +320,41 @@ def test_the_router_takes_only_classes_with_these_slots() -> None:
 
     with pytest.raises(TypeError, match=r"Router: Sub\.pending is not a writable slot of its own"):
         type(ROUTER)(Channel, Sub, META)
+
+
+def test_all_mode_views_get_each_update_once_when_python_routes_what_the_compiled_route_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The compiled route stops at a channel it does not take after it handed the channels
+    before it to their ALL-mode views: Python routes what is still dirty, and those views get
+    each update once, as without the compiled route (LATEST views merge masks, where twice is
+    once; ALL-mode views append every update)."""
+
+    class OtherChannel(Channel):
+        __slots__ = ()
+
+    spec = {"mode": "ALL", "rate": 0.0, "reduction": NO_REDUCTION, "writes": b""}
+    latest = {**spec, "mode": "LATEST", "sids": [0, 1]}
+    views = [{**spec, "sids": [0, 1]}, {**spec, "sids": [1, 0, 1]}, latest]
+    worlds = [World([0, 0], views), World([0, 0], views)]
+    for world in worlds:
+        odd = OtherChannel("sim://odd", FakeBackend(), "odd", world.ticker)
+        odd.on_connection(ConnState.CONNECTED)
+        view = View(ViewKey(("sim://odd",), "ALL", 0.0), [odd])
+        view.link()
+        world.views.append(view)
+        world.tick(False, 0.0)  # connections and metadata
+        for step in (1, 2):  # two updates of each channel within the tick, in upstream order
+            world.change(0, "update", step)
+            world.change(1, "update", step)
+        odd.on_update(5.0, 1_700_000_001, 0, 0, 0, "")  # listed after them: the route stops
+    with caplog.at_level(logging.ERROR, logger="pvwire.tick"):
+        compiled = worlds[0].tick(True, 0.1)
+    assert worlds[0].ticker.stats.failures == {"view": 1}
+    assert "routing the tick's changes failed" in caplog.text
+    assert compiled == worlds[1].tick(False, 0.1)
+    emitted = compiled[0][1]
+    assert emitted is not None
+    once = [VALUES[0] + 1, VALUES[0] + 2]
+    assert [e[2] for e in emitted[1] if e[0] == 0] == once
+    assert [e[2] for e in emitted[1] if e[0] == 1] == once
