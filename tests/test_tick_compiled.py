@@ -358,3 +358,34 @@ def test_all_mode_views_get_each_update_once_when_python_routes_what_the_compile
     once = [VALUES[0] + 1, VALUES[0] + 2]
     assert [e[2] for e in emitted[1] if e[0] == 0] == once
     assert [e[2] for e in emitted[1] if e[0] == 1] == once
+
+
+class Resizing:
+    """A view's channel whose body, made at the splice, grows or shrinks the view's channel
+    list first: the splice must read only sids that both its list and its numbers still hold."""
+
+    def __init__(self, real: Channel, view: View, grow: bool) -> None:
+        self.real, self.view, self.grow, self.number = real, view, grow, real.number
+
+    def body(self, mask: int, cache: bool, reduction: Any, writes: bool) -> wire.EntryBody:
+        channels = self.view.channels
+        if self.grow:
+            channels += [self.real] * 4
+        else:
+            del channels[1:]
+        return self.real.body(mask, cache, reduction, writes)
+
+
+@pytest.mark.parametrize("grow", [True, False])
+def test_a_splice_reads_no_sid_past_the_channels_it_was_given(grow: bool) -> None:
+    assert ROUTER is not None
+    world = World([0, 0], [])
+    a, b = world.channels
+    view = View(ViewKey((a.id, b.id), "LATEST", 0.0), [a, b])
+    view.channels[0] = Resizing(a, view, grow)  # type: ignore[call-overload]
+    view.writes = bytes(6)  # one per sid of the list grown: only the numbers bound sid 2
+    world.tick(False, 0.0)
+    with pytest.raises(IndexError, match=r"sid [12] out of range"):
+        ROUTER.splice(view, {0: META, 1 if not grow else 2: META})
+    view.channels[:] = [a, b]
+    assert len(ROUTER.splice(view, {0: META, 1: META})[0]) > 0

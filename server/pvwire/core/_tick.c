@@ -499,7 +499,10 @@ static PyObject *router_splice(Router *self, PyObject *const *args, Py_ssize_t n
     PyObject *channels = typed_slot(view, self->v[V_CHANNELS], &PyList_Type, "View.channels");
     PyObject *writes = typed_slot(view, self->v[V_WRITES], &PyBytes_Type, "View.writes");
     if (!channels || !writes) return NULL;
-    const int32_t *numbers = numbers_of(self, view, PyList_GET_SIZE(channels));
+    /* The sids `numbers` holds: Channel.body, called on a miss, runs Python code, which may
+     * grow or shrink the list, never `numbers` (held below). */
+    Py_ssize_t n_channels = PyList_GET_SIZE(channels);
+    const int32_t *numbers = numbers_of(self, view, n_channels);
     if (!numbers) return NULL;
     /* Held: Channel.body, called on a miss, runs Python code. */
     Py_INCREF(channels);
@@ -529,7 +532,7 @@ static PyObject *router_splice(Router *self, PyObject *const *args, Py_ssize_t n
     for (k = 0; k < n; k++) {
         Py_ssize_t s = PyLong_AsSsize_t(pairs[2 * k]);
         if (s == -1 && PyErr_Occurred()) goto done;
-        if (s < 0 || s >= PyList_GET_SIZE(channels) || s >= n_writes) {
+        if (s < 0 || s >= n_channels || s >= PyList_GET_SIZE(channels) || s >= n_writes) {
             PyErr_Format(PyExc_IndexError, "splice: sid %zd out of range", s);
             goto done;
         }
