@@ -300,3 +300,44 @@ async def test_a_reader_slower_than_its_channels_gets_a_gap_and_its_snapshot_wit
         (current,) = values[gap + 1 :]
         assert current in every and current > every[gap], sid
     assert gaps > 0  # the reader was slower than its channels: some rows were left out
+
+
+async def test_the_gap_rows_that_end_a_slow_backfill_are_made_under_the_budget_too(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    """The last step of a slow reader's backfill, a gap row for each channel with rows left
+    out, is made a few at a time under the budget like the rest: 200 channels' gap rows
+    (~30 KB) made in one call would queue past this budget and one message."""
+    ids = [f"fake://g{k}" for k in range(200)]
+    attach(Client(hub), hub, ids)
+    now = int(time.time())
+    record(hub, backend, ids, 3, now - 10_000)
+    budget = 1024
+    chunk = HISTORY_MESSAGE_ROWS * ROW_BYTES + 200
+    gap_rows = len(ids) * 153  # one gap row's message each
+    assert gap_rows > budget + chunk  # so that the bound means something
+    reader = Client(hub, SessionLimits(send_budget=budget))
+    read(reader, 1)  # HELLO
+    reader.send(16, 1, backfill_token(hub, ids, seconds=20_000))
+    t = now - 9_000
+    most = 0
+    for _ in range(4 * BACKFILL_PASSES * len(ids)):
+        record(hub, backend, ids, 1, t)  # every channel records while each message is read
+        t += 1
+        most = max(most, reader.session.queued_bytes)
+        read(reader, 1)
+        if any(m[0] == 2 for m in reader.received):
+            break
+    else:
+        pytest.fail("no snapshot: the backfill never ended")
+    assert most <= budget + chunk
+    history = [m for m in reader.received if m[0] == 8]
+    left_out = [m for m in history if columns_of(m)[6].tolist() == [1]]
+    assert left_out and all(columns_of(m)[5].tolist() == [1] for m in left_out)  # status 1
+    assert len({m[2] for m in left_out}) == len(left_out)  # one per channel at most
+    for m in left_out:  # each the last row of its channel before the snapshot
+        assert m is [h for h in history if h[2] == m[2]][-1]
+
+
+def columns_of(msg: list[Any]) -> list[Any]:
+    return [c for c in msg[4] if c is not None]

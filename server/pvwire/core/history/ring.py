@@ -306,6 +306,11 @@ class ChannelHistory:
         self._aggregate()
         return reading.backfill(self, since, limit)
 
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of one row's value: () for a number, (elements,) for an array frame."""
+        return (self.arrays.elements,) if self.arrays is not None else ()
+
     def backfills_from(self, since: int) -> bool:
         """Whether `backfill(since)` has a row to give, in O(1) (`reading.backfills_from`), so
         that a backfill passes over an idle channel without reading it. Its points still in its
