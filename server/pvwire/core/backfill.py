@@ -51,7 +51,8 @@ class Backfill:
         held: Sequence[int] | None = None,
     ) -> None:
         """`seconds`: the subscription's `backfill`; `held`: per channel, the time (ns) of the
-        newest row the client holds (ATTACH `since`, 0: none), so only later ones are sent."""
+        time after which the client lacks rows (ATTACH `since`, 0: none; its newest, or just
+        before the rows a slow backfill left out), so only later ones are sent."""
         self.att = att
         self.channels = channels
         since = time.time_ns() - int(min(seconds, MAX_BACKFILL_S) * 1e9)
