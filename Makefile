@@ -187,7 +187,7 @@ test: lint pytest tstest matrix
 UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_failures backend_loc backfill_budget \
 	cli_identity close_codes codec_align connection control_put graphql_schema history hub_faults \
 	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
-	pyclient_cases pyclient_control pyclient_errors pyclient_held pyclient_identity pyclient_msgview \
+	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
 	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \
 	ratelimit reconnect_storm refusals roundtrip \
 	session_hub stream_client tick tick_compiled tokens vectors)
@@ -200,6 +200,8 @@ unit: venv ext
 # unit tests, the wheel's test and a real-IOC smoke (tests/test_install_smoke.py). Then, on Node
 # 24: the page's build, the TypeScript tests that need no server, and its integration test
 # against the newest Python's server and a real IOC.
+# What a backfill subscription holds of its channels' past (the Python client's held.py).
+UNIT_TESTS += $(patsubst %,tests/test_%.py,pyclient_held)
 MATRIX_PY_TESTS := $(UNIT_TESTS) tests/test_packaging.py tests/test_install_smoke.py
 MATRIX_TS_TESTS := $(patsubst %,test/%.test.ts,unit cases client closeCodes sessionFuzz \
 	storedToken subscription vectors integration)
