@@ -226,6 +226,8 @@ unit: venv ext
 # unit tests, the wheel's test and a real-IOC smoke (tests/test_install_smoke.py). Then, on Node
 # 24: the page's build, the TypeScript tests that need no server, and its integration test
 # against the newest Python's server and a real IOC.
+# What a backfill subscription holds of its channels' past (the Python client's held.py).
+UNIT_TESTS += $(patsubst %,tests/test_%.py,pyclient_held)
 MATRIX_PY_TESTS := $(UNIT_TESTS) tests/test_packaging.py tests/test_install_smoke.py
 MATRIX_TS_TESTS := $(patsubst %,test/%.test.ts,unit cases client closeCodes sessionFuzz \
 	storedToken subscription vectors integration)

@@ -18,7 +18,11 @@ import pytest
 from pvwire.core.history import ChannelHistory
 from pvwire.core.hub import Hub
 from pvwire.limits import BACKFILL_PASSES, HISTORY_MESSAGE_ROWS
+from pvwire.wire import codec as wire
 from pvwire.wire.session import SessionLimits
+from pvwire_client.session import Backfill as ClientBackfill
+from pvwire_client.session import Entries as ClientEntries
+from pvwire_client.session import Session as ClientSession
 
 from tests.hub_doubles import Client, FakeBackend, attach, decode
 
@@ -300,3 +304,125 @@ async def test_a_reader_slower_than_its_channels_gets_a_gap_and_its_snapshot_wit
         (current,) = values[gap + 1 :]
         assert current in every and current > every[gap], sid
     assert gaps > 0  # the reader was slower than its channels: some rows were left out
+
+
+async def test_the_gap_rows_that_end_a_slow_backfill_are_made_under_the_budget_too(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    """The last step of a slow reader's backfill, a gap row for each channel with rows left
+    out, is made a few at a time under the budget like the rest: 200 channels' gap rows
+    (~30 KB) made in one call would queue past this budget and one message."""
+    ids = [f"fake://g{k}" for k in range(200)]
+    attach(Client(hub), hub, ids)
+    now = int(time.time())
+    record(hub, backend, ids, 3, now - 10_000)
+    budget = 1024
+    chunk = HISTORY_MESSAGE_ROWS * ROW_BYTES + 200
+    gap_rows = len(ids) * 153  # one gap row's message each
+    assert gap_rows > budget + chunk  # so that the bound means something
+    reader = Client(hub, SessionLimits(send_budget=budget))
+    read(reader, 1)  # HELLO
+    reader.send(16, 1, backfill_token(hub, ids, seconds=20_000))
+    t = now - 9_000
+    most = 0
+    for _ in range(4 * BACKFILL_PASSES * len(ids)):
+        record(hub, backend, ids, 1, t)  # every channel records while each message is read
+        t += 1
+        most = max(most, reader.session.queued_bytes)
+        read(reader, 1)
+        if any(m[0] == 2 for m in reader.received):
+            break
+    else:
+        pytest.fail("no snapshot: the backfill never ended")
+    assert most <= budget + chunk
+    history = [m for m in reader.received if m[0] == 8]
+    left_out = [m for m in history if columns_of(m)[6].tolist() == [1]]
+    assert left_out and all(columns_of(m)[5].tolist() == [1] for m in left_out)  # status 1
+    assert len({m[2] for m in left_out}) == len(left_out)  # one per channel at most
+    for m in left_out:  # each the last row of its channel before the snapshot
+        assert m is [h for h in history if h[2] == m[2]][-1]
+
+
+def columns_of(msg: list[Any]) -> list[Any]:
+    return [c for c in msg[4] if c is not None]
+
+
+class Reader:
+    """The Python client's session core reading a hub's session, as the client's pump does."""
+
+    def __init__(self, hub: Hub, ids: list[str], budget: int) -> None:
+        self.hub, self.ids = hub, ids
+        self.core = ClientSession()
+        # ALL mode: live, every update comes too (LATEST would conflate a tick's updates).
+        token = hub.signer.issue(ids, "ALL", backfill=20_000).token
+        self.core.add("a", token, tuple(ids), backfill=True)
+        self.times: dict[int, list[int]] = {sid: [] for sid in range(len(ids))}
+        self.left_out = 0
+        self.connect(budget)
+
+    def connect(self, budget: int) -> None:
+        self.server = Client(self.hub, SessionLimits(send_budget=budget))
+        self.server.session.next_frame()  # the double's HELLO: the core gets a real one
+        self.core.connection_made(0.0)
+        self.core.receive(wire.encode_hello("test", 20, 15_000, 1 << 20), 0.0)
+        self.flush()
+
+    def flush(self) -> None:
+        for data in self.core.data_to_send():
+            self.server.session.receive(data)
+
+    def read(self, frames: int) -> bool:
+        """Up to `frames` messages; whether the attachment's snapshot came."""
+        snapshot = False
+        for _ in range(frames):
+            frame = self.server.session.next_frame()
+            if frame is None:
+                break
+            self.server.session.sent(len(frame))
+            self.core.receive(frame, 0.0)
+            while (event := self.core.next_event()) is not None:
+                if isinstance(event, ClientBackfill):
+                    h = event.history
+                    self.left_out += int(np.sum(h.gap & (h.status == wire.GapKind.LEFT_OUT)))
+                    self.times[h.sid] += h.t[h.gap == 0].tolist()
+                elif isinstance(event, ClientEntries):
+                    snapshot = snapshot or event.snapshot
+                    for e in event.raw:
+                        if e[1] & 1:  # VALUE, and its TIME (an update's entry)
+                            self.times[e[0]].append(e[4] * NS + e[5])
+            self.flush()
+        return snapshot
+
+
+async def test_a_reattach_recovers_the_rows_a_slow_backfill_left_out(
+    hub: Hub, backend: FakeBackend
+) -> None:
+    """A slow reader's backfill ends with a gap row (left out) and the snapshot; it goes on
+    live, loses its connection and re-attaches with the `since` its client computes: the rows
+    left out come then, and over both connections the client got every update once."""
+    ids = IDS[:4]
+    attach(Client(hub), hub, ids)
+    now = int(time.time())
+    record(hub, backend, ids, 100, now - 10_000)
+    reader = Reader(hub, ids, budget=1024)
+    t = now - 9_000
+    while reader.server.session._backfills:  # until its last rows and snapshot are queued
+        reader.read(1)
+        record(hub, backend, ids, 10, t)  # held: the attachment's live data waits
+        t += 10
+        assert t < now - 9_000 + 10 * 10 * BACKFILL_PASSES * len(ids), "no snapshot"
+    # Then it reads on (updates while it is behind would be merged, as in any stream).
+    assert reader.read(10_000)
+    assert reader.left_out > 0  # the reader was slower than its channels: rows were left out
+    for _ in range(3):  # live
+        record(hub, backend, ids, 2, t)
+        t += 2
+        reader.read(100)
+    reader.core.connection_lost(1006, "")
+    record(hub, backend, ids, 5, t)  # while it was away
+    t += 5
+    reader.connect(budget=1 << 20)
+    assert reader.read(10_000)
+    every = [x * NS for x in [*range(now - 10_000, now - 9_900), *range(now - 9_000, t)]]
+    for sid in range(len(ids)):
+        assert sorted(reader.times[sid]) == every, sid

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import graphql
 import httpx
@@ -94,20 +95,25 @@ def answered(http: httpx.Client, query: str) -> None:
     assert isinstance(body, dict) and ("data" in body or "errors" in body), r.text[:2000]
 
 
-@hypothesis_settings(max_examples=EXAMPLES)
-@given(data=st.data(), mode=MODES)
-def test_generated_queries_get_an_answer_never_a_server_error(
-    http: httpx.Client, data: st.DataObject, mode: Mode
-) -> None:
-    answered(http, data.draw(queries(SCHEMA, custom_scalars=SCALARS, mode=mode)))
+def still_serving(server: ServerProcess) -> None:
+    """What a test's fuzzing sent left the server serving: each fuzzing test ends with this,
+    so the check holds whatever order the tests run in, alone or together."""
+    assert server.graphql('{ search(pattern: "sim://*", limit: 1) }').get("errors") is None
+    with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
+        assert client.get("/readyz").json()["ready"] is True
 
 
-@hypothesis_settings(max_examples=EXAMPLES)
-@given(data=st.data(), mode=MODES)
-def test_generated_mutations_get_an_answer_never_a_server_error(
-    http: httpx.Client, data: st.DataObject, mode: Mode
+@pytest.mark.parametrize("generated", [queries, mutations], ids=["queries", "mutations"])
+def test_generated_operations_get_an_answer_never_a_server_error(
+    server: ServerProcess, http: httpx.Client, generated: Any
 ) -> None:
-    answered(http, data.draw(mutations(SCHEMA, custom_scalars=SCALARS, mode=mode)))
+    @hypothesis_settings(max_examples=EXAMPLES)
+    @given(data=st.data(), mode=MODES)
+    def fuzz(data: st.DataObject, mode: Mode) -> None:
+        answered(http, data.draw(generated(SCHEMA, custom_scalars=SCALARS, mode=mode)))
+
+    fuzz()
+    still_serving(server)
 
 
 def envelopes() -> st.SearchStrategy[object]:
@@ -126,22 +132,26 @@ def envelopes() -> st.SearchStrategy[object]:
     return request | values
 
 
-@hypothesis_settings(max_examples=EXAMPLES)
-@given(body=envelopes(), get=st.booleans())
 def test_odd_requests_get_an_answer_never_a_server_error(
-    http: httpx.Client, body: object, get: bool
+    server: ServerProcess, http: httpx.Client
 ) -> None:
-    try:
-        if get and isinstance(body, dict):
-            params = {k: v if isinstance(v, str) else str(v) for k, v in body.items()}
-            r = http.get("/graphql", params=params, headers={"Accept": "application/json"})
-        else:
-            # NaN and Infinity too, as Python's json module writes and reads them.
-            content = json.dumps(body).encode("utf-8", "surrogatepass")
-            r = http.post("/graphql", content=content, headers=JSON_TYPE)
-    except httpx.TimeoutException:
-        pytest.fail(f"no answer within {REQUEST_TIMEOUT_S} s to:\n{body!r}")
-    assert r.status_code < 500, f"{r.status_code} for:\n{body!r}\n{r.text[:2000]}"
+    @hypothesis_settings(max_examples=EXAMPLES)
+    @given(body=envelopes(), get=st.booleans())
+    def fuzz(body: object, get: bool) -> None:
+        try:
+            if get and isinstance(body, dict):
+                params = {k: v if isinstance(v, str) else str(v) for k, v in body.items()}
+                r = http.get("/graphql", params=params, headers={"Accept": "application/json"})
+            else:
+                # NaN and Infinity too, as Python's json module writes and reads them.
+                content = json.dumps(body).encode("utf-8", "surrogatepass")
+                r = http.post("/graphql", content=content, headers=JSON_TYPE)
+        except httpx.TimeoutException:
+            pytest.fail(f"no answer within {REQUEST_TIMEOUT_S} s to:\n{body!r}")
+        assert r.status_code < 500, f"{r.status_code} for:\n{body!r}\n{r.text[:2000]}"
+
+    fuzz()
+    still_serving(server)
 
 
 @pytest.mark.parametrize("body", [b"false", b"0", b"null", b'"{ __typename }"'])
@@ -152,10 +162,3 @@ def test_a_body_of_json_that_is_no_object_is_the_clients_error(
     r = http.post("/graphql", content=body, headers=JSON_TYPE)
     assert r.status_code == 400, r.text
     assert "must be a JSON object" in r.text
-
-
-def test_the_server_is_well_after_the_fuzzing(server: ServerProcess) -> None:
-    """Run last in this module: what the fuzzing sent left the server serving."""
-    assert server.graphql('{ search(pattern: "sim://*", limit: 1) }').get("errors") is None
-    with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT_S) as client:
-        assert client.get("/readyz").json()["ready"] is True

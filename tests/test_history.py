@@ -120,6 +120,69 @@ def test_a_disconnect_is_a_gap_once_and_the_buckets_show_it() -> None:
     assert buckets.resolution > 0 and buckets.gap.any()
 
 
+SEAM_START = (T0 + 10) * NS - 182 * (NS // 999)  # 182 updates of 999 Hz before a boundary
+
+
+def record_999_hz(h: ChannelHistory, n: int) -> None:
+    for i in range(n):
+        t = SEAM_START + i * (NS // 999)
+        h.record(i, t // NS, t % NS, 0, 0)
+
+
+def test_a_backfill_marks_the_updates_between_its_whole_buckets_and_its_first_point() -> None:
+    """The seam (PROTOCOL.md section 2.8): a 999 Hz counter recorded for 3 s from 182 updates
+    before a bucket boundary, then read from 60 s back. The whole buckets end at the boundary
+    (0-181), the raw ring starts 1,024 updates before the newest: the updates between are in no
+    row, and a gap row at the buckets' end (status 2) says so; a plot breaks there."""
+    h = ChannelHistory("ca://COUNTER")
+    start = SEAM_START
+    n = 3 * 999
+    record_999_hz(h, n)
+    buckets, *rest = h.backfill((T0 - 50) * NS)
+    width = TIERS[0][0]
+    assert buckets.resolution == width and list(buckets.t) == [T0 * NS]
+    assert (buckets.min[0], buckets.max[0], buckets.count[0]) == (0, 181, 182)
+    first = n - RAW_POINTS  # the oldest update the raw ring holds
+    rows = rest[0] if len(rest) == 1 else None
+    assert rows is not None and rows.resolution == 0
+    assert rows.gap[0] and math.isnan(rows.value[0]) and rows.status[0] == wire.GapKind.SEAM
+    assert rows.t[0] == (T0 + 10) * NS  # where the buckets end: the missing updates start there
+    assert list(rows.value[1:]) == list(range(first, n - 1)) and not rows.gap[1:].any()
+    # An array channel's the same, its gap row a row of NaN elements.
+    store = HistoryStore(1 << 26, 16)
+    frames = store.attach("ca://WAVE")
+    assert frames is not None
+    for i in range(n):
+        t = start + i * (NS // 999)
+        frames.record(frame(i), t // NS, t % NS, 0, 0)  # as record_999_hz
+    buckets, rows = frames.backfill((T0 - 50) * NS)
+    assert buckets.resolution == width and buckets.count[0] == 182
+    assert rows.gap[0] and rows.status[0] == wire.GapKind.SEAM and rows.t[0] == (T0 + 10) * NS
+    assert rows.value.shape == (RAW_POINTS, 16) and np.isnan(rows.value[0]).all()
+    assert list(rows.value[1:, 0]) == list(range(first, n - 1))
+    # Updates that all are in rows, whole buckets or points, need no such row.
+    h = ChannelHistory("ca://SLOW")
+    record_counter(h, RAW_POINTS + 100, step_ns=10 * NS)  # one per bucket: none is split
+    buckets, points = h.backfill(0)
+    assert buckets.max[-1] + 1 == points.value[0] and not points.gap.any()
+
+
+def test_a_history_query_counts_every_update_where_a_backfill_has_its_seam() -> None:
+    """GraphQL `history` has no such seam: it answers from the raw ring alone, when that
+    reaches back to `since`, else from one tier alone, whose buckets hold every update."""
+    h = ChannelHistory("ca://COUNTER")
+    n = 3 * 999
+    record_999_hz(h, n)
+    for since, max_points in [((T0 - 50) * NS, 1000), ((T0 - 50) * NS, 5000), (0, 10)]:
+        got = h.query(since, 2**62, max_points)
+        assert got.resolution == TIERS[0][0] and int(got.count.sum()) == n
+    inside = h.query((T0 + 11) * NS, 2**62, 5000)  # the ring does not reach back to it
+    assert list(inside.t) == [(T0 + 10) * NS] and inside.count[0] == n - 182
+    recent = h.query((T0 + 12) * NS, 2**62, 5000)  # it does
+    assert recent.resolution == 0 and recent.value[-1] == n - 1
+    assert recent.t[0] >= (T0 + 12) * NS > h.raw().t[0]
+
+
 def test_strings_and_arrays_are_not_recorded() -> None:
     h = ChannelHistory("ca://S")
     h.record("text", T0, 0, 0, 0)
@@ -479,7 +542,7 @@ async def test_backfill_reaches_past_the_raw_ring_with_whole_buckets_first(
     hub: Hub, backend: FakeBackend
 ) -> None:
     attach(HubClient(hub), hub, ["fake://a"])
-    now = time.time_ns() // NS
+    now = time.time_ns() // NS // 10 * 10 - 3  # the ring's first point is no bucket's first
     n = 2 * RAW_POINTS  # one point a second: older than the raw ring by RAW_POINTS s
     for i in range(n):
         backend.update("a", float(i), t=now - n + i)
@@ -492,10 +555,13 @@ async def test_backfill_reaches_past_the_raw_ring_with_whole_buckets_first(
     assert resolutions == sorted(resolutions, reverse=True) and resolutions[0] == width
     assert all(len(columns(m)[0]) <= HISTORY_MESSAGE_ROWS for m in msgs[1:-1])
     bt, _, blow, bhigh, *_ = joined([m for m in msgs[1:-1] if m[3] == width])
-    pt, pvalue, *_ = joined([m for m in msgs[1:-1] if m[3] == 0])
-    assert bt[-1] + width <= pt[0]  # whole buckets, ending before the first point
-    assert list(pvalue) == [float(i) for i in range(RAW_POINTS, n - 1)]
-    assert bhigh[-1] < pvalue[0] and blow[0] == 0.0
+    pt, pvalue, *_, pstatus, pgap = joined([m for m in msgs[1:-1] if m[3] == 0])
+    # Whole buckets, then a gap row where they end: the bucket that holds the ring's first
+    # point also holds updates the ring no longer has, which are in no row (the seam).
+    assert pgap[0] == 1 and pstatus[0] == wire.GapKind.SEAM and pt[0] == bt[-1] + width
+    assert math.isnan(pvalue[0]) and not pgap[1:].any()
+    assert list(pvalue[1:]) == [float(i) for i in range(RAW_POINTS, n - 1)]
+    assert bhigh[-1] < pvalue[1] and blow[0] == 0.0
 
 
 async def test_backfill_of_a_disconnected_channel_ends_with_its_gap(

@@ -4,20 +4,15 @@ PROTOCOL.md's section 11 and the GraphQL schema's descriptions are generated fro
 from __future__ import annotations
 
 import ast
-import json
 import re
-import urllib.request
 from dataclasses import fields
 from pathlib import Path
 
 from pvwire import limits
 from pvwire.config import Settings
 from pvwire.wire.session import SessionLimits
-from pvwire_client import wire
 
 from scripts.generate_protocol import PROTOCOL, protocol_text, schema_text
-from tests.server_process import ServerProcess
-from tests.stream_client import RawStream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,33 +50,6 @@ def test_the_schema_describes_the_limits_the_server_enforces() -> None:
     for name in ("max_rate_hz", "max_columns", "min_pixels", "token_ttl_s", "max_id_length",
                  "max_channels_per_subscription", "max_query_depth", "max_query_cost"):  # fmt: skip
         assert limits.shown(name) in text, name
-
-
-async def test_the_attachment_limit_is_the_table_s_over_a_real_stream(
-    server: ServerProcess,
-) -> None:
-    """The 1,001st ATTACH on one connection is refused with 4413, as section 11 says."""
-    query = 'mutation { subscribe(ids: ["sim://counter"]) { token } }'
-    body = json.dumps({"query": query}).encode()
-    request = urllib.request.Request(
-        f"{server.url}/graphql", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as r:
-        token = json.loads(r.read())["data"]["subscribe"]["token"]
-    s = await RawStream.connect(server.ws_url)
-    try:
-        most = limits.integer("max_attachments_per_connection")
-        for req in range(1, most + 2):
-            await s.send(16, req, token)
-        answers = 0
-        while answers < most + 1:
-            msg = await s.recv(60)
-            if isinstance(msg, wire.Attached | wire.Error):
-                answers += 1
-        assert isinstance(msg, wire.Error), msg
-        assert (msg.req, msg.code) == (most + 1, 4413)
-    finally:
-        await s.close()
 
 
 # A module-level constant so named holds a bound; its number belongs in the table.

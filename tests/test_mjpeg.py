@@ -37,6 +37,7 @@ from pvwire_client import wire
 from starlette.requests import Request
 
 from tests.eventually import eventually_async
+from tests.hub_doubles import FakeBackend
 from tests.p4p_server import p4p_server
 from tests.server_process import ServerProcess, server_args_for_tests
 
@@ -326,9 +327,16 @@ async def test_refusals_are_plain_and_named(
 
 
 @contextlib.asynccontextmanager
-async def in_process(**settings: Any) -> AsyncIterator[tuple[str, MjpegEndpoint]]:
+async def in_process(
+    fake: FakeBackend | None = None, **settings: Any
+) -> AsyncIterator[tuple[str, MjpegEndpoint]]:
+    """The app under uvicorn in this process, with sim:// and loc:// (and `fake` for fake://,
+    whose images the test sends)."""
     config = Settings(default_scheme="sim", linger_s=0.0, stall_timeout_s=2.0, **settings)
-    app = create_app(config, backends={"sim": SimBackend(), "loc": LocBackend()})
+    backends: dict[str, Any] = {"sim": SimBackend(), "loc": LocBackend()}
+    if fake is not None:
+        backends["fake"] = fake
+    app = create_app(config, backends=backends)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     )
@@ -348,34 +356,52 @@ async def app_server() -> AsyncIterator[tuple[str, MjpegEndpoint]]:
         yield served
 
 
-async def test_two_viewers_share_one_encoding(app_server: tuple[str, MjpegEndpoint]) -> None:
-    base, endpoint = app_server
-    channel = "sim://image?width=64&height=48&rate=20"
-    target = url(base, channel, fps=20)
+async def test_two_viewers_share_one_encoding() -> None:
+    """Each image is encoded once whatever the number of viewers: counted against the images
+    the test sends, one at a time (encoding per viewer makes two of each), not against a time
+    window."""
+    backend = FakeBackend()
     async with (
+        in_process(backend) as (base, endpoint),
         httpx.AsyncClient(timeout=30) as a,
         httpx.AsyncClient(timeout=30) as b,
-        a.stream("GET", target) as ra,
-        b.stream("GET", target) as rb,
     ):
-        pa, pb = Parts(ra), Parts(rb)
-        await asyncio.gather(pa.next(), pb.next())
+        target = url(base, "fake://img", fps=20)
+        # A viewer's response starts with its first picture: both wait for the first image.
+        opening = asyncio.gather(*(c.send(c.build_request("GET", target), stream=True)
+                                   for c in (a, b)))  # fmt: skip
+        await eventually_async(
+            lambda: "img" in backend.sinks and [f.viewers for f in endpoint.feeds.values()] == [2],
+            "two viewers of one feed",
+        )
         (feed,) = endpoint.feeds.values()
-        assert feed.viewers == 2
-        before = feed.encodes
-
-        async def read(parts: Parts) -> list[bytes]:
-            return [(await parts.next())[1] for _ in range(6)]
-
-        got_a, got_b = await asyncio.gather(read(pa), read(pb))
-        # Six frames reached each viewer: encoding per viewer would have made twelve.
-        assert feed.encodes - before <= 6 + 2
-        assert set(got_a) & set(got_b), "the viewers got the same JPEGs"
-        async with b.stream("GET", url(base, channel, fps=20, quality=30)) as rc:
-            parts_c = Parts(rc)  # kept: its reader, collected, would close the stream
-            await parts_c.next()
-            assert len(endpoint.feeds) == 2, "another option set is another feed"
+        responses = []
+        try:
+            backend.update("img", picture(0))
+            responses = await opening
+            viewers = [Parts(r) for r in responses]
+            for k in range(4):
+                if k:
+                    backend.update("img", picture(k))
+                got = await asyncio.gather(*(v.next() for v in viewers))
+                assert got[0][1] == got[1][1], "the viewers got the same JPEG"
+                assert np.asarray(decode(got[0][1]))[8 * k, 32] > 128, "image k, not another"
+                assert feed.encodes == k + 1, "one encode per image for both viewers"
+            async with b.stream("GET", url(base, "fake://img", fps=20, quality=30)) as rc:
+                parts_c = Parts(rc)  # kept: its reader, collected, would close the stream
+                await parts_c.next()
+                assert len(endpoint.feeds) == 2, "another option set is another feed"
+        finally:
+            for r in responses:
+                await r.aclose()
     await eventually_async(lambda: not endpoint.feeds, "the last viewer gone, the feed closed")
+
+
+def picture(k: int) -> np.ndarray:
+    """Image k of fake://img: black with a white band at row 8 k."""
+    image = np.zeros((48, 64), np.uint8)
+    image[8 * k : 8 * k + 4] = 255
+    return image
 
 
 async def test_a_viewer_that_stops_reading_does_not_stall_another(

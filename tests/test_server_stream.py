@@ -8,6 +8,7 @@ import time
 import msgpack
 import pytest
 import websockets
+from pvwire import limits
 from pvwire.wire.tokens import TokenSigner
 from pvwire_client import closecodes, wire
 
@@ -259,3 +260,22 @@ async def test_a_subscription_of_10000_channels_can_be_attached(server: ServerPr
     attached, snapshot = await s.attach(t)
     assert len(attached.ids) == 10_000 and len(snapshot.entries) == 10_000
     await s.close()
+
+
+async def test_the_attachment_limit_is_the_table_s(server: ServerProcess) -> None:
+    """The 1,001st ATTACH on one connection is refused with 4413, as section 11 says."""
+    t = token(server, ["sim://counter"])
+    s = await RawStream.connect(server.ws_url)
+    try:
+        most = limits.integer("max_attachments_per_connection")
+        for req in range(1, most + 2):
+            await s.send(16, req, t)
+        answers = 0
+        while answers < most + 1:
+            msg = await s.recv(60)
+            if isinstance(msg, wire.Attached | wire.Error):
+                answers += 1
+        assert isinstance(msg, wire.Error), msg
+        assert (msg.req, msg.code) == (most + 1, 4413)
+    finally:
+        await s.close()

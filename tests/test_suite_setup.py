@@ -3,8 +3,10 @@ it, and every process gets the loopback settings and that IOC's ports whether or
 
 from __future__ import annotations
 
+import ast
 import http.server
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -22,22 +24,69 @@ from tests.server_process import ServerProcess
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def setup_plan(test_file: str) -> str:
-    """What pytest would set up to run `test_file` (`--setup-plan`: nothing is run)."""
+def setup_plan(*test_files: str) -> str:
+    """What pytest would set up to run `test_files` (`--setup-plan`: nothing is run)."""
     p = subprocess.run(
-        [sys.executable, "-m", "pytest", "--setup-plan", "-p", "no:cacheprovider", test_file],
+        [sys.executable, "-m", "pytest", "--setup-plan", "-p", "no:cacheprovider", *test_files],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"{test_file}::" in p.stdout, p.stdout
+    for test_file in test_files:
+        assert f"{test_file}::" in p.stdout, (test_file, p.stdout)
     return p.stdout
 
 
 def test_unit_tests_start_no_ioc() -> None:
     assert "epics_env" not in setup_plan("tests/test_vectors.py")
+
+
+def unit_tests() -> list[str]:
+    """The Makefile's UNIT_TESTS (its `:=` and each `+=`), the files `make unit` (and `make
+    matrix`) runs."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    found = re.findall(
+        r"^UNIT_TESTS (:=|\+=) \$\(patsubst %,tests/test_%\.py,([^)]*)\)", text, re.M
+    )
+    assert [op for op, _ in found][:1] == [":="], "UNIT_TESTS is no longer written as read here"
+    return [f"tests/test_{name}.py" for _, names in found for name in names.split()]
+
+
+# The fixtures of tests/conftest.py that start a process: the shared IOC, a server on it,
+# Keycloak; and names by which a test starts one itself.
+PROCESS_FIXTURES = {"epics_env", "server", "server_url", "client_url", "keycloak"}
+PROCESS_NAMES = {"ServerProcess", "IocProcess", "Keycloak", "subprocess", "uvicorn", "Popen",
+                 "create_subprocess_exec", "p4p_server", "chromium"}  # fmt: skip
+
+
+def names_used(path: Path) -> set[str]:
+    """The names `path` uses or imports (the modules it imports are checked as unit tests if
+    they are, and their fixtures by the setup plan)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in [a.name for a in node.names] + modules:
+                names.update(name.split("."))
+    return names
+
+
+def test_the_unit_set_starts_no_ioc_and_no_server() -> None:
+    """What README.md says of `make unit`: no IOC, server, browser or container. No unit test
+    asks for a fixture that starts one, nor names what starts one."""
+    files = unit_tests()
+    assert len(files) > 30 and {"tests/test_tick.py", "tests/test_pyclient_held.py"} <= set(files)
+    plan = setup_plan(*files)
+    fixtures = set(re.findall(r"^\s*SETUP\s+[SPMCF]\s+(\w+)", plan, re.M))
+    assert fixtures and not fixtures & PROCESS_FIXTURES, fixtures & PROCESS_FIXTURES
+    for f in files:
+        assert not names_used(ROOT / f) & PROCESS_NAMES, f
 
 
 def test_tests_that_need_the_ioc_request_it() -> None:

@@ -29,7 +29,6 @@ from pvwire.wire import codec as wire
 from tests.hub_doubles import FakeBackend
 
 ROUTER = view_module.ROUTER
-pytestmark = pytest.mark.skipif(ROUTER is None, reason="never: `make` builds core/_tick.c")
 
 VALUES: list[Any] = [1.5, 7, "text", np.arange(20.0), np.ones((4, 6), "<u2")]
 LOOP = asyncio.new_event_loop()  # the tickers' timers are armed on it but never run
@@ -39,6 +38,13 @@ LOOP = asyncio.new_event_loop()  # the tickers' timers are armed on it but never
 def _close_loop() -> Any:
     yield
     LOOP.close()
+
+
+@pytest.fixture(autouse=True)
+def _compiled() -> None:
+    """Every test here fails, none is skipped, where core/_tick.c is not built: the Python
+    path compared with itself would pass whatever the compiled one does."""
+    assert ROUTER is not None, "core/_tick.c is not built (`make ext` builds it)"
 
 
 class World:
@@ -320,3 +326,72 @@ def test_the_router_takes_only_classes_with_these_slots() -> None:
 
     with pytest.raises(TypeError, match=r"Router: Sub\.pending is not a writable slot of its own"):
         type(ROUTER)(Channel, Sub, META)
+
+
+def test_all_mode_views_get_each_update_once_when_python_routes_what_the_compiled_route_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The compiled route stops at a channel it does not take after it handed the channels
+    before it to their ALL-mode views: Python routes what is still dirty, and those views get
+    each update once, as without the compiled route (LATEST views merge masks, where twice is
+    once; ALL-mode views append every update)."""
+
+    class OtherChannel(Channel):
+        __slots__ = ()
+
+    spec = {"mode": "ALL", "rate": 0.0, "reduction": NO_REDUCTION, "writes": b""}
+    latest = {**spec, "mode": "LATEST", "sids": [0, 1]}
+    views = [{**spec, "sids": [0, 1]}, {**spec, "sids": [1, 0, 1]}, latest]
+    worlds = [World([0, 0], views), World([0, 0], views)]
+    for world in worlds:
+        odd = OtherChannel("sim://odd", FakeBackend(), "odd", world.ticker)
+        odd.on_connection(ConnState.CONNECTED)
+        view = View(ViewKey(("sim://odd",), "ALL", 0.0), [odd])
+        view.link()
+        world.views.append(view)
+        world.tick(False, 0.0)  # connections and metadata
+        for step in (1, 2):  # two updates of each channel within the tick, in upstream order
+            world.change(0, "update", step)
+            world.change(1, "update", step)
+        odd.on_update(5.0, 1_700_000_001, 0, 0, 0, "")  # listed after them: the route stops
+    with caplog.at_level(logging.ERROR, logger="pvwire.tick"):
+        compiled = worlds[0].tick(True, 0.1)
+    assert worlds[0].ticker.stats.failures == {"view": 1}
+    assert "routing the tick's changes failed" in caplog.text
+    assert compiled == worlds[1].tick(False, 0.1)
+    emitted = compiled[0][1]
+    assert emitted is not None
+    once = [VALUES[0] + 1, VALUES[0] + 2]
+    assert [e[2] for e in emitted[1] if e[0] == 0] == once
+    assert [e[2] for e in emitted[1] if e[0] == 1] == once
+
+
+class Resizing:
+    """A view's channel whose body, made at the splice, grows or shrinks the view's channel
+    list first: the splice must read only sids that both its list and its numbers still hold."""
+
+    def __init__(self, real: Channel, view: View, grow: bool) -> None:
+        self.real, self.view, self.grow, self.number = real, view, grow, real.number
+
+    def body(self, mask: int, cache: bool, reduction: Any, writes: bool) -> wire.EntryBody:
+        channels = self.view.channels
+        if self.grow:
+            channels += [self.real] * 4
+        else:
+            del channels[1:]
+        return self.real.body(mask, cache, reduction, writes)
+
+
+@pytest.mark.parametrize("grow", [True, False])
+def test_a_splice_reads_no_sid_past_the_channels_it_was_given(grow: bool) -> None:
+    assert ROUTER is not None
+    world = World([0, 0], [])
+    a, b = world.channels
+    view = View(ViewKey((a.id, b.id), "LATEST", 0.0), [a, b])
+    view.channels[0] = Resizing(a, view, grow)  # type: ignore[call-overload]
+    view.writes = bytes(6)  # one per sid of the list grown: only the numbers bound sid 2
+    world.tick(False, 0.0)
+    with pytest.raises(IndexError, match=r"sid [12] out of range"):
+        ROUTER.splice(view, {0: META, 1 if not grow else 2: META})
+    view.channels[:] = [a, b]
+    assert len(ROUTER.splice(view, {0: META, 1: META})[0]) > 0

@@ -214,6 +214,21 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      history(1, 1, 0, [1700000000_000000000, 1700000000_100000000, 1700000001_000000000],
              [1.0, 2.0, 3.0, 1.5, 2.5, -3.5, *[{"$float": "NaN"}] * 3], [0, 2, 3], [0, 3, 0],
              [0, 0, 1], elements=3)),
+    ("history_left_out", "server",
+     "HISTORY: the gap row (status 1, left out) that ends a slow reader's backfill of a channel: "
+     "its rows from this time to its snapshot were not sent (section 2.8)",
+     history(1, 0, 0, [1700000005_000000000], [{"$float": "NaN"}], [3], [1], [1])),
+    ("history_refill", "server",
+     "HISTORY after a re-attach whose since is just before the rows left out: those rows, then "
+     "rows the client has (from its snapshot at 9 s and DATA at 10 s), then a newer one",
+     history(1, 0, 0, [1700000005_000000000, 1700000007_000000000, 1700000009_000000000,
+                       1700000010_000000000, 1700000011_000000000],
+             [5.0, 7.0, 9.0, 10.0, 11.0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0])),
+    ("history_seam", "server",
+     "HISTORY of updates after buckets: a gap row (status 2, seam) where the whole buckets end, "
+     "the updates from there to the first point being in no row (section 2.8)",
+     history(1, 0, 0, [1700000000_000000000, 1700000001_500000000, 1700000001_600000000],
+             [{"$float": "NaN"}, 4.0, 4.5], [3, 0, 0], [2, 0, 0], [1, 0, 0])),
     ("detached", "server", "DETACHED answering DETACH req 3",
      {"kind": "DETACHED", "req": 3, "att": 1}),
     ("detached_by_server", "server", "DETACHED the server chose (req nil)",

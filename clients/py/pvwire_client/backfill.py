@@ -22,11 +22,10 @@ _GAP_CHANGED = frozenset({"connection"})
 
 
 def past_states(
-    history: History, like: ChannelState, after: int
+    history: History, like: ChannelState, after: int = -1
 ) -> list[tuple[ChannelState, frozenset[str], int]]:
-    """(state, changed, t) per row whose time ``t`` (ns) is later than ``after``: a re-attach
-    may send rows the reader already has (a server without ``since``, a bucket that straddles
-    it), and those are skipped (section 2.8).
+    """(state, changed, t) per row whose time ``t`` (ns) is later than ``after`` (the session
+    hands on only rows the reader lacks: every row, by default).
 
     Each state is a copy of ``like`` (id, metadata, access) with the row's value, time and
     alarm; ``serial`` None (a past row is no stream update). A bucket row gives its last value

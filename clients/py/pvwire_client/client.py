@@ -303,7 +303,9 @@ class Client:
         ``backfill`` = S seconds: first the channels' last S seconds as the server recorded them
         (PROTOCOL.md section 2.8), as Updates with ``past`` True, oldest first, then the live
         ones; the first live value is the one after the last past one. After a reconnect the
-        past rows the reader already had are not yielded again. An array channel's past values
+        past rows the reader already had are not yielded again, and those a slow backfill left
+        out (a gap row said so) are: older than the live ones yielded since, still ``past``
+        True, in time order among themselves. An array channel's past values
         (a server started with ``--history-array-max``) are float64 ndarrays, one per row.
         """
         stream, sub = await self._open(
@@ -311,7 +313,6 @@ class Client:
         )
         # Per channel: what changed before its first update (None once that was yielded).
         held: list[set[str] | None] = [set() for _ in sub.states]
-        newest = [0] * len(sub.states)  # per channel: the latest time yielded, ns (backfill)
         # Per channel: its past, held until its first update is yielded. The past comes before
         # the snapshot, and so before the metadata: held, its rows read as the channel's type
         # says (an integer channel's as integers, as the live ones), and still come first.
@@ -325,8 +326,7 @@ class Client:
                     if held[sid] is not None:
                         early[sid].append(payload)
                         continue
-                    for past, what, t in past_states(payload, sub.states[sid], newest[sid]):
-                        newest[sid] = t
+                    for past, what, _ in past_states(payload, sub.states[sid]):
                         yield Update(past, what, past=True)
                 elif kind in ("entries", "snapshot"):
                     for e in payload:
@@ -339,13 +339,9 @@ class Client:
                                 continue
                             changed, held[e[0]] = frozenset(pending), None
                             for history in early[e[0]]:
-                                for past, what, t in past_states(history, state, newest[e[0]]):
-                                    newest[e[0]] = t
+                                for past, what, _ in past_states(history, state):
                                     yield Update(past, what, past=True)
                             early[e[0]] = []
-                        if state.seconds is not None and state.nanoseconds is not None:
-                            t = state.seconds * 1_000_000_000 + state.nanoseconds
-                            newest[e[0]] = max(newest[e[0]], t)
                         yield Update(copy.copy(state), changed)
                 elif kind == "lost":
                     for sid, state in enumerate(sub.states):

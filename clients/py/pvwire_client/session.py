@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeAlias
 
 from . import closecodes
 from .entry import TIME, VALUE
+from .held import Held
 from .subscription import Subscription, SubscriptionEvent, SubscriptionState
 from .wire import (
     Attached,
@@ -112,9 +113,10 @@ class Backfill:
     """Recorded past of one of ``key``'s channels (``history.sid``, in range), sent after ATTACHED
     and before that attachment's SNAPSHOT when the token asked for ``backfill`` (section 2.8).
 
-    It changes no channel state. A re-attach says the newest time delivered per channel (the
-    ATTACH's ``since``), so only later rows come; a server that does not know ``since`` sends
-    them all again, and which rows the application already has is the pump's to say.
+    It changes no channel state. Only the rows the client lacks are handed on (a run of them
+    per event, in order; :mod:`pvwire_client.held`): a re-attach says per channel after which
+    time it lacks rows (the ATTACH's ``since``), and of what comes again (a server that does
+    not know ``since``, a bucket that straddles it) the rows it has are dropped.
     """
 
     key: Hashable
@@ -317,7 +319,7 @@ class Session:
         sub.expires_at = expires_at
         if ids is not None:
             if ids != sub.ids:
-                sub.newest = None  # other channels: what it holds says nothing of them
+                sub.held = None  # other channels: what it holds says nothing of them
             sub.ids = ids
         self._attach(sub, now)
 
@@ -454,8 +456,8 @@ class Session:
             self._events.append(Renew(sub.key))
             return
         assert sub.token is not None  # held in WAITING
-        held = sub.newest if sub.newest is not None and any(sub.newest) else None
-        self._request("attach", sub, encode_attach(self._next_req, sub.token, held), now)
+        since = sub.held.since() if sub.held is not None else None
+        self._request("attach", sub, encode_attach(self._next_req, sub.token, since), now)
         self._move(sub, "attach")
 
     def _request(self, what: str, sub: Subscription | None, data: bytes, now: float) -> None:
@@ -485,15 +487,17 @@ class Session:
         for e in raw:
             if e[0] >= sub.count:
                 raise ProtocolError(f"entry sid {e[0]} out of range for {sub.count} channels")
-        newest = sub.newest
-        if newest is not None:
+        held = sub.held
+        if held is not None:
             for e in raw:
                 mask = e[1]
+                t = None
                 if mask & TIME:
                     at = 4 if mask & VALUE else 2  # TIME follows VALUE's two fields
                     t = e[at] * NS + e[at + 1]
-                    if t > newest[e[0]]:
-                        newest[e[0]] = t
+                    held.entry(e[0], t)
+                if snapshot:
+                    held.snapshot(e[0], t)
         self._events.append(Entries(sub.key, raw, snapshot))
 
     def _history(self, msg: History) -> None:
@@ -503,9 +507,14 @@ class Session:
             return  # an attachment this client detached, or never had (section 1)
         if msg.sid >= sub.count:
             raise ProtocolError(f"HISTORY sid {msg.sid} out of range for {sub.count} channels")
-        if sub.newest is not None and len(msg.t):
-            sub.newest[msg.sid] = max(sub.newest[msg.sid], int(msg.t.max()))
-        self._events.append(Backfill(sub.key, msg))
+        if sub.held is None:
+            self._events.append(Backfill(sub.key, msg))
+            return
+        runs = sub.held.history(
+            msg.sid, msg.t.tolist(), msg.gap.tolist(), msg.status.tolist(), msg.resolution
+        )
+        for start, stop in runs:
+            self._events.append(Backfill(sub.key, msg.rows(start, stop)))
 
     def _dispatch(self, msg: Message, now: float) -> None:
         notice, self._notice = self._notice, None
@@ -575,8 +584,10 @@ class Session:
             return
         self._move(sub, "attached", att=msg.att)
         sub.count, sub.renewed = len(msg.ids), False
-        if sub.backfill and (sub.newest is None or len(sub.newest) != sub.count):
-            sub.newest = [0] * sub.count
+        if sub.backfill:
+            if sub.held is None or len(sub.held) != sub.count:
+                sub.held = Held(sub.count)
+            sub.held.attached()
         self._by_att[msg.att] = sub
         self._events.append(Attach(sub.key, msg.ids))
 

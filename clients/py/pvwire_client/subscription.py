@@ -29,6 +29,8 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
+from .held import Held
+
 __all__ = [
     "SUBSCRIPTION_EVENTS",
     "TRANSITIONS",
@@ -116,9 +118,9 @@ class Subscription:
     # A token was refused (4401/4402) and registered again: one more refusal before an
     # ATTACHED ends the subscription, so a server refusing every token causes no loop.
     renewed: bool = False
-    # Per channel of the last ATTACHED: the newest time (ns) it delivered, from HISTORY rows
-    # and entries; sent as the next ATTACH's `since` (section 2.8). None: not tracked.
-    newest: list[int] | None = None
+    # What it holds of the past of each channel of the last ATTACHED (held.py): the rows it
+    # lacks of a HISTORY, the next ATTACH's `since` (section 2.8). None: not tracked.
+    held: Held | None = None
 
     def move(
         self, event: SubscriptionEvent, *, token: str | None = None, att: int | None = None

@@ -7,6 +7,7 @@ see well-formed, typed messages.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -149,8 +150,10 @@ class History:
     subscription asked for ``backfill`` (section 2.8): columns of one length, oldest first.
 
     ``resolution`` 0: every update as it came (``min`` = ``max`` = ``value``); else buckets of
-    that many ns starting at ``t``, ``value`` the last in the bucket. ``gap`` 1 marks where the
-    channel was away (value NaN): a plot breaks its line there. An array channel's ``value``,
+    that many ns starting at ``t``, ``value`` the last in the bucket. ``gap`` 1 marks a row with
+    no update (value NaN; ``status`` says why: 0 the channel was away, 1 the backfill left its
+    rows out from there to the snapshot, 2 updates in no row): a plot breaks its line there.
+    An array channel's ``value``,
     ``min`` and ``max`` are 2-D, a row of elements per row (``min``/``max`` element-wise)."""
 
     att: int
@@ -163,6 +166,16 @@ class History:
     severity: npt.NDArray[np.uint8]
     status: npt.NDArray[np.uint16]
     gap: npt.NDArray[np.uint8]
+
+    def rows(self, start: int, stop: int) -> History:
+        """Rows [start, stop) of these, as one message's (views of its columns)."""
+        if start == 0 and stop == len(self.t):
+            return self
+        cut = slice(start, stop)
+        return dataclasses.replace(
+            self, t=self.t[cut], value=self.value[cut], min=self.min[cut], max=self.max[cut],
+            severity=self.severity[cut], status=self.status[cut], gap=self.gap[cut],
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,9 +664,9 @@ def _check_req(req: int) -> None:
 def encode_attach(req: int, token: str, since: Sequence[int] | None = None) -> bytes:
     """``[16, req, token]``: attach a token from the GraphQL ``subscribe`` mutation.
 
-    ``since``: per channel of the token, the time (ns) of the newest row the client holds, 0 for
-    none; the server then sends only later backfill rows (``[16, req, token, since]``, section
-    2.8)."""
+    ``since``: per channel of the token, the time (ns) after which the client lacks rows (its
+    newest, or just before a hole: :mod:`pvwire_client.held`), 0 for none; the server then sends
+    only later backfill rows (``[16, req, token, since]``, section 2.8)."""
     _check_req(req)
     if since is None:
         return _pack([16, req, token])

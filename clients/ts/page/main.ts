@@ -154,13 +154,17 @@ function subscribeRow(row: Row): void {
   });
 }
 
-/** The recorded past of a row's channel, before its first live value: into its trace. */
+/** The recorded past of a row's channel into its trace: before its first live value, or after
+ * a reconnect rows a slow backfill had left out, older than live ones: put in time order. */
 function addPast(row: Row, h: History): void {
   const value = h.value;
   if (value instanceof NdArray) return; // an array channel's frames: the strip chart draws scalars
+  const trace = row.trace;
+  const last = trace.length > 0 ? trace[trace.length - 1]![0] : -Infinity;
   for (let i = 0; i < h.t.length; i++) {
-    row.trace.push([Number(h.t[i]! / 1_000_000n), h.gap[i] ? NaN : value[i]!]);
+    trace.push([Number(h.t[i]! / 1_000_000n), h.gap[i] ? NaN : value[i]!]);
   }
+  if (h.t.length > 0 && Number(h.t[0]! / 1_000_000n) < last) trace.sort((a, b) => a[0] - b[0]);
   if (row.name === stripName) stripStats.past += h.t.length;
 }
 

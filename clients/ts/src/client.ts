@@ -14,7 +14,6 @@ import { ProtocolError, PvwireError, RequestError, StreamClosedError, StreamRequ
 import {
   CHANNEL_FIELDS, graphqlRequest, type Channel, type FetchLike, type PutResult, type StreamRegistration,
 } from "./graphql.js";
-import { rowsAfter, timeNs } from "./history.js";
 import { ALIGNED_SUBPROTOCOL, SUBPROTOCOL, type Entry, type History, type ServerMessage } from "./protocol.js";
 import { Session, type SessionEvent } from "./session.js";
 
@@ -91,8 +90,9 @@ export interface SubscribeOptions {
   /**
    * The recorded past of channel `sid` (with `backfill`), oldest first, one or more calls per
    * channel before its first state reaches the listener: points (`resolution` 0) or buckets.
-   * The listener's first value is the one after the last row. After a reconnect only rows newer
-   * than what was delivered (or seen live) come again.
+   * The listener's first value is the one after the last row. After a reconnect only rows the
+   * subscription lacks come: those newer than what was delivered (or seen live), and those a
+   * slow backfill left out (a gap row of status 1 said so), older than the live ones since.
    */
   onHistory?: (sid: number, history: History) => void;
   /**
@@ -165,8 +165,6 @@ class Sub implements Subscription {
   renewTimer: ReturnType<typeof setTimeout> | undefined;
   /** Access granted per sid by the last registration. */
   access: (Access | undefined)[] = [];
-  /** Per sid: the newest past row delivered to onHistory, ns (backfill). */
-  pastNs: bigint[] = [];
   readonly ready: Promise<void>;
   resolveReady!: () => void;
   rejectReady!: (e: PvwireError) => void;
@@ -616,19 +614,13 @@ export class PvwireClient {
     }
   }
 
-  /** Hand the rows of a HISTORY newer than what the subscription has (delivered, or seen live)
+  /** Hand the rows of a HISTORY the subscription lacks (the session keeps only those: held.ts)
    * to its onHistory; one that throws is reported as an error, like a listener. */
   private history(sub: Sub, msg: History): void {
     const onHistory = sub.options.onHistory;
     if (onHistory === undefined || sub.closed) return;
-    const live = sub.states[msg.sid]?.time;
-    let after = sub.pastNs[msg.sid] ?? -1n;
-    if (live !== undefined && timeNs(live) > after) after = timeNs(live);
-    const rows = rowsAfter(msg, after);
-    if (rows === null) return;
-    sub.pastNs[msg.sid] = rows.t[rows.t.length - 1]!;
     try {
-      onHistory(msg.sid, rows);
+      onHistory(msg.sid, msg);
     } catch (err) {
       this.emit("error", err instanceof PvwireError ? err : new PvwireError(`subscription onHistory failed: ${String(err)}`));
     }

@@ -15,32 +15,37 @@ export function timeNs(time: Timestamp): bigint {
 }
 
 /**
- * The rows of `history` later than `afterNs`, or null when there are none: a re-attach after a
- * reconnect may send rows the reader has (a server without `since`, a bucket that straddles
- * it), and a reader keeps only what is newer than what it has (section 2.8). The columns are views of the received message (subarray, no copy).
+ * The rows of `history` later than `afterNs`, or null when there are none: a reader keeps only
+ * what is newer than what it has (section 2.8; the session does this for a subscription with
+ * `backfill`, holes included: held.ts). The columns are views of the received message
+ * (subarray, no copy).
  */
 export function rowsAfter(history: History, afterNs: bigint): History | null {
   const t = history.t;
   let first = 0;
   while (first < t.length && t[first]! <= afterNs) first++;
-  if (first === t.length) return null;
-  if (first === 0) return history;
+  return first === t.length ? null : rowsBetween(history, first, t.length);
+}
+
+/** Rows [start, stop) of `history`, as one message's: views of its columns, no copy. */
+export function rowsBetween(history: History, start: number, stop: number): History {
+  if (start === 0 && stop === history.t.length) return history;
   return {
     ...history,
-    t: t.subarray(first),
-    value: rowsFrom(history.value, first),
-    min: rowsFrom(history.min, first),
-    max: rowsFrom(history.max, first),
-    severity: history.severity.subarray(first),
-    status: history.status.subarray(first),
-    gap: history.gap.subarray(first),
+    t: history.t.subarray(start, stop),
+    value: rowsOf(history.value, start, stop),
+    min: rowsOf(history.min, start, stop),
+    max: rowsOf(history.max, start, stop),
+    severity: history.severity.subarray(start, stop),
+    status: history.status.subarray(start, stop),
+    gap: history.gap.subarray(start, stop),
   };
 }
 
-/** The rows of a value column from `first` on: a subarray, or an array channel's NdArray of the
- * rows [first, rows) (a view, no copy). */
-function rowsFrom(column: Float64Array | NdArray, first: number): Float64Array | NdArray {
-  if (!(column instanceof NdArray)) return column.subarray(first);
-  const [rows, elements] = column.dims as [number, number];
-  return new NdArray(column.dtype, [rows - first, elements], column.data.subarray(first * elements));
+/** Rows [start, stop) of a value column: a subarray, or an array channel's NdArray of those
+ * rows (a view, no copy). */
+function rowsOf(column: Float64Array | NdArray, start: number, stop: number): Float64Array | NdArray {
+  if (!(column instanceof NdArray)) return column.subarray(start, stop);
+  const elements = column.dims[1]!;
+  return new NdArray(column.dtype, [stop - start, elements], column.data.subarray(start * elements, stop * elements));
 }

@@ -19,6 +19,6 @@ export { decodeNdArray, encodeNdArray, NdArray, DTYPES } from "./ndarray.js";
 export type { ArrayValue, DType, TypedArray } from "./ndarray.js";
 export { decodeEntry, decodeServerMessage, encodeClientMessage, Kind, Mask, PROTOCOL_VERSION, SUBPROTOCOL, ALIGNED_SUBPROTOCOL } from "./protocol.js";
 export type { ClientMessage, Entry, Group, History, Limits, Metadata, Reduced, ServerMessage, Value } from "./protocol.js";
-export { rowsAfter, timeNs } from "./history.js";
+export { rowsAfter, rowsBetween, timeNs } from "./history.js";
 export { COLOR_MAPS, colorMapTable, DEFAULT_MAX_PIXELS, drawStaleMarker, ImageView, imageGeometry, minMax, renderFrame, STALE_COLOR } from "./imageView.js";
 export type { ColorMapName, DisplayRange, ImageStats, ImageViewOptions } from "./imageView.js";

@@ -116,8 +116,9 @@ export type ServerMessage =
   | History;
 
 export type ClientMessage =
-  /** `since`: per channel of the token, the time (ns) of the newest backfill row the client
-   * holds, 0 for none; the server then sends only later rows (section 2.8). */
+  /** `since`: per channel of the token, the time (ns) after which the client lacks rows (its
+   * newest, or just before a hole: held.ts), 0 for none; the server then sends only later rows
+   * (section 2.8). */
   | { kind: "ATTACH"; req: number; token: string; since?: readonly bigint[] }
   | { kind: "DETACH"; req: number; att: number }
   | { kind: "PING"; nonce: number | string };

@@ -21,6 +21,8 @@
  */
 import { closeClass, closeName, CloseCode, ErrorCode } from "./closeCodes.js";
 import { ProtocolError } from "./errors.js";
+import { Held } from "./held.js";
+import { rowsBetween } from "./history.js";
 import { decodeServerMessage, encodeClientMessage, PROTOCOL_VERSION, type ClientMessage, type Entry, type History, type ServerMessage } from "./protocol.js";
 import { move, newSubscription, type Subscription, type SubscriptionEvent, type SubscriptionState } from "./subscription.js";
 
@@ -45,8 +47,10 @@ export type SessionEvent<K> =
   /**
    * Recorded past of one of `key`'s channels (`history.sid`, in range), after ATTACHED and before
    * that attachment's SNAPSHOT when the token asked for `backfill` (section 2.8). It changes no
-   * channel state; a re-attach sends it again, and which rows the application already has is the
-   * pump's to say (it knows what it delivered).
+   * channel state. Only the rows the client lacks are handed on (a run of them per event, in
+   * order; held.ts): a re-attach says per channel after which time it lacks rows (the ATTACH's
+   * `since`), and of what comes again (a server that does not know `since`, a bucket that
+   * straddles it) the rows it has are dropped.
    */
   | { type: "history"; key: K; history: History }
   /** The connection is gone, a reconnect follows: CONNECTED channels show DISCONNECTED. */
@@ -167,7 +171,7 @@ export class Session<K> {
     sub.expiresAt = o.expiresAt;
     if (ids !== undefined) {
       // Other channels: what it holds says nothing of them.
-      if (sub.ids === undefined || !sameIds(ids, sub.ids)) sub.newest = undefined;
+      if (sub.ids === undefined || !sameIds(ids, sub.ids)) sub.held = undefined;
       sub.ids = ids;
     }
     this.attach(sub, o.now);
@@ -301,7 +305,7 @@ export class Session<K> {
       return;
     }
     const token = sub.token!; // held in WAITING
-    const since = sub.newest !== undefined && sub.newest.some((t) => t > 0n) ? [...sub.newest] : undefined;
+    const since = sub.held?.since();
     this.request("attach", sub, (req) => (since === undefined ? { kind: "ATTACH", req, token } : { kind: "ATTACH", req, token, since }), now);
     this.move(sub, "attach");
   }
@@ -332,12 +336,15 @@ export class Session<K> {
     for (const e of entries) {
       if (e.sid >= sub.count) throw new ProtocolError(`entry sid ${e.sid} out of range for ${sub.count} channels`);
     }
-    const newest = sub.newest;
-    if (newest !== undefined) {
+    const held = sub.held;
+    if (held !== undefined) {
       for (const e of entries) {
-        if (e.seconds === undefined || e.nanoseconds === undefined) continue;
-        const t = BigInt(e.seconds) * NS + BigInt(e.nanoseconds);
-        if (t > newest[e.sid]!) newest[e.sid] = t;
+        let t: bigint | undefined;
+        if (e.seconds !== undefined && e.nanoseconds !== undefined) {
+          t = BigInt(e.seconds) * NS + BigInt(e.nanoseconds);
+          held.entry(e.sid, t);
+        }
+        if (snapshot) held.snapshot(e.sid, t);
       }
     }
     this.events.push({ type: "entries", key: sub.key, entries, snapshot });
@@ -375,10 +382,13 @@ export class Session<K> {
         const sub = this.byAtt.get(msg.att);
         if (sub === undefined) return;
         if (msg.sid >= sub.count) throw new ProtocolError(`HISTORY sid ${msg.sid} out of range for ${sub.count} channels`);
-        if (sub.newest !== undefined) {
-          for (const t of msg.t) if (t > sub.newest[msg.sid]!) sub.newest[msg.sid] = t;
+        if (sub.held === undefined) {
+          this.events.push({ type: "history", key: sub.key, history: msg });
+          return;
         }
-        this.events.push({ type: "history", key: sub.key, history: msg });
+        for (const [start, stop] of sub.held.history(msg.sid, msg.t, msg.gap, msg.status, msg.resolution)) {
+          this.events.push({ type: "history", key: sub.key, history: rowsBetween(msg, start, stop) });
+        }
         return;
       }
       case "ATTACHED":
@@ -436,7 +446,10 @@ export class Session<K> {
     this.move(sub, "attached", { att: msg.att });
     sub.count = msg.ids.length;
     sub.renewed = false;
-    if (sub.backfill && (sub.newest === undefined || sub.newest.length !== sub.count)) sub.newest = new Array<bigint>(sub.count).fill(0n);
+    if (sub.backfill) {
+      if (sub.held === undefined || sub.held.length !== sub.count) sub.held = new Held(sub.count);
+      sub.held.attached();
+    }
     this.byAtt.set(msg.att, sub);
     this.events.push({ type: "attached", key: sub.key, ids: msg.ids });
   }

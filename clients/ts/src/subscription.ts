@@ -21,6 +21,7 @@
  * `token` is held exactly from WAITING to ATTACHED and `att` exactly in ATTACHED: `move` sets both
  * with the state, so they cannot disagree with it.
  */
+import type { Held } from "./held.js";
 export const SUBSCRIPTION_STATES = ["REGISTERING", "WAITING", "ATTACHING", "ATTACHED", "ABANDONED", "CLOSED"] as const;
 export type SubscriptionState = (typeof SUBSCRIPTION_STATES)[number];
 export const SUBSCRIPTION_EVENTS = ["token", "expiring", "attach", "attached", "mismatch", "renew", "refused", "ended", "lost", "closed", "remove"] as const;
@@ -69,13 +70,13 @@ export interface Subscription<K> {
   /** A token was refused (4401/4402) and registered again: one more refusal before an ATTACHED
    * ends the subscription, so a server refusing every token causes no loop. */
   renewed: boolean;
-  /** Per channel of the last ATTACHED: the newest time (ns) it delivered, from HISTORY rows and
-   * entries; sent as the next ATTACH's `since` (section 2.8). undefined: not tracked. */
-  newest: bigint[] | undefined;
+  /** What it holds of the past of each channel of the last ATTACHED (held.ts): the rows it
+   * lacks of a HISTORY, the next ATTACH's `since` (section 2.8). undefined: not tracked. */
+  held: Held | undefined;
 }
 
 export function newSubscription<K>(key: K, ids: readonly string[] | undefined, o: { expiresAt: number | undefined; renewable: boolean; backfill: boolean }): Subscription<K> {
-  return { key, ids, ...o, state: "REGISTERING", token: undefined, att: undefined, count: 0, renewed: false, newest: undefined };
+  return { key, ids, ...o, state: "REGISTERING", token: undefined, att: undefined, count: 0, renewed: false, held: undefined };
 }
 
 /**

@@ -176,9 +176,11 @@ static PyObject *typed_slot(PyObject *obj, Py_ssize_t offset, PyTypeObject *type
 }
 
 /* The channel's ALL-mode views: each through add_one(view, sid, mask, channel), whose answer
- * says whether the view goes into `active` (View.add_change's). */
+ * says whether the view goes into `active` (View.add_change's), its (view, sid) then listed in
+ * `handed`: an ALL-mode view appends every update it is handed, so after an error Python must
+ * know which it need not hand the change again. */
 static int route_all_mode(Router *self, PyObject *ch, PyObject *mask, PyObject *active,
-                          PyObject *add_one) {
+                          PyObject *add_one, PyObject *handed) {
     PyObject *views = typed_slot(ch, self->ch[CH_VIEWS], &PyDict_Type, "Channel.views");
     if (!views) return -1;
     Py_INCREF(views);
@@ -199,7 +201,8 @@ static int route_all_mode(Router *self, PyObject *ch, PyObject *mask, PyObject *
         PyObject *r = PyObject_CallFunctionObjArgs(add_one, view, sid, mask, ch, NULL);
         int first = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
-        rc = first < 0 ? -1 : first ? PyDict_SetItem(active, view, Py_None) : 0;
+        if (first >= 0) rc = PyList_Append(handed, key);
+        if (rc == 0) rc = first < 0 ? -1 : first ? PyDict_SetItem(active, view, Py_None) : 0;
         Py_DECREF(key);
     }
     Py_DECREF(views);
@@ -273,27 +276,32 @@ static int pull(Router *self, PyObject *view, PyObject *active) {
     return rc;
 }
 
-/* route(dirty: list, active: dict, add_one, token) -> None
+/* route(dirty: list, active: dict, add_one, token, handed: list) -> None
  * The tick's changes into its views, in four passes:
  * 1. each dirty channel (exactly of the Channel class) marks each LATEST view that holds it
  *    (its `latest_views`) with `token`, the first time this tick, and hands its change to each
  *    ALL-mode view (its `views`) through add_one(view, sid, mask, channel), which answers
- *    whether that view goes into `active` (View.add_change's answer);
+ *    whether that view goes into `active` (View.add_change's answer), listing each (view, sid)
+ *    so handed in `handed`;
  * 2. each change goes into the table under its channel's number;
  * 3. each marked view merges the masks of its changed channels into its `pending` (`pull`):
  *    one pass over its numbers, where pushing each change to each view chased a (view, sid)
  *    pair per delivery;
  * 4. each channel's `dirty` is 0 and its `history` empty.
  * The table is kept for the splices of this tick until `forget`. An error in passes 1-3 leaves
- * every `dirty` set, in pass 4 those not yet cleared, so that Python can route them again
- * (merging a mask twice changes nothing). */
+ * every `dirty` set, in pass 4 those not yet cleared, so that Python can route them again:
+ * merging a mask twice changes nothing, and the ALL-mode views in `handed` are not handed the
+ * change again. */
 static PyObject *router_route(Router *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "route(dirty: list, active: dict, add_one, token)");
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || !PyDict_Check(args[1]) ||
+        !PyList_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "route(dirty: list, active: dict, add_one, token, handed: list)");
         return NULL;
     }
     if (router_ready(self) < 0) return NULL;
     PyObject *dirty = args[0], *active = args[1], *add_one = args[2], *token = args[3];
+    PyObject *handed = args[4];
     PyObject *marked = PyList_New(0);
     if (!marked) return NULL;
     Py_INCREF(dirty);
@@ -330,7 +338,7 @@ static PyObject *router_route(Router *self, PyObject *const *args, Py_ssize_t na
         if (rc == 0 && PyObject_IsTrue(all_views)) {
             Py_INCREF(ch);
             Py_INCREF(mask);
-            rc = route_all_mode(self, ch, mask, active, add_one);
+            rc = route_all_mode(self, ch, mask, active, add_one, handed);
             Py_DECREF(mask);
             Py_DECREF(ch);
         }
@@ -491,7 +499,10 @@ static PyObject *router_splice(Router *self, PyObject *const *args, Py_ssize_t n
     PyObject *channels = typed_slot(view, self->v[V_CHANNELS], &PyList_Type, "View.channels");
     PyObject *writes = typed_slot(view, self->v[V_WRITES], &PyBytes_Type, "View.writes");
     if (!channels || !writes) return NULL;
-    const int32_t *numbers = numbers_of(self, view, PyList_GET_SIZE(channels));
+    /* The sids `numbers` holds: Channel.body, called on a miss, runs Python code, which may
+     * grow or shrink the list, never `numbers` (held below). */
+    Py_ssize_t n_channels = PyList_GET_SIZE(channels);
+    const int32_t *numbers = numbers_of(self, view, n_channels);
     if (!numbers) return NULL;
     /* Held: Channel.body, called on a miss, runs Python code. */
     Py_INCREF(channels);
@@ -521,7 +532,7 @@ static PyObject *router_splice(Router *self, PyObject *const *args, Py_ssize_t n
     for (k = 0; k < n; k++) {
         Py_ssize_t s = PyLong_AsSsize_t(pairs[2 * k]);
         if (s == -1 && PyErr_Occurred()) goto done;
-        if (s < 0 || s >= PyList_GET_SIZE(channels) || s >= n_writes) {
+        if (s < 0 || s >= n_channels || s >= PyList_GET_SIZE(channels) || s >= n_writes) {
             PyErr_Format(PyExc_IndexError, "splice: sid %zd out of range", s);
             goto done;
         }
@@ -577,7 +588,8 @@ static PyMethodDef router_methods[] = {
     {"forget", (PyCFunction)router_forget, METH_NOARGS,
      "forget(): let go of the tick's changes, which splices use until then."},
     {"route", (PyCFunction)(void (*)(void))router_route, METH_FASTCALL,
-     "route(dirty, active, add_one, token): each dirty channel's change into its views."},
+     "route(dirty, active, add_one, token, handed): each dirty channel's change into its "
+     "views."},
     {"splice", (PyCFunction)(void (*)(void))router_splice, METH_FASTCALL,
      "splice(view, masks) -> (data, arrays): a LATEST view's entries for masks."},
     {NULL, NULL, 0, NULL},

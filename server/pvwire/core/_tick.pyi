@@ -21,10 +21,12 @@ class Router:
         active: dict[Any, None],
         add_one: Callable[[Any, int, int, Any], bool],
         token: object,
+        handed: list[tuple[Any, int]],
     ) -> None:
         """The tick's changes into its views' `pending`: each LATEST view holding a dirty
         channel marked with `token` and merging its channels' masks in one pass; each ALL-mode
-        view through add_one. Every channel's `dirty` 0 after, or all left set on an error."""
+        view through add_one, its (view, sid) then appended to `handed`. Every channel's `dirty`
+        0 after, or all left set on an error (the views in `handed` had their change)."""
     def forget(self) -> None:
         """The tick is over: let go of its changes, which `splice` uses until then."""
     def splice(self, view: Any, masks: dict[int, int]) -> tuple[bytes, tuple[tuple[int, int], ...]]:

@@ -14,9 +14,12 @@ recorded while a pass was being read come in the next pass. A pass produced whol
 call is the last: no update can land during a call, so its rows reach each channel's current
 value and the snapshot carries that, with no gap and no duplicate. A reader faster than its
 channels record needs two or three passes. A reader slower than its channels never catches up,
-so after BACKFILL_PASSES passes (each made under the budget, as every other) the backfill ends:
-a channel that recorded more than that reader took gets one gap row where its rows stop, then
-comes the snapshot. It knows what it lacks, and it never costs more than its budget.
+so after BACKFILL_PASSES passes (each made under the budget, as every other) the backfill ends
+with walks that close it: each channel with rows not sent gets one gap row where its rows stop
+(GapKind.LEFT_OUT: nothing more of it until the snapshot), made under the budget like the rest;
+a walk over the channels not closed yet that is made whole within one call is the last, and
+the snapshot follows it. Each channel knows what it lacks, and the reader never costs more
+than its budget.
 """
 
 from __future__ import annotations
@@ -25,10 +28,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from ..limits import BACKFILL_PASSES, HISTORY_MESSAGE_ROWS, MAX_BACKFILL_S
 from ..wire import codec as wire
+from ..wire.codec import GapKind
 from .channel import Channel
 from .history import HistorySlice
 
@@ -38,7 +40,8 @@ log = logging.getLogger("pvwire.view")
 
 
 class Backfill:
-    __slots__ = ("_begun", "_failed", "_lower", "_sid", "att", "channels", "passes")
+    __slots__ = ("_begun", "_closed", "_closing", "_failed", "_lower", "_sid", "att", "channels",
+                 "passes")  # fmt: skip
 
     def __init__(
         self,
@@ -48,7 +51,8 @@ class Backfill:
         held: Sequence[int] | None = None,
     ) -> None:
         """`seconds`: the subscription's `backfill`; `held`: per channel, the time (ns) of the
-        newest row the client holds (ATTACH `since`, 0: none), so only later ones are sent."""
+        time after which the client lacks rows (ATTACH `since`, 0: none; its newest, or just
+        before the rows a slow backfill left out), so only later ones are sent."""
         self.att = att
         self.channels = channels
         since = time.time_ns() - int(min(seconds, MAX_BACKFILL_S) * 1e9)
@@ -60,6 +64,8 @@ class Backfill:
         self._begun = False  # this pass has produced (or passed) something
         self._failed: set[int] = set()  # sids whose past could not be read: skipped
         self.passes = 1
+        self._closing = False  # the passes are over: walks give each channel its gap row
+        self._closed: set[int] = set()  # sids whose gap row is sent: nothing more of them
 
     def fill(self, room: int) -> tuple[list[bytes], bool]:
         """HISTORY messages until they hold `room` bytes (one more at most), and whether the
@@ -73,14 +79,18 @@ class Backfill:
                 if whole:
                     return frames, True
                 if self.passes >= BACKFILL_PASSES:
-                    return frames + self._left_out(), True
-                self.passes += 1
+                    self._closing = True
+                else:
+                    self.passes += 1
                 self._sid, self._begun, whole = 0, False, True
                 continue
             if size >= room:
                 return frames, False
             self._begun = True
-            produced, more = self._next(self._sid)
+            if self._closing:
+                produced, more = self._left_out(self._sid), False
+            else:
+                produced, more = self._next(self._sid)
             if not more:
                 self._sid += 1
             frames += produced
@@ -114,33 +124,27 @@ class Backfill:
         self._lower[sid] = int(last.t[-1]) + max(last.resolution, 1)
         return frames, last.truncated
 
-    def _left_out(self) -> list[bytes]:
-        """A reader slower than its channels, after the last pass: one gap row for each channel
-        with rows not sent, at its cursor (PROTOCOL.md section 2.8): its plot breaks there, and a
-        re-attach's `since` (that row's time) asks for every row not sent."""
-        frames = []
-        for sid, lower in enumerate(self._lower):
-            ch = self.channels[sid]
-            if ch.recorder is None or sid in self._failed:
-                continue
-            try:
-                if not ch.recorder.backfills_from(lower):
-                    continue
-                parts = ch.recorder.backfill(lower, 1)
-            except Exception:
-                log.exception("backfill of %s failed; its past is not sent", ch.id)
-                ch.listener.count_failure("history")
-                continue
-            if not parts or not len(parts[0].t):
-                continue
-            first = parts[0]
-            nan = np.full((1, *first.value.shape[1:]), np.nan)
-            columns = (
-                np.array([lower], np.int64), nan, nan, nan,
-                np.full(1, 3, np.int64), np.zeros(1, np.int64), np.ones(1, np.bool_),
-            )  # fmt: skip
-            frames.append(wire.encode_history(self.att, sid, 0, columns))
-        return frames
+    def _left_out(self, sid: int) -> list[bytes]:
+        """A reader slower than its channels, after the last pass: the gap row of channel
+        `sid`, if it has rows not sent, at its cursor (PROTOCOL.md section 2.8), once: its plot
+        breaks there, and its rows from there to the snapshot are the ones a re-attach's
+        `since` asks for again."""
+        ch = self.channels[sid]
+        recorder = ch.recorder
+        if recorder is None or sid in self._failed or sid in self._closed:
+            return []
+        lower = self._lower[sid]
+        try:
+            if not recorder.backfills_from(lower):
+                return []
+        except Exception:
+            log.exception("backfill of %s failed; its past is not sent", ch.id)
+            ch.listener.count_failure("history")
+            self._failed.add(sid)
+            return []
+        self._closed.add(sid)
+        return [self._encode(sid, HistorySlice.gap_row(lower, recorder.row_shape,
+                                                       GapKind.LEFT_OUT, 0))]  # fmt: skip
 
     def _encode(self, sid: int, part: HistorySlice) -> bytes:
         columns = (part.t, part.value, part.min, part.max, part.severity, part.status, part.gap)

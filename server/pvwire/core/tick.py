@@ -155,23 +155,33 @@ class Ticker:
             for ch in dirty:
                 self._route(ch, active)
             return
+        handed: list[tuple[View, int]] = []  # ALL-mode views the compiled route handed
         try:
-            router.route(dirty, active, self._add_change, object())
+            router.route(dirty, active, self._add_change, object(), handed)
         except Exception as exc:
             # Not a view's own failure (those are contained in `_add_change`): memory, or a
             # channel or view the compiled path does not take. A channel stays dirty until it
-            # is routed; Python routes those (a mask merged twice is the same mask).
+            # is routed; Python routes those (a mask merged twice is the same mask), but not
+            # again to the ALL-mode views already handed the change: they append each update.
             self._once("route", "routing the tick's changes failed: %r", exc)
             self.count_failure("view")
+            done = set(handed)
+            for view, _ in handed:
+                if view.pending:
+                    active[view] = None
             for ch in dirty:
                 if ch.dirty:
-                    self._route(ch, active)
+                    self._route(ch, active, done)
 
-    def _route(self, ch: Channel, active: dict[View, None]) -> None:
-        """Hand one dirty channel's change to each of its views."""
+    def _route(
+        self, ch: Channel, active: dict[View, None], done: set[tuple[View, int]] | None = None
+    ) -> None:
+        """Hand one dirty channel's change to each of its views (but those in `done`)."""
         mask, ch.dirty = ch.dirty, 0
         view: View
         for view, sid in ch.views:  # type: ignore[assignment]  # views are its only sinks
+            if done and (view, sid) in done:
+                continue
             if self._add_change(view, sid, mask, ch):
                 active[view] = None
         if ch.history:

@@ -34,6 +34,7 @@ __all__ = [
     "Detach",
     "Entries",
     "EntryBody",
+    "GapKind",
     "Kind",
     "Ping",
     "decode_client_message",
@@ -405,6 +406,14 @@ HISTORY_COLUMNS = (
     ("t", "<i8"), ("value", "<f8"), ("min", "<f8"), ("max", "<f8"),
     ("severity", "u1"), ("status", "<u2"), ("gap", "u1"),
 )  # fmt: skip
+
+
+class GapKind:
+    """The `status` of a HISTORY row whose `gap` is 1: why no update is there (section 2.8)."""
+
+    AWAY = 0  # the channel went away here (disconnected, or no longer monitored)
+    LEFT_OUT = 1  # the backfill left out this channel's rows from here to the snapshot
+    SEAM = 2  # the updates from here to the next row are in no row (buckets, then points)
 
 
 def encode_history(att: int, sid: int, resolution: int, columns: Sequence[Any]) -> bytes:

@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ...wire.codec import GapKind
 from .layout import GAP_ALARM
 from .slices import BucketRows, HistorySlice, RawRows
 from .tiers import Buckets, tier_for
@@ -59,31 +60,58 @@ def backfill(held: Held, since: int, limit: int | None) -> list[HistorySlice]:
     reach back that far; then the raw points from `since` on. `limit`: the oldest `limit` rows
     of these only (`take`); the last slice's `truncated` then says that more rows follow.
 
+    The seam: the bucket that holds the ring's first point also holds updates before it that
+    the ring no longer has. Its min, max and last cannot be split at that point, and sent whole
+    it would hold again the points that follow it (and, open, the current value): so the points
+    start with a gap row (GapKind.SEAM) where those updates start, and a plot breaks there
+    rather than draw a line through what no row holds. It comes with a point at least, so the
+    next call (from after the last row sent) starts past it.
+
     The join with the snapshot: the newest raw point, unless it is a gap, is the channel's
     current value (the channel records every update where it stores it, and the snapshot is
     taken in the same call, with no update in between), so it is left out: the snapshot carries
     it. Nothing between: every older update is in the points."""
-    raw = held.raw()
+    held_raw = raw = held.raw()
     if len(raw) and not raw.gap[-1]:
         raw = raw[:-1]
     out: list[HistorySlice] = []
+    seam: HistorySlice | None = None
     if held.wrapped and len(raw) and raw.t[0] > since:
         tier, rows = tier_for(held.tier, since)
+        first = int(raw.t[0])
         end = rows.t + tier.width
-        rows = rows[(end > since) & (end <= int(raw.t[0]))]
-        cut = len(rows) if limit is None else take(rows.t, limit)
+        whole = rows[(end > since) & (end <= first)]
+        cut = len(whole) if limit is None else take(whole.t, limit)
         if cut:
-            out.append(rows[:cut].slice(tier.width, cut < len(rows), held.first))
-            if cut < len(rows):
+            out.append(whole[:cut].slice(tier.width, cut < len(whole), held.first))
+            if cut < len(whole):
                 return out
             limit = None if limit is None else limit - cut
+        start = _unkept_from(tier.width, rows, held_raw, first)
+        if start is not None:
+            shape = held_raw.ring.shape[1:]
+            seam = HistorySlice.gap_row(max(start, since), shape, GapKind.SEAM, held.first)
+            limit = None if limit is None else max(limit - 1, 1)
     points = raw[raw.t >= since]
     cut = len(points) if limit is None else take(points.t, limit) if limit > 0 else 0
     if cut:
-        out.append(points[:cut].slice(held.first, cut < len(points)))
+        rows_sent = points[:cut].slice(held.first, cut < len(points))
+        out.append(rows_sent if seam is None else seam.then(rows_sent))
     elif len(points):
         out[-1] = dataclasses.replace(out[-1], truncated=True)
     return out
+
+
+def _unkept_from(width: int, rows: BucketRows, raw: RawRows, first: int) -> int | None:
+    """Where the updates in no row start, at the seam of buckets of `width` (`rows`) and the
+    raw ring `raw` whose first point kept is at `first`: the start of the bucket holding that
+    point, if it counts more updates than the ring holds of it; else None."""
+    holding = rows[(rows.t <= first) & (rows.t + width > first)]
+    if not len(holding):
+        return None
+    start = int(holding.t[0])
+    kept = int(np.count_nonzero(~raw.gap & (raw.t >= start) & (raw.t < start + width)))
+    return start if int(holding.count[0]) > kept else None
 
 
 def backfills_from(

@@ -188,6 +188,11 @@ class ChannelHistory:
         """What this history holds allocated: its scalar buffers and its frames' arrays."""
         return CHANNEL_BYTES + (self.arrays.nbytes if self.arrays is not None else 0)
 
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of one row's value: () for a number, (elements,) for an array frame."""
+        return (self.arrays.elements,) if self.arrays is not None else ()
+
     def advance(self, k: int) -> None:
         """`k` more points were written into the ring from `i` on (k <= AGGREGATE_EVERY, so
         none was still waiting for the tiers): the index moves on, and once AGGREGATE_EVERY

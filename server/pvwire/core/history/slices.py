@@ -42,6 +42,34 @@ class HistorySlice:
     def __len__(self) -> int:
         return len(self.t)
 
+    @classmethod
+    def gap_row(cls, t: int, elements: tuple[int, ...], status: int, oldest: int) -> HistorySlice:
+        """One gap row at `t` (a point): value NaN (a row of `elements` NaN for an array
+        channel), severity INVALID, and `status` the protocol's GapKind, why it is there."""
+        nan = np.full((1, *elements), math.nan)
+        return cls(
+            resolution=0, t=np.array([t], np.int64), value=nan, min=nan, max=nan,
+            mean=np.full(1, math.nan), count=np.zeros(1, np.int64),
+            severity=np.full(1, INVALID, np.int64), status=np.full(1, status, np.int64),
+            gap=np.ones(1, np.bool_), truncated=False, since=oldest,
+        )  # fmt: skip
+
+    def then(self, after: HistorySlice) -> HistorySlice:
+        """These rows, then `after`'s (both of one resolution), as one answer."""
+        assert self.resolution == after.resolution
+
+        def join(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            return np.concatenate((a, b))
+
+        return HistorySlice(
+            resolution=self.resolution, t=join(self.t, after.t),
+            value=join(self.value, after.value), min=join(self.min, after.min),
+            max=join(self.max, after.max), mean=join(self.mean, after.mean),
+            count=join(self.count, after.count), severity=join(self.severity, after.severity),
+            status=join(self.status, after.status), gap=join(self.gap, after.gap),
+            truncated=after.truncated, since=self.since,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class RawRows:
