@@ -102,6 +102,8 @@ def test_what_pvas_own_client_refused_is_exported_by_reason(hub: Hub) -> None:
     got = samples(render_metrics(snap), "pvwire_peer_refusals_total")
     assert got == {f'scheme="pva",reason="{r}"': str(n) for r, n in counts.items()}
     assert "pvwire_peer_refusals_total" in render_metrics(hub.snapshot(detail=False))
+
+
 async def test_deliveries_count_each_channel_update_queued_for_each_client(
     hub: Hub, backend: FakeBackend
 ) -> None:
