@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -88,13 +89,17 @@ async def test_a_servers_messages_reach_the_log_cut_and_bounded(
     hostile: HostilePva, connections: IdentityConnections, caplog: pytest.LogCaptureFixture
 ) -> None:
     burst = limits.integer("pva_identity_message_lines")
+    interval = limits.number("pva_identity_message_interval_s")
+    t0 = time.monotonic()
     with caplog.at_level(logging.INFO, logger="pvwire.upstream.pva_identity"):
         await put(connections, hostile, "H:SAYS")
+    seconds = time.monotonic() - t0
     said = [r.getMessage() for r in caplog.records if "the IOC says" in r.getMessage()]
-    assert len(said) == burst, len(said)
+    # The burst, and one more per interval the put took (none unless the machine is slow).
+    assert burst <= len(said) <= burst + seconds / interval, (len(said), seconds)
     assert max(len(line) for line in said) < limits.integer("pva_identity_text_bytes") + 200
     assert f"({MESSAGE_BYTES} bytes, cut)" in said[0]
-    assert connections.refusals.counts["message_log"] == MESSAGES - burst
+    assert connections.refusals.counts["message_log"] == MESSAGES - len(said)
 
 
 # --- search ------------------------------------------------------------------------------------
@@ -114,6 +119,8 @@ async def test_search_ids_are_not_predictable(hostile: HostilePva) -> None:
                 await search.find("H:NOBODY", 0.1)
     finally:
         search.close()
+    # The server reads them on its own thread, in its own time (a busy machine: later).
+    await eventually_async(lambda: len({s.cids[0] for s in hostile.searches[first:]}) >= 5)
     seen = hostile.searches[first:]
     cids = sorted({s.cids[0] for s in seen})
     seqs = {s.seq for s in seen}

@@ -543,6 +543,46 @@ def test_a_reply_given_up_is_dropped() -> None:
     assert proto.take_dropped() == 2
 
 
+def stored_then_named(key: int, desc: FieldDesc) -> tuple[bytes, bytes]:
+    """A type as a server with an introspection cache sends it (pvAccessCPP's
+    `cachedSerialize`): in full under `key` the first time on a connection, by `key` after."""
+    full = b"\xfd" + struct.pack("<H", key) + body(False, lambda w: w.type_desc(desc))
+    return full, b"\xfe" + struct.pack("<H", key)
+
+
+def test_a_late_init_reply_still_defines_the_types_it_caches() -> None:
+    """An INIT given up (its put timed out) whose reply comes after all: the reply is dropped,
+    but the server cached the type it sent as sent, and names it by its key from then on, so
+    the next INIT of that structure (another PV of the same record type) is understood."""
+    proto = ready(False)
+    proto.put_init(1, 5, wait=True)
+    proto.destroy_request(5)
+    full, named = stored_then_named(3, NT_SCALAR)
+    assert proto.receive(init_reply(5, full)) == []
+    assert proto.take_dropped() == 1
+    assert answer_init(proto, 6, named) == [PutInitialized(6, OK, NT_SCALAR)]
+
+
+def test_init_replies_given_up_are_remembered_up_to_their_bound() -> None:
+    """Past pva_identity_late_inits, the oldest INIT given up is forgotten: its late reply is
+    then read no further than its id, as one nobody asked for."""
+    bound = limits.integer("pva_identity_late_inits")
+    proto = ready(False)
+    for ioid in range(100, 101 + bound):
+        proto.put_init(1, ioid, wait=True)
+        proto.destroy_request(ioid)
+    full, _ = stored_then_named(3, NT_SCALAR)
+    assert proto.receive(init_reply(100, full)) == []  # forgotten: unread
+    assert answer_init(proto, 7, full) == [PutInitialized(7, OK, NT_SCALAR)]
+    other = struct_of("", x=DOUBLE)
+    full_other, named_other = stored_then_named(4, other)
+    assert proto.receive(init_reply(101, full_other)) == []  # remembered: its type read
+    assert answer_init(proto, 8, named_other) == [PutInitialized(8, OK, other)]
+    assert proto.take_dropped() == 2
+    proto.put_init(1, 9, wait=True)
+    refused(proto, init_reply(9, b"\xfe\x09\x00"), "malformed")  # what was never sent
+
+
 def test_the_type_cache_is_bounded_in_bytes() -> None:
     """Types asked for, each stored under a key of its own: past the cache's bytes (each type
     counted unfolded) the connection is closed."""

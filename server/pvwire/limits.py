@@ -190,6 +190,12 @@ LIMITS: tuple[Limit, ...] = (
           "one more per `pva_identity_message_interval_s`; the others are counted"),
     Limit("pva_identity_message_interval_s", 10.0, "s",
           "between IOC MESSAGEs logged once the burst is spent", "counted, not logged"),
+    # A server with an introspection cache (pvAccessCPP) names a type it sent by its key from
+    # then on, also one sent in a reply that came after its request was given up.
+    Limit("pva_identity_late_inits", 64, "requests",
+          "PUT INITs given up on one such connection whose late reply still has its types read "
+          "into the connection's type cache",
+          "the oldest is forgotten: its reply is dropped unread"),
     # --- recent history ---
     Limit("history_mb", 128.0, "MiB",
           "memory for every channel's recent history (0: none)",

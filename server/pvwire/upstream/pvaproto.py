@@ -25,7 +25,9 @@ under bounds and only as an answer to something asked:
   its size, and a type past the bound is refused while it is read;
 - the connection's type cache, in the bytes its types would hold unfolded;
 - replies to no request made (an INIT or a PUT nobody asked for, a channel nobody created) are
-  dropped from their ids, before their types are read, and counted (`dropped`);
+  dropped from their ids, before their types are read, and counted (`dropped`); but the late
+  reply of an INIT given up has its type read into the cache first (a server with a cache,
+  pvAccessCPP's, names that type by its key from then on), for the last MAX_LATE_INITS given up;
 - the words of a status or a MESSAGE, truncated.
 Every violation is a RemoteProtocolError carrying its `reason`: the connection is then closed.
 """
@@ -33,6 +35,7 @@ Every violation is a RemoteProtocolError carrying its `reason`: the connection i
 from __future__ import annotations
 
 import struct
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,6 +104,8 @@ MAX_TYPE_NODES = integer("pva_identity_type_nodes")
 MAX_TYPE_CACHE_BYTES = integer("pva_identity_type_cache_bytes")
 # The words of a status or a MESSAGE kept; the rest is dropped.
 MAX_TEXT_BYTES = integer("pva_identity_text_bytes")
+# INITs given up whose late reply still has its types read into the cache.
+MAX_LATE_INITS = integer("pva_identity_late_inits")
 # Memory of one parsed node beside its names: a FieldDesc, its (name, desc) pair and the name
 # object, by sys.getsizeof (104 + 56 + 57 bytes).
 NODE_BYTES = 224
@@ -549,6 +554,7 @@ class ClientProtocol:
     _cache: TypeCache = field(default_factory=TypeCache)  # the server's type cache
     _creating: set[int] = field(default_factory=set)  # cids of CREATE_CHANNELs unanswered
     _operations: dict[int, _Operation] = field(default_factory=dict)  # by ioid
+    _late_inits: OrderedDict[int, None] = field(default_factory=OrderedDict)  # ioids given up
     _next_id: int = 1
 
     # -- sending -----------------------------------------------------------------------------
@@ -598,6 +604,7 @@ class ClientProtocol:
         w.type_desc(_PUT_REQUEST)
         w.string("true" if wait else "false")  # the request's one leaf: record._options.block
         self._operations[ioid] = _Operation(sid)
+        self._late_inits.pop(ioid, None)  # an id used again: its reply is this one's
         return self._message(CMD_PUT, w)
 
     def put(self, ioid: int, path: str, value: Any) -> bytes:
@@ -625,6 +632,10 @@ class ClientProtocol:
         op = self._operations.pop(ioid, None)
         if op is None:
             return b""
+        if op.state == _INITIALIZING:  # its reply may still come, with types the server caches
+            self._late_inits[ioid] = None
+            if len(self._late_inits) > MAX_LATE_INITS:
+                self._late_inits.popitem(last=False)
         w = self._writer()
         w.pack("II", op.sid, ioid)
         return self._message(CMD_DESTROY_REQUEST, w)
@@ -727,6 +738,11 @@ class ClientProtocol:
         ioid, subcmd = int(r.unpack("I")), r.u8()
         op = self._operations.get(ioid)
         init = bool(subcmd & SUBCMD_INIT)
+        if init and op is None and ioid in self._late_inits:
+            del self._late_inits[ioid]
+            if r.status().ok:  # the server cached its type as sent: so does this side
+                r.type_desc(self._cache)
+            return self._drop()
         if op is None or op.state != (_INITIALIZING if init else _PUTTING):
             return self._drop()  # its type, if any, is never read
         status = r.status()
