@@ -15,7 +15,12 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from pvwire import limits
 from pvwire.errors import ChannelNotFound, PutRejected
-from pvwire.upstream.pva_identity import IdentityConnections, PeerRefusals, PvaSearch
+from pvwire.upstream.pva_identity import (
+    IdentityConnections,
+    PeerRefusals,
+    PvaSearch,
+    search_destinations,
+)
 from pvwire.upstream.pvaproto import ServerMessage
 
 from tests.eventually import eventually_async
@@ -177,3 +182,17 @@ def test_past_the_burst_one_message_is_logged_per_interval(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == burst + 1 and "6 left out so far" in lines[-1]
     assert gate.counts["message_log"] == 7
+
+
+def test_a_multicast_or_broadcast_destination_is_answered_by_anyone() -> None:
+    env = {
+        "EPICS_PVA_ADDR_LIST": "127.0.0.1:5075 224.0.2.3 10.1.2.255 255.255.255.255",
+        "EPICS_PVA_AUTO_ADDR_LIST": "NO",
+        "EPICS_PVA_BROADCAST_PORT": "5076",
+    }
+    assert search_destinations(env) == [
+        (("127.0.0.1", 5075), True),
+        (("224.0.2.3", 5076), False),
+        (("10.1.2.255", 5076), False),
+        (("255.255.255.255", 5076), False),
+    ]

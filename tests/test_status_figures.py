@@ -69,7 +69,7 @@ async def test_counters_become_rates_over_the_window(hub: Hub) -> None:
     assert f["updatesPerSec"] == 10.0  # t = 101 onwards: the burst is out of the window
 
 
-async def test_refusals_are_authentications_and_puts_refused(hub: Hub) -> None:
+async def test_refusals_are_authentications_puts_and_peer_replies_refused(hub: Hub) -> None:
     w = Window(10.0)
     s = hub.snapshot(detail=False)
     w.figures(0.0, s, True, "v")
@@ -77,8 +77,9 @@ async def test_refusals_are_authentications_and_puts_refused(hub: Hub) -> None:
         s,
         auth_refusals={**s.auth_refusals, "bad_signature": 30, "expired": 5},
         put_refusals={**s.put_refusals, "rate_limited": 5},
+        peer_refusals={"pva": {"type_nodes": 4, "search_reply": 6}},
     )
-    assert w.figures(10.0, s, True, "v")["refusalsPerSec"] == 4.0
+    assert w.figures(10.0, s, True, "v")["refusalsPerSec"] == 5.0
 
 
 async def test_tick_p99_is_of_the_ticks_in_the_window(hub: Hub) -> None:

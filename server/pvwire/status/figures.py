@@ -30,7 +30,11 @@ class _Counters:
 
     @classmethod
     def of(cls, at: float, s: HubSnapshot) -> _Counters:
-        refusals = sum(s.auth_refusals.values()) + sum(s.put_refusals.values())
+        refusals = (
+            sum(s.auth_refusals.values())
+            + sum(s.put_refusals.values())
+            + sum(n for counts in s.peer_refusals.values() for n in counts.values())
+        )  # a hostile peer's replies are trouble too
         return cls(at, s.updates_in, s.deliveries, s.bytes_out, s.conflated, s.dropped,
                    refusals, s.tick_buckets)  # fmt: skip
 

@@ -60,7 +60,7 @@ def status_pvs(tick_ms: float) -> tuple[StatusPv, ...]:
         StatusPv("conflatedPerSec", "d", "updates/s", 1, "updates merged for clients behind"),
         StatusPv("droppedPerSec", "d", "updates/s", 1, "ALL mode updates dropped at its bounds",
                  Alarm(high_warning=1.0, high_alarm=100.0)),
-        StatusPv("refusalsPerSec", "d", "refusals/s", 1, "refused authentications and puts",
+        StatusPv("refusalsPerSec", "d", "refusals/s", 1, "refusals of clients and peers",
                  Alarm(high_warning=1.0, high_alarm=100.0)),
         StatusPv("loopLag", "d", "s", 3, "worst event loop lag in the last 10 s",
                  Alarm(high_warning=1.0, high_alarm=lag_major)),

@@ -19,6 +19,7 @@ it fails: p4p does not tell which server pvxs found for a channel.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import secrets
@@ -396,10 +397,19 @@ def search_destinations(env: Mapping[str, str]) -> list[tuple[Address, bool]]:
         except (OSError, ValueError):
             log.warning("EPICS_PVA_ADDR_LIST entry %r ignored", entry)
             continue
-        out.append((address, not address[0].endswith(".255")))
+        out.append((address, _unicast(address[0])))
     if env.get("EPICS_PVA_AUTO_ADDR_LIST", "YES").upper() != "NO":
         out.append((("255.255.255.255", port), False))
     return out
+
+
+def _unicast(host: str) -> bool:
+    """Whether only `host` can answer a search sent to it. A multicast group or a broadcast
+    address is answered by whoever hears it; a subnet's broadcast is told by its last byte, the
+    one sign a client sees without the network's mask (a /24's, the usual EPICS subnet)."""
+    ip = ipaddress.IPv4Address(host)
+    return not (ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255")
+                or host.endswith(".255"))  # fmt: skip
 
 
 class _SearchReplies(asyncio.DatagramProtocol):
