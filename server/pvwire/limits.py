@@ -286,6 +286,10 @@ LIMITS: tuple[Limit, ...] = (
     # A quarter of mjpeg_max_viewers: it takes at least four addresses to fill the process.
     Limit("mjpeg_viewers_per_address", 50, "viewers",
           "MJPEG connections at once from one client address", "HTTP 503", setting=True),
+    # --- time, and what the process holds (api/http_protocol.py, api/connections.py) ---
+    Limit("stream_first_message_s", 10.0, "s",
+          "a `/stream` connection's first message (its first `ATTACH`), from `HELLO`",
+          "close 4000 HEARTBEAT_TIMEOUT"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}
