@@ -10,6 +10,7 @@ server process's resident memory (/proc/PID/status) and its own event-loop lag m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -46,6 +47,7 @@ __all__ = [
     "pvws_write_burst",
     "reconnect_storm",
     "rss_bytes",
+    "slow_senders",
     "stream_token",
 ]
 
@@ -547,3 +549,115 @@ async def reconnect_storm(
 
 def _clients(server: ServerProcess) -> int:
     return int(metric(server, "pvwire_clients").get("", 0))
+
+
+# --- (g) slow senders -------------------------------------------------------------------------
+
+# What each kind of slow sender trickles (a byte every `interval`), after a head sent at once:
+# request headers that never end, a body far longer than what comes, a WebSocket upgrade request
+# cut in bytes; and a WebSocket whose upgrade is whole but which never says anything after HELLO.
+_UPGRADE = (
+    b"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+SLOW_KINDS: dict[str, tuple[bytes, bytes]] = {
+    "headers": (b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4096),
+    "body": (
+        b"POST /graphql HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n",
+        b" " * 4096,
+    ),
+    "upgrade": (b"", _UPGRADE),
+    "silent": (_UPGRADE, b""),
+}
+
+
+@dataclass
+class SlowSender:
+    """One slow connection and what the server did with it."""
+
+    kind: str
+    address: str  # the local address it connected from (all of 127/8 is loopback)
+    answer: bytes = b""  # everything the server sent
+    seconds: float | None = None  # from connecting to the server's close (None: not closed)
+
+    @property
+    def status(self) -> int:
+        """The HTTP status the server answered with (0: none)."""
+        m = re.match(rb"HTTP/1\.1 (\d{3})", self.answer)
+        return int(m[1]) if m else 0
+
+    def close_frame(self) -> tuple[int, bytes] | None:
+        """The WebSocket close frame after a 101 answer: (code, reason), or None."""
+        _, found, data = self.answer.partition(b"\r\n\r\n")
+        while found and len(data) >= 2:
+            opcode, size, at = data[0] & 0x0F, data[1] & 0x7F, 2
+            if size == 126:
+                size, at = int.from_bytes(data[2:4]), 4
+            elif size == 127:
+                size, at = int.from_bytes(data[2:10]), 10
+            payload, data = data[at : at + size], data[at + size :]
+            if opcode == 8 and len(payload) >= 2:
+                return int.from_bytes(payload[:2]), payload[2:]
+        return None
+
+
+class _Recorder(asyncio.Protocol):
+    """Keeps every byte as it comes: a stream reader would raise a reset before the data that
+    came just before it (a byte sent as the server closed)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+
+async def _slow_one(port: int, s: SlowSender, interval: float, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    head, trickle = SLOW_KINDS[s.kind]
+    recorder = _Recorder()
+    started = loop.time()
+    transport, _ = await loop.create_connection(
+        lambda: recorder, "127.0.0.1", port, local_addr=(s.address, 0)
+    )
+    try:
+        if head:
+            transport.write(head)
+        sent = 0
+        while not recorder.closed.is_set() and loop.time() - started < timeout:
+            # Once answered it stops, as an attacker would: nothing more can come of it.
+            if not recorder.data and sent < len(trickle):
+                transport.write(trickle[sent : sent + 1])
+                sent += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(recorder.closed.wait(), interval)
+            s.answer = bytes(recorder.data)
+            if s.kind == "silent" and s.close_frame() is not None:
+                break  # closed by the server's WebSocket close; the TCP close follows ours
+        if recorder.closed.is_set() or (s.kind == "silent" and s.close_frame() is not None):
+            s.seconds = loop.time() - started
+    finally:
+        s.answer = bytes(recorder.data)
+        transport.close()
+
+
+async def slow_senders(
+    server: ServerProcess,
+    kinds: dict[str, int],
+    addresses: Sequence[str],
+    interval: float = 1.0,
+    timeout: float = 120.0,
+) -> list[SlowSender]:
+    """`kinds[k]` connections of each kind of SLOW_KINDS, from `addresses` in turn, all at once,
+    each trickling a byte every `interval` until the server answers or closes it (or `timeout`)."""
+    senders = [
+        SlowSender(kind, addresses[i % len(addresses)])
+        for i, kind in enumerate(k for k, n in kinds.items() for _ in range(n))
+    ]
+    await asyncio.gather(*(_slow_one(server.port, s, interval, timeout) for s in senders))
+    return senders

@@ -20,6 +20,7 @@ from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.refusals import RefusalLog
 from .api import stream
 from .api.body_limit import BodyLimit
+from .api.connections import STATE_KEY, Connections, capacity
 from .api.graphql_http import auth_refused, graphql_router, mount_graphiql_assets
 from .api.mjpeg import MjpegEndpoint
 from .api.routes import mount_page, pages, probes
@@ -75,10 +76,18 @@ def create_app(
     hub = Hub(backends if backends is not None else make_backends(settings), settings, signer)
     authenticator = make_authenticator(settings, hub.refusals)
     mjpeg = MjpegEndpoint(hub, authenticator)
+    # Counted at accept by the server's protocols (api/http_protocol.py), which find the table
+    # in the lifespan's state.
+    connections = Connections(
+        settings.max_connections_per_address,
+        capacity(settings.max_connections),
+        authenticator.is_proxy,
+        authenticator.client_address,
+    )
     app = FastAPI(
         title="pvwire",
         version=__version__,
-        lifespan=lifespan(hub, authenticator, mjpeg),
+        lifespan=lifespan(hub, authenticator, mjpeg, connections),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -86,7 +95,7 @@ def create_app(
     # Computed in the process that serves, after uvicorn spawned it.
     worker = WorkerIdentity.current(settings.instance, workers)
     app.state.hub, app.state.worker, app.state.authenticator = hub, worker, authenticator
-    app.state.mjpeg = mjpeg
+    app.state.mjpeg, app.state.connections = mjpeg, connections
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -104,18 +113,22 @@ def create_app(
     app.state.pvws = mount_pvws(app, hub, authenticator)
     app.include_router(mjpeg.router())
     app.include_router(pages(settings))
-    app.include_router(probes(hub, worker, mjpeg.stats))
+    app.include_router(probes(hub, worker, mjpeg.stats, connections.stats))
     mount_page(app)  # last: it answers every path the routes above leave
     return app
 
 
 def lifespan(
-    hub: Hub, authenticator: Authenticator, mjpeg: MjpegEndpoint
-) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """Starts the hub, then the OIDC key follower; stops them in reverse, MJPEG's feeds between."""
+    hub: Hub,
+    authenticator: Authenticator,
+    mjpeg: MjpegEndpoint,
+    connections: Connections | None = None,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Connections]]]:
+    """Starts the hub, then the OIDC key follower; stops them in reverse, MJPEG's feeds between.
+    The state it yields is what the server hands its protocols: the connection table."""
 
     @asynccontextmanager
-    async def serving(app: FastAPI) -> AsyncIterator[None]:
+    async def serving(app: FastAPI) -> AsyncIterator[dict[str, Connections]]:
         hub.start()
         await authenticator.start()  # the OIDC issuer's keys, if one is followed
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -129,7 +142,7 @@ def lifespan(
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         try:
-            yield
+            yield {STATE_KEY: connections} if connections is not None else {}
         finally:
             await authenticator.stop()  # and the summary of refusals left out, if any
             mjpeg.close()

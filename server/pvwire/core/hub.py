@@ -63,11 +63,6 @@ class Hub:
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
         self.control = Control(self.registry, self.rules, self.audit, puts)
         self.sessions: set[Client] = set()  # of both endpoints
-        # Connections per client address, kept at add and remove: the admission check of every
-        # new connection is one lookup, not a scan of every session. Each session is counted
-        # under the address it had when added, whatever becomes of its `address`.
-        self._per_address: dict[str, int] = {}
-        self._counted_as: dict[Client, str] = {}
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
         self._lag_window: list[float] = []
@@ -270,24 +265,13 @@ class Hub:
         query and the status page key clients by it)."""
         return next(self._client_numbers)
 
-    def connections_from(self, address: str) -> int:
-        return self._per_address.get(address, 0)
-
     def add_session(self, session: Client) -> None:
-        if session in self.sessions:
-            return
         self.sessions.add(session)
-        address = self._counted_as[session] = session.address
-        self._per_address[address] = self._per_address.get(address, 0) + 1
 
     def remove_session(self, session: Client) -> None:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
-        address = self._counted_as.pop(session)
-        left = self._per_address.pop(address, 1) - 1
-        if left > 0:
-            self._per_address[address] = left
         try:
             session.close()
         except Exception:

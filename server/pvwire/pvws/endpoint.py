@@ -215,7 +215,7 @@ class PvwsEndpoint:
         except AuthError as exc:
             await refuse(websocket, hub, POLICY, str(exc))
             return
-        refused = admission_refusal(hub, origin, address)
+        refused = admission_refusal(hub, origin)
         if refused is not None:
             await refuse(websocket, hub, *refused)
             return
