@@ -184,7 +184,7 @@ tstest: venv ext node tsbuild graphiql chromium keycloak
 test: lint pytest tstest matrix
 
 # The unit tests: no IOC, server, browser or container; what `make matrix` runs on every Python.
-UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_failures backend_loc backfill_budget \
+UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules address_channels app_assembly attach_failures backend_loc backfill_budget \
 	cli_identity close_codes codec_align connection connections control_put graphql_schema history hub_faults \
 	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \

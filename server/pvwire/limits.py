@@ -316,6 +316,11 @@ LIMITS: tuple[Limit, ...] = (
     Limit("probe_connections", 64, "connections",
           "connections past `max_connections` that may still ask `/healthz` or `/readyz`",
           "HTTP 503 at accept, nothing read"),
+    Limit("max_channels_per_address", 20_000, "channels",
+          "distinct upstream channels one client address holds, over its connections and "
+          "endpoints: `/stream` attachments, `/pvws/pv` PVs, MJPEG feeds, gets of channels "
+          "not monitored", "ERROR 4413; pvws `error`; GraphQL TOO_MANY_CHANNELS; HTTP 429",
+          setting=True),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -35,7 +35,14 @@ from fastapi.responses import JSONResponse, Response
 from ..access.identity import Authenticator, AuthError, Identity
 from ..api.connection import Message, Wakeup, admission_refusal, refuse, run_connection
 from ..core.hub import Hub
-from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
+from ..errors import (
+    BadChannelId,
+    ChannelNotFound,
+    ChannelTimeout,
+    Forbidden,
+    PvwireError,
+    TooManyChannels,
+)
 from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import INTERNAL, NORMAL, POLICY
@@ -59,7 +66,13 @@ WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
 # thousands does not make a smaller one wait for all of it.
 _OPEN_TURN = 10
 # pvget's answer to each error, by HTTP status.
-_STATUS = {BadChannelId: 400, Forbidden: 403, ChannelNotFound: 404, ChannelTimeout: 504}
+_STATUS = {
+    BadChannelId: 400,
+    Forbidden: 403,
+    ChannelNotFound: 404,
+    TooManyChannels: 429,
+    ChannelTimeout: 504,
+}
 
 
 def throttle_rates(env: dict[str, str] | None = None) -> tuple[float, float]:
