@@ -321,6 +321,11 @@ LIMITS: tuple[Limit, ...] = (
           "endpoints: `/stream` attachments, `/pvws/pv` PVs, MJPEG feeds, gets of channels "
           "not monitored", "ERROR 4413; pvws `error`; GraphQL TOO_MANY_CHANNELS; HTTP 429",
           setting=True),
+    Limit("pvget_per_s", 50.0, "gets/s",
+          "`/pvws/pvget` requests per identity (bursts of twice it)", "HTTP 429 RATE_LIMITED"),
+    Limit("pvget_in_flight", 16, "gets",
+          "`/pvws/pvget` requests of one client address not answered yet",
+          "HTTP 429 TOO_MANY_REQUESTS"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -33,6 +33,7 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from ..access.identity import Authenticator, AuthError, Identity
+from ..access.ratelimit import RateLimiter
 from ..api.connection import Message, Wakeup, admission_refusal, refuse, run_connection
 from ..core.hub import Hub
 from ..errors import (
@@ -62,6 +63,8 @@ log = logging.getLogger("pvwire.pvws")
 PUT_TIMEOUT = number("pvws_put_timeout_s")
 OPENS_PER_PASS = integer("pvws_opens_per_pass")
 WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
+PVGET_PER_S = number("pvget_per_s")
+PVGET_IN_FLIGHT = integer("pvget_in_flight")
 # PVs one connection opens before the next connection's turn within a pass: a subscribe of
 # thousands does not make a smaller one wait for all of it.
 _OPEN_TURN = 10
@@ -215,6 +218,10 @@ class PvwsEndpoint:
         self._writes: set[asyncio.Task[None]] = set()
         self._in_flight: dict[int, int] = {}  # writes not yet done, by session number
         self.opener = _Opener()
+        # pvget, as GraphQL's gets: a rate per identity, and few at once per address (each get
+        # of a channel not monitored is an upstream search, for up to get_timeout_s).
+        self._pvget_rate = RateLimiter(PVGET_PER_S, 2 * PVGET_PER_S)
+        self._pvgets: dict[str, int] = {}  # client address -> pvgets not answered yet
 
     # --- the WebSocket ------------------------------------------------------------------------
 
@@ -364,11 +371,24 @@ class PvwsEndpoint:
             return error(401, exc.code, str(exc))
         if not name:
             return error(400, "BAD_REQUEST", "pvget needs a PV name: /pvws/pvget?name=PV")
+        if not self._pvget_rate.take(identity.user or identity.address):
+            why = f"{identity.describe()} sent more than {PVGET_PER_S:g} pvgets per second"
+            return error(429, "RATE_LIMITED", f"{why} (pvget_per_s); slow down")
+        address = identity.address
+        waiting = self._pvgets.get(address, 0)
+        if waiting >= PVGET_IN_FLIGHT:
+            why = f"{waiting} pvgets from {address} are not answered yet, the most one address"
+            return error(429, "TOO_MANY_REQUESTS", f"{why} may have (pvget_in_flight)")
+        self._pvgets[address] = waiting + 1
         try:
             canonical, reading = await self.hub.get(name, self.hub.settings.get_timeout_s, identity)
         except PvwireError as exc:
             status = next((v for k, v in _STATUS.items() if isinstance(exc, k)), 502)
             return error(status, exc.code, str(exc))
+        finally:
+            left = self._pvgets.pop(address, 1) - 1
+            if left > 0:
+                self._pvgets[address] = left
         readonly = not reading.meta.writable
         text = self._reads.text(name, _Read.of(canonical, reading), True, True, readonly)
         return Response(text, media_type="application/json")
