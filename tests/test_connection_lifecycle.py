@@ -140,6 +140,28 @@ async def test_a_trusted_proxy_s_clients_count_under_the_addresses_it_forwards(
         )
 
 
+async def test_pvws_refuses_an_origin_before_it_looks_at_credentials(
+    strict_server: ServerProcess,
+) -> None:
+    """Admitted first, then identified: a connection refused for its Origin costs no token
+    check and writes no refusal line, where it once had its bearer token verified first."""
+
+    def refusals() -> float:
+        text = strict_server.metrics()
+        found = [ln for ln in text.splitlines() if ln.startswith("pvwire_auth_refusals_total")]
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in found)
+
+    before = await asyncio.to_thread(refusals)
+    async with websockets.connect(
+        ws_url(strict_server, "/pvws/pv"),
+        origin=websockets.Origin("https://elsewhere.example.org"),
+        additional_headers={"Authorization": "Bearer not-a-token"},
+    ) as ws:
+        assert await closed_with(ws) == 1008
+        assert ws.close_reason is not None and "origin" in ws.close_reason, ws.close_reason
+    assert await asyncio.to_thread(refusals) == before
+
+
 async def test_a_stalled_pvws_client_sees_4008_once_it_reads_again(
     epics_env: IocProcess,
 ) -> None:

@@ -230,14 +230,16 @@ class PvwsEndpoint:
         origin = websocket.headers.get("origin")
         peer = websocket.client.host if websocket.client else ""
         address = self.authenticator.client_address(websocket.headers, peer)
+        # Admitted first, then identified: a refused connection costs no JWT verification and
+        # writes no refusal line (its address's bound was checked at accept, api/connections.py).
+        refused = admission_refusal(hub, origin)
+        if refused is not None:
+            await refuse(websocket, hub, *refused)
+            return
         try:
             identity = self.authenticator.identify(websocket.headers, peer, "pvws")
         except AuthError as exc:
             await refuse(websocket, hub, POLICY, str(exc))
-            return
-        refused = admission_refusal(hub, origin)
-        if refused is not None:
-            await refuse(websocket, hub, *refused)
             return
         await websocket.accept()
         wakeup = Wakeup()
