@@ -19,11 +19,12 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import msgpack
 import websockets
 from pvwire_client import wire
@@ -40,9 +41,12 @@ __all__ = [
     "Watch",
     "backfill_attack",
     "body_attack",
+    "bound_socket",
     "cpu_seconds",
+    "hoard_channels",
     "metric",
     "mjpeg_viewers",
+    "pvget_flood",
     "pvws_subscribe",
     "pvws_write_burst",
     "reconnect_storm",
@@ -661,3 +665,115 @@ async def slow_senders(
     ]
     await asyncio.gather(*(_slow_one(server.port, s, interval, timeout) for s in senders))
     return senders
+
+
+# --- (h) channel hoarding ---------------------------------------------------------------------
+
+
+async def bound_socket(url: str, address: str) -> socket.socket:
+    """A TCP connection to `url`'s host and port from the local address `address` (all of 127/8
+    is loopback: each is another client address to the server)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.setblocking(False)
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    return sock
+
+
+@dataclass
+class Hoard:
+    """What one address got of the channels it asked for, by endpoint."""
+
+    attached: int = 0  # channels of the stream's ATTACHED answers
+    stream_errors: list[str] = field(default_factory=list)
+    pvws_updated: int = 0
+    pvws_errors: list[str] = field(default_factory=list)
+    get_errors: list[str] = field(default_factory=list)  # GraphQL `channels`' errorCodes
+
+
+async def hoard_channels(
+    server: ServerProcess,
+    address: str,
+    names: Sequence[str],
+    per_token: int,
+    extra: Sequence[str],
+    hold: Callable[[Hoard], Awaitable[None]] | None = None,
+) -> Hoard:
+    """From `address`: one `/stream` connection ATTACHing `names` in tokens of `per_token`
+    channels each, then, with those held, a `/pvws/pv` subscribe and a GraphQL `channels` get
+    of `extra` names. `hold(hoard)` runs while everything is held; then all is closed."""
+    hoard = Hoard()
+    chunks = [names[i : i + per_token] for i in range(0, len(names), per_token)]
+    tokens = [await asyncio.to_thread(stream_token, server, chunk) for chunk in chunks]
+    stream = await RawStream.connect(server.ws_url, sock=await bound_socket(server.url, address))
+    pvws = await PvwsClient.connect(server.url, sock=await bound_socket(server.url, address))
+    try:
+        for req, token in enumerate(tokens, 1):
+            await stream.send(ATTACH, req, token)
+        answered = 0
+        while answered < len(tokens):
+            msg = await stream.recv(120)
+            if isinstance(msg, wire.Attached):
+                hoard.attached += len(msg.ids)
+                answered += 1
+            elif isinstance(msg, wire.Error):
+                hoard.stream_errors.append(msg.message)
+                answered += 1
+        if extra:
+            await _hoard_more(server, address, pvws, extra, hoard)
+        if hold is not None:
+            await hold(hoard)
+    finally:
+        await stream.close()
+        await pvws.close()
+    return hoard
+
+
+async def _hoard_more(
+    server: ServerProcess, address: str, pvws: PvwsClient, extra: Sequence[str], hoard: Hoard
+) -> None:
+    """`extra` asked for through pvws (each name answered with an update or an error), then as
+    a GraphQL get, from `address`."""
+    await pvws.subscribe(*extra)
+    async with asyncio.timeout(120):
+        while hoard.pvws_updated + len(hoard.pvws_errors) < len(extra):
+            m = await pvws.recv(120)
+            if m.get("type") == "update":
+                hoard.pvws_updated += 1
+            elif m.get("type") == "error":
+                hoard.pvws_errors.append(str(m.get("message")))
+    query = "query($ids: [String!]!) { channels(ids: $ids, timeout: 1) { errorCode } }"
+    transport = httpx.AsyncHTTPTransport(local_address=address)
+    async with httpx.AsyncClient(transport=transport, timeout=120) as client:
+        r = await client.post(
+            f"{server.url}/graphql", json={"query": query, "variables": {"ids": list(extra)}}
+        )
+    hoard.get_errors = [str(c["errorCode"]) for c in r.json()["data"]["channels"]]
+
+
+# --- (i) a pvget flood ------------------------------------------------------------------------
+
+
+async def pvget_flood(
+    server: ServerProcess, address: str, count: int, connections: int, names: Sequence[str]
+) -> tuple[dict[str, int], float]:
+    """`count` pvgets of `names` (in turn) from `address` over `connections` connections at
+    once; the answers' codes counted (`ok` for 200), and the seconds it took."""
+    transport = httpx.AsyncHTTPTransport(
+        local_address=address, limits=httpx.Limits(max_connections=connections)
+    )
+    codes: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=server.url, transport=transport, timeout=120) as client:
+        room = asyncio.Semaphore(connections)
+
+        async def one(name: str) -> None:
+            async with room:
+                r = await client.get("/pvws/pvget", params={"name": name})
+            code = "ok" if r.status_code == 200 else str(r.json().get("code"))
+            codes[code] = codes.get(code, 0) + 1
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(*(one(names[i % len(names)]) for i in range(count)))
+        return codes, loop.time() - started
