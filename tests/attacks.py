@@ -657,12 +657,11 @@ async def slow_senders(
     interval: float = 1.0,
     timeout: float = 120.0,
 ) -> list[SlowSender]:
-    """`kinds[k]` connections of each kind of SLOW_KINDS, from `addresses` in turn, all at once,
-    each trickling a byte every `interval` until the server answers or closes it (or `timeout`)."""
-    senders = [
-        SlowSender(kind, addresses[i % len(addresses)])
-        for i, kind in enumerate(k for k, n in kinds.items() for _ in range(n))
-    ]
+    """`kinds[k]` connections of each kind of SLOW_KINDS, the kinds interleaved, from
+    `addresses` in turn, all at once, each trickling a byte every `interval` until the server
+    answers or closes it (or `timeout`)."""
+    order = sorted((i, k) for k, n in kinds.items() for i in range(n))
+    senders = [SlowSender(kind, addresses[i % len(addresses)]) for i, (_, kind) in enumerate(order)]
     await asyncio.gather(*(_slow_one(server.port, s, interval, timeout) for s in senders))
     return senders
 
