@@ -117,7 +117,8 @@ SLOW_RSS_BOUND = SLACK
 HOARD_ADDRESS = "127.0.0.72"
 MAX_PER_ADDRESS = limits.integer("max_channels_per_address")
 HOARD_NAMES = 5 * MAX_PER_ADDRESS
-HOARD_PER_TOKEN = limits.integer("max_channels_per_subscription")
+# Half a subscribe's most: each ATTACH opens its channels in one pass of the loop.
+HOARD_PER_TOKEN = limits.integer("max_channels_per_subscription") // 2
 HOARD_EXTRA = 1_000  # asked for through pvws and GraphQL once the stream holds all it may
 # A CA channel that searches, with its view: ~10 KiB measured (bench/README.md), generously.
 HOARD_CHANNEL_BYTES = 12 * 1024
