@@ -104,7 +104,7 @@ def test_a_connection_turning_websocket_hands_its_place_over() -> None:
 
 
 def test_the_capacity_leaves_descriptors_to_the_rest_of_the_process(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     reserved = integer("reserved_descriptors")
     limits = {"limit": (20_000, 20_000)}
@@ -112,6 +112,8 @@ def test_the_capacity_leaves_descriptors_to_the_rest_of_the_process(
     assert capacity(16_384) == 16_384
     assert capacity(100_000) == 20_000 - reserved
     limits["limit"] = (1_024, 4_096)  # systemd's default soft limit: half of it for clients
+    caplog.clear()
     assert capacity(16_384) == 512
+    assert "this process takes 512 connections" in caplog.text  # said at start, with the fix
     limits["limit"] = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
     assert capacity(16_384) == 16_384

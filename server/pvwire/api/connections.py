@@ -18,6 +18,7 @@ made by the application (app.py) and handed to the protocols in the lifespan's s
 
 from __future__ import annotations
 
+import logging
 import resource
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ __all__ = [
     "capacity",
 ]
 
+log = logging.getLogger("pvwire.connections")
+
 STATE_KEY = "pvwire.connections"  # where the lifespan's state holds the table
 PROBES = (b"/healthz", b"/readyz")  # answered past the capacity too
 PROBE_CONNECTIONS = integer("probe_connections")
@@ -49,7 +52,14 @@ def capacity(max_connections: int, reserved: int = integer("reserved_descriptors
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return max_connections
-    return max(1, min(max_connections, max(soft // 2, soft - reserved)))
+    room = max(1, min(max_connections, max(soft // 2, soft - reserved)))
+    if room < max_connections:
+        log.warning(
+            "the descriptor limit (ulimit -n, LimitNOFILE) is %d: this process takes %d "
+            "connections, not max_connections (%d); raise the limit for more",
+            soft, room, max_connections,
+        )  # fmt: skip
+    return room
 
 
 @dataclass(frozen=True, slots=True)
