@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from tests.server_process import ServerProcess, server_args_for_tests, stream_to
 HEADERS_S = number("http_header_timeout_s")
 BODY_S = number("http_body_timeout_s")
 FIRST_MESSAGE_S = number("stream_first_message_s")
+LINGER_S = number("http_answered_linger_s")
 # An event loop's timer may fire this early (uvloop's clock counts milliseconds).
 TIMER_SLACK_S = 0.01
 PER_KIND = 75  # 300 slow sockets, from four addresses, each within its address's bound
@@ -93,6 +95,34 @@ async def test_slow_headers_bodies_and_handshakes_are_each_closed_by_their_deadl
         lambda: asyncio.to_thread(lambda: metric(target, "pvwire_connections")[""] <= 2),
         lambda: f"connections left: {metric(target, 'pvwire_connections')}",
     )
+
+
+def _keep_sending_after_the_answer(port: int) -> tuple[bytes, float]:
+    """A connection that sends nothing until it is answered (408), then sends on and never
+    closes: the answer, and the seconds from it until the server has closed its end."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            data = sock.recv(4096)
+            assert data, f"closed before its answer: {answer!r}"
+            answer += data
+        answered = time.monotonic()
+        try:
+            while time.monotonic() - answered < 60:
+                sock.sendall(b"x")  # read and dropped while the server lingers, then refused
+                time.sleep(0.05)
+        except OSError:
+            return answer, time.monotonic() - answered
+    raise AssertionError("the server never closed a connection it had answered")
+
+
+def test_an_answered_connection_is_read_for_a_while_then_closed(target: ServerProcess) -> None:
+    """Answered, the connection's sending side is shut at once and what the client still sends
+    is read and dropped (it would reset the answer away otherwise), for http_answered_linger_s
+    at most: a client that never closes holds it no longer."""
+    answer, seconds = _keep_sending_after_the_answer(target.port)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert seconds >= LINGER_S - TIMER_SLACK_S, seconds
 
 
 def _get(url: str) -> tuple[int, str]:
