@@ -207,8 +207,8 @@ tstest: venv ext node tsbuild graphiql chromium keycloak
 test: lint pytest tstest matrix
 
 # The unit tests: no IOC, server, browser or container; what `make matrix` runs on every Python.
-UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_failures backend_loc backfill_budget \
-	cli_identity close_codes codec_align connection control_put forwarded graphql_schema history hub_faults \
+UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules address_channels app_assembly attach_failures backend_loc backfill_budget \
+	cli_identity close_codes codec_align connection connections control_put forwarded graphql_schema history hub_faults \
 	identity journal layout limits metrics names_once oidc_keys pvaproto pvws_frames pvws_session \
 	pva_hostile pvaproto_fuzz \
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \

@@ -14,7 +14,11 @@ nothing; one pvws `subscribe` of 20,000 names; 30 MJPEG viewers of a 1024 x 1024
 `fps` values; 3,000 pvws writes at once; 10,000 attachments of one view dropped and re-made;
 1,000 WebSockets through haproxy (TLS, as docs/OPERATIONS.md configures it) from one address,
 each forging an X-Forwarded-For of its own; 100,000 refused requests (a bad bearer token), each
-from a source address of its own in 127.0.0.0/8.
+from a source address of its own in 127.0.0.0/8; 2,000 slow senders (headers, bodies, upgrades
+trickled, WebSockets silent after HELLO); 100,000 channels of names no IOC has asked for through
+`/stream`, pvws and GraphQL; 20,000 pvgets of such names over 100 connections. The last three
+come from an address of their own (all of 127/8 is loopback), so that the bystander and the
+scrapes are another client.
 
 The `pva-*` attacks are a hostile PVA server's against pvwire's own PVA client (a server with
 --forward-identity, olga putting, tests/hostile_pva.py on loopback beside a legitimate p4p
@@ -41,17 +45,21 @@ from pvwire.loopback import apply_loopback_env
 from tests.attacks import (
     MIB,
     Bystander,
+    Hoard,
     PvaPeers,
     PvaSizes,
     Watch,
     backfill_attack,
     body_attack,
     forged_sockets,
+    hoard_channels,
+    metric,
     mjpeg_viewers,
     peer_refusals,
     pva_peers,
     pva_put,
     pva_server_args,
+    pvget_flood,
     pvws_subscribe,
     pvws_write_burst,
     read_backfill,
@@ -59,6 +67,7 @@ from tests.attacks import (
     record_history,
     rotating_refusals,
     search_hijack,
+    slow_senders,
     stream_token,
 )
 from tests.certs import TestCA
@@ -95,6 +104,11 @@ class Sizes:
     forged_sockets: int = 1_000
     rotating_refusals: int = 100_000
     pva: PvaSizes = PVA_FULL
+    slow_senders: int = 2_000  # over the four kinds
+    hoard_names: int = 100_000
+    hoard_extra: int = 1_000  # through pvws and GraphQL, once the stream holds what it may
+    pvgets: int = 20_000
+    pvget_connections: int = 100
 
 
 FULL = Sizes()
@@ -104,8 +118,11 @@ TINY = Sizes(
     backfill_rate_hz=50.0, backfill_rows=20, pvws_names=50, mjpeg_fps_values=3,
     mjpeg_image="sim://image/bench?width=64&height=64&rate=10", mjpeg_frames=3, writes=30,
     storm_connections=2, storm_attachments=5, forged_sockets=3, rotating_refusals=50,
-    pva=PVA_TINY,
+    pva=PVA_TINY, slow_senders=4, hoard_names=20, hoard_extra=0,
+    pvgets=30, pvget_connections=4,
 )  # fmt: skip
+
+ATTACKER = "127.0.0.99"  # the slow senders', hoarders' and pvget flood's own address
 
 
 Attack = Callable[[ServerProcess, Sizes], Coroutine[Any, Any, dict[str, Any]]]
@@ -215,7 +232,7 @@ async def forged_xff(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
             await asyncio.to_thread(proxy.stop)
     return {
         "sockets": sizes.forged_sockets, "admitted": len(opened.admitted),
-        "refused_1013": sum(1 for c in opened.refused if c is not None and c.code == 1013),
+        "refused_429": sum(1 for status, _ in opened.refused if status == 429),
         "s": round(seconds, 2),
     }  # fmt: skip
 
@@ -282,6 +299,50 @@ PVA_ATTACKS: dict[str, PvaAttack] = {
 }
 
 
+async def slow(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    kinds = ("headers", "body", "upgrade", "silent")
+    counts = {k: sizes.slow_senders // len(kinds) for k in kinds}
+    senders = await slow_senders(server, counts, [ATTACKER])
+    statuses: dict[str, int] = {}
+    for s in senders:
+        key = "4000" if (s.close_frame() or (0,))[0] == 4000 else str(s.status)
+        statuses[key] = statuses.get(key, 0) + 1
+    kept = [s.seconds for s in senders if s.status != 429]
+    return {
+        "senders": len(senders), "answers": statuses,
+        "unclosed": sum(1 for s in senders if s.seconds is None),
+        "held_longest_s": round(max((t for t in kept if t is not None), default=0.0), 2),
+    }  # fmt: skip
+
+
+async def hoard(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    names = [f"ca://HOARD:{i:06d}" for i in range(sizes.hoard_names)]
+    extra = [f"ca://HOARD:X{i:04d}" for i in range(sizes.hoard_extra)]
+    held: dict[str, float] = {}
+
+    async def meanwhile(h: Hoard) -> None:
+        held.update(metric(server, "pvwire_upstream_channels"))
+
+    per_token = integer("max_channels_per_subscription")
+    h = await hoard_channels(server, ATTACKER, names, per_token, extra, meanwhile)
+    return {
+        "asked": sizes.hoard_names + 2 * sizes.hoard_extra, "attached": h.attached,
+        "stream_refused": len(h.stream_errors), "pvws_refused": len(h.pvws_errors),
+        "gets_refused": h.get_errors.count("TOO_MANY_CHANNELS"),
+        "searching": held.get('{scheme="ca",state="searching"}', 0),
+    }  # fmt: skip
+
+
+async def pvgets(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    names = [f"ca://FLOOD:{i}" for i in range(sizes.pvgets)]
+    before = metric(server, "pvwire_gets_total")['{source="upstream"}']
+    codes, seconds = await pvget_flood(
+        server, ATTACKER, sizes.pvgets, sizes.pvget_connections, names
+    )
+    made = metric(server, "pvwire_gets_total")['{source="upstream"}'] - before
+    return {"pvgets": sizes.pvgets, "answers": codes, "upstream_gets": made, "s": round(seconds, 2)}
+
+
 ATTACKS: dict[str, Attack] = {
     "body": body,
     "body-chunked": body_chunked,
@@ -292,6 +353,9 @@ ATTACKS: dict[str, Attack] = {
     "storm": storm,
     "forged-xff": forged_xff,
     "refusals": refusals,
+    "slow": slow,
+    "hoard": hoard,
+    "pvgets": pvgets,
 }
 
 

@@ -193,6 +193,9 @@ class Server(ServerProcess):
     makes; `env` is the whole environment (loopback settings and the bench IOC's ports)."""
 
     def __init__(self, env: dict[str, str], args: list[str]) -> None:
+        # Every load client comes from 127.0.0.1, and the harness's own requests too: room for
+        # all of them, HTTP and WebSocket (counted together, api/connections.py).
+        env = {"PVWIRE_MAX_CONNECTIONS_PER_ADDRESS": "10000", **env}
         super().__init__("--log-level", "warning", *args, env=env)
         self.start()
 

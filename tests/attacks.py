@@ -20,12 +20,13 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import jwt
 import msgpack
 import websockets
@@ -56,14 +57,17 @@ __all__ = [
     "Watch",
     "backfill_attack",
     "body_attack",
+    "bound_socket",
     "cpu_seconds",
     "forged_sockets",
+    "hoard_channels",
     "metric",
     "mjpeg_viewers",
     "peer_refusals",
     "pva_peers",
     "pva_put",
     "pva_server_args",
+    "pvget_flood",
     "pvws_subscribe",
     "pvws_write_burst",
     "reconnect_storm",
@@ -71,6 +75,7 @@ __all__ = [
     "rotating_source",
     "rss_bytes",
     "search_hijack",
+    "slow_senders",
     "stream_token",
 ]
 
@@ -579,11 +584,11 @@ def _clients(server: ServerProcess) -> int:
 
 @dataclass
 class Sockets:
-    """What `forged_sockets` opened: the admitted (open; the caller closes them) and the close
-    frames of those refused."""
+    """What `forged_sockets` opened: the admitted (open; the caller closes them) and, for those
+    refused, the HTTP status answered to the upgrade and its text."""
 
     admitted: list[Any] = field(default_factory=list)
-    refused: list[Any] = field(default_factory=list)  # websockets' Close frames
+    refused: list[tuple[int, str]] = field(default_factory=list)
 
     async def close(self) -> None:
         await asyncio.gather(*(ws.close() for ws in self.admitted), return_exceptions=True)
@@ -594,23 +599,24 @@ async def forged_sockets(
 ) -> Sockets:
     """`sockets` WebSockets to `url` (`wss://` through a proxy) from `source`, each with an
     `X-Forwarded-For` of its own (as if each were another client), `at_once` being opened at a
-    time; each waits for HELLO (admitted) or a close (refused)."""
+    time; each waits for HELLO (admitted) or an HTTP refusal of its upgrade (refused)."""
     out = Sockets()
     gate = asyncio.Semaphore(at_once)
 
     async def one(i: int) -> None:
         async with gate:
-            ws = await websockets.connect(
-                url, ssl=context, local_addr=(source, 0), compression=None,
-                additional_headers={"X-Forwarded-For": rotating_source(i, 198, 51)},
-                subprotocols=[websockets.Subprotocol("pvwire.v1")],
-            )  # fmt: skip
             try:
-                await asyncio.wait_for(ws.recv(), 60)  # HELLO
-            except websockets.ConnectionClosed as exc:
-                out.refused.append(exc.rcvd)
-            else:
-                out.admitted.append(ws)
+                ws = await websockets.connect(
+                    url, ssl=context, local_addr=(source, 0), compression=None,
+                    additional_headers={"X-Forwarded-For": rotating_source(i, 198, 51)},
+                    subprotocols=[websockets.Subprotocol("pvwire.v1")],
+                )  # fmt: skip
+            except websockets.InvalidStatus as exc:
+                response = exc.response
+                out.refused.append((response.status_code, response.body.decode(errors="replace")))
+                return
+            await asyncio.wait_for(ws.recv(), 60)  # HELLO
+            out.admitted.append(ws)
 
     await asyncio.gather(*(one(i) for i in range(sockets)))
     return out
@@ -765,3 +771,226 @@ async def search_hijack(server: ServerProcess, peers: PvaPeers, names: Sequence[
         return [await pva_put(server, name, float(i)) for i, name in enumerate(names)]
     finally:
         peers.hostile.stop_forging()
+
+
+# --- (j) slow senders -------------------------------------------------------------------------
+
+# What each kind of slow sender trickles (a byte every `interval`), after a head sent at once:
+# request headers that never end, a body far longer than what comes, a WebSocket upgrade request
+# cut in bytes; and a WebSocket whose upgrade is whole but which never says anything after HELLO.
+_UPGRADE = (
+    b"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+SLOW_KINDS: dict[str, tuple[bytes, bytes]] = {
+    "headers": (b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4096),
+    "body": (
+        b"POST /graphql HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n",
+        b" " * 4096,
+    ),
+    "upgrade": (b"", _UPGRADE),
+    "silent": (_UPGRADE, b""),
+}
+
+
+@dataclass
+class SlowSender:
+    """One slow connection and what the server did with it."""
+
+    kind: str
+    address: str  # the local address it connected from (all of 127/8 is loopback)
+    answer: bytes = b""  # everything the server sent
+    seconds: float | None = None  # from connecting to the server's close (None: not closed)
+
+    @property
+    def status(self) -> int:
+        """The HTTP status the server answered with (0: none)."""
+        m = re.match(rb"HTTP/1\.1 (\d{3})", self.answer)
+        return int(m[1]) if m else 0
+
+    def close_frame(self) -> tuple[int, bytes] | None:
+        """The WebSocket close frame after a 101 answer: (code, reason), or None."""
+        _, found, data = self.answer.partition(b"\r\n\r\n")
+        while found and len(data) >= 2:
+            opcode, size, at = data[0] & 0x0F, data[1] & 0x7F, 2
+            if size == 126:
+                size, at = int.from_bytes(data[2:4]), 4
+            elif size == 127:
+                size, at = int.from_bytes(data[2:10]), 10
+            payload, data = data[at : at + size], data[at + size :]
+            if opcode == 8 and len(payload) >= 2:
+                return int.from_bytes(payload[:2]), payload[2:]
+        return None
+
+
+class _Recorder(asyncio.Protocol):
+    """Keeps every byte as it comes: a stream reader would raise a reset before the data that
+    came just before it (a byte sent as the server closed)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set()
+
+
+async def _slow_one(port: int, s: SlowSender, interval: float, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    head, trickle = SLOW_KINDS[s.kind]
+    recorder = _Recorder()
+    started = loop.time()
+    transport, _ = await loop.create_connection(
+        lambda: recorder, "127.0.0.1", port, local_addr=(s.address, 0)
+    )
+    try:
+        if head:
+            transport.write(head)
+        sent = 0
+        while not recorder.closed.is_set() and loop.time() - started < timeout:
+            # Once answered it stops, as an attacker would: nothing more can come of it.
+            if not recorder.data and sent < len(trickle):
+                transport.write(trickle[sent : sent + 1])
+                sent += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(recorder.closed.wait(), interval)
+            s.answer = bytes(recorder.data)
+            if s.kind == "silent" and s.close_frame() is not None:
+                break  # closed by the server's WebSocket close; the TCP close follows ours
+        if recorder.closed.is_set() or (s.kind == "silent" and s.close_frame() is not None):
+            s.seconds = loop.time() - started
+    finally:
+        s.answer = bytes(recorder.data)
+        transport.close()
+
+
+async def slow_senders(
+    server: ServerProcess,
+    kinds: dict[str, int],
+    addresses: Sequence[str],
+    interval: float = 1.0,
+    timeout: float = 120.0,
+) -> list[SlowSender]:
+    """`kinds[k]` connections of each kind of SLOW_KINDS, the kinds interleaved, from
+    `addresses` in turn, all at once, each trickling a byte every `interval` until the server
+    answers or closes it (or `timeout`)."""
+    order = sorted((i, k) for k, n in kinds.items() for i in range(n))
+    senders = [SlowSender(kind, addresses[i % len(addresses)]) for i, (_, kind) in enumerate(order)]
+    await asyncio.gather(*(_slow_one(server.port, s, interval, timeout) for s in senders))
+    return senders
+
+
+# --- (k) channel hoarding ---------------------------------------------------------------------
+
+
+async def bound_socket(url: str, address: str) -> socket.socket:
+    """A TCP connection to `url`'s host and port from the local address `address` (all of 127/8
+    is loopback: each is another client address to the server)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.setblocking(False)
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    return sock
+
+
+@dataclass
+class Hoard:
+    """What one address got of the channels it asked for, by endpoint."""
+
+    attached: int = 0  # channels of the stream's ATTACHED answers
+    stream_errors: list[str] = field(default_factory=list)
+    pvws_updated: int = 0
+    pvws_errors: list[str] = field(default_factory=list)
+    get_errors: list[str] = field(default_factory=list)  # GraphQL `channels`' errorCodes
+
+
+async def hoard_channels(
+    server: ServerProcess,
+    address: str,
+    names: Sequence[str],
+    per_token: int,
+    extra: Sequence[str],
+    hold: Callable[[Hoard], Awaitable[None]] | None = None,
+) -> Hoard:
+    """From `address`: one `/stream` connection ATTACHing `names` in tokens of `per_token`
+    channels each, then, with those held, a `/pvws/pv` subscribe and a GraphQL `channels` get
+    of `extra` names. `hold(hoard)` runs while everything is held; then all is closed."""
+    hoard = Hoard()
+    chunks = [names[i : i + per_token] for i in range(0, len(names), per_token)]
+    tokens = [await asyncio.to_thread(stream_token, server, chunk) for chunk in chunks]
+    stream = await RawStream.connect(server.ws_url, sock=await bound_socket(server.url, address))
+    pvws = await PvwsClient.connect(server.url, sock=await bound_socket(server.url, address))
+    try:
+        for req, token in enumerate(tokens, 1):
+            await stream.send(ATTACH, req, token)
+        answered = 0
+        while answered < len(tokens):
+            msg = await stream.recv(120)
+            if isinstance(msg, wire.Attached):
+                hoard.attached += len(msg.ids)
+                answered += 1
+            elif isinstance(msg, wire.Error):
+                hoard.stream_errors.append(msg.message)
+                answered += 1
+        if extra:
+            await _hoard_more(server, address, pvws, extra, hoard)
+        if hold is not None:
+            await hold(hoard)
+    finally:
+        await stream.close()
+        await pvws.close()
+    return hoard
+
+
+async def _hoard_more(
+    server: ServerProcess, address: str, pvws: PvwsClient, extra: Sequence[str], hoard: Hoard
+) -> None:
+    """`extra` asked for through pvws (each name answered with an update or an error), then as
+    a GraphQL get, from `address`."""
+    await pvws.subscribe(*extra)
+    async with asyncio.timeout(120):
+        while hoard.pvws_updated + len(hoard.pvws_errors) < len(extra):
+            m = await pvws.recv(120)
+            if m.get("type") == "update":
+                hoard.pvws_updated += 1
+            elif m.get("type") == "error":
+                hoard.pvws_errors.append(str(m.get("message")))
+    query = "query($ids: [String!]!) { channels(ids: $ids, timeout: 1) { errorCode } }"
+    transport = httpx.AsyncHTTPTransport(local_address=address)
+    async with httpx.AsyncClient(transport=transport, timeout=120) as client:
+        r = await client.post(
+            f"{server.url}/graphql", json={"query": query, "variables": {"ids": list(extra)}}
+        )
+    hoard.get_errors = [str(c["errorCode"]) for c in r.json()["data"]["channels"]]
+
+
+# --- (l) a pvget flood ------------------------------------------------------------------------
+
+
+async def pvget_flood(
+    server: ServerProcess, address: str, count: int, connections: int, names: Sequence[str]
+) -> tuple[dict[str, int], float]:
+    """`count` pvgets of `names` (in turn) from `address` over `connections` connections at
+    once; the answers' codes counted (`ok` for 200), and the seconds it took."""
+    transport = httpx.AsyncHTTPTransport(
+        local_address=address, limits=httpx.Limits(max_connections=connections)
+    )
+    codes: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=server.url, transport=transport, timeout=120) as client:
+        room = asyncio.Semaphore(connections)
+
+        async def one(name: str) -> None:
+            async with room:
+                r = await client.get("/pvws/pvget", params={"name": name})
+            code = "ok" if r.status_code == 200 else str(r.json().get("code"))
+            codes[code] = codes.get(code, 0) + 1
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(*(one(names[i % len(names)]) for i in range(count)))
+        return codes, loop.time() - started

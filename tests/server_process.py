@@ -35,6 +35,7 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         token_key: str | None = TEST_TOKEN_KEY,
         module: str = "pvwire.cli",
+        nofile: int | None = None,
     ) -> None:
         self.fixed_port = port is not None
         self._use_port(port or free_port())
@@ -45,6 +46,8 @@ class ServerProcess:
         self.token_key = token_key
         self.env = env or {}  # on top of os.environ, e.g. another IOC's client settings
         self.args = list(args)
+        # The child's descriptor limit (util-linux's prlimit, which then runs the server).
+        self.nofile = nofile
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: deque[str] = deque(maxlen=300)
         self.output_bytes = 0  # everything it wrote to stdout and stderr, its log included
@@ -75,6 +78,8 @@ class ServerProcess:
         ]  # fmt: skip
         if self.token_key is not None:
             cmd += ["--token-key", self.token_key]
+        if self.nofile is not None:
+            cmd = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", *cmd]
         env = apply_loopback_env({**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._proc = proc

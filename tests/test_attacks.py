@@ -13,8 +13,10 @@ and far below what the unbounded code held the loop for.
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from tests.attacks import (
     MIB,
     Bystander,
     Cost,
+    Hoard,
     PvaPeers,
     PvaSizes,
     Watch,
@@ -34,12 +37,14 @@ from tests.attacks import (
     body_attack,
     cpu_seconds,
     forged_sockets,
+    hoard_channels,
     metric,
     mjpeg_viewers,
     peer_refusals,
     pva_peers,
     pva_put,
     pva_server_args,
+    pvget_flood,
     pvws_subscribe,
     pvws_write_burst,
     read_backfill,
@@ -47,6 +52,7 @@ from tests.attacks import (
     record_history,
     rotating_refusals,
     search_hijack,
+    slow_senders,
     stream_token,
 )
 from tests.certs import TestCA
@@ -54,6 +60,7 @@ from tests.eventually import eventually, eventually_async
 from tests.proxies import PROXY_SOURCE, Proxy
 from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess, server_args_for_tests
+from tests.stream_client import RawStream
 
 # --- the bounds this suite holds the server to --------------------------------------------------
 
@@ -125,6 +132,32 @@ REASON_BURST = limits.integer("refusal_log_reason_burst")
 REASON_RATE = limits.number("refusal_log_reason_rate")
 SUMMARY_S = limits.number("refusal_log_interval_s")
 ROTATING_RSS_BOUND = SLACK
+
+# (j) Slow senders from one address: as many as it may connect, each closed by its deadline.
+SLOW_ADDRESS = "127.0.0.71"  # all of 127/8 is loopback: another client than the bystander
+SLOW_PER_KIND = 75  # 300 sockets: three times what the address may hold
+PER_ADDRESS = limits.integer("max_connections_per_address")
+SLOW_RSS_BOUND = SLACK
+
+# (k) Channel hoarding: five times the channels one address may hold, names no IOC has (each a
+# search that never ends), through every endpoint.
+HOARD_ADDRESS = "127.0.0.72"
+MAX_PER_ADDRESS = limits.integer("max_channels_per_address")
+HOARD_NAMES = 5 * MAX_PER_ADDRESS
+# Half a subscribe's most: each ATTACH opens its channels in one pass of the loop.
+HOARD_PER_TOKEN = limits.integer("max_channels_per_subscription") // 2
+HOARD_EXTRA = 1_000  # asked for through pvws and GraphQL once the stream holds all it may
+# A CA channel that searches, with its view: ~10 KiB measured (bench/README.md), generously.
+HOARD_CHANNEL_BYTES = 12 * 1024
+HOARD_RSS_BOUND = MAX_PER_ADDRESS * HOARD_CHANNEL_BYTES + SLACK
+LEGIT_CHANNELS = 100
+
+# (l) A pvget flood: names no IOC has, from every connection one address may have.
+FLOOD_ADDRESS = "127.0.0.73"
+FLOOD_GETS = 2_000
+FLOOD_CONNECTIONS = 50
+PVGET_PER_S = limits.number("pvget_per_s")
+FLOOD_RSS_BOUND = SLACK
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +437,7 @@ async def test_g_a_forged_address_through_a_proxy_is_one_address(
         f"{admitted} of {FORGED_SOCKETS} sockets each forging its own X-Forwarded-For were "
         f"admitted from one address (bound {FORGED_ADMITTED})"
     )
-    assert {(c.code, FORGED_SOURCE in c.reason) for c in refused} == {(1013, True)}
+    assert {(status, FORGED_SOURCE in text) for status, text in refused} == {(429, True)}
     held(watch.cost, FORGED_RSS_BOUND, f"{FORGED_SOCKETS} forged sockets through haproxy")
     bystander.check(start, end)
 
@@ -563,3 +596,128 @@ async def test_i_a_forged_search_answer_takes_no_put(
     assert dropped >= len(names), dropped
     held(watch.cost, PVA_RSS_BOUND, f"{pva_peers_.hostile.forged} forged search answers")
     pva_bystander.check(start, end)
+
+
+# --- (j) -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+async def test_j_slow_senders_hold_at_most_their_address_s_connections_for_a_deadline(
+    target: ServerProcess, bystander: Bystander
+) -> None:
+    start = bystander.mark()
+    with Watch(target) as watch:
+        kinds = dict.fromkeys(("headers", "body", "upgrade", "silent"), SLOW_PER_KIND)
+        senders = await slow_senders(target, kinds, [SLOW_ADDRESS])
+        # Meanwhile (and after) another client's request is answered.
+        assert target.graphql("{ server { version } }")["data"]["server"]["version"]
+    end = bystander.mark()
+    refused = [s for s in senders if s.status == 429]
+    kept = [s for s in senders if s.status != 429]
+    assert all(b"max_connections_per_address" in s.answer for s in refused)
+    # What the address was let hold, each closed by the deadline meant for it.
+    by_deadline = {
+        "headers": b"http_header_timeout_s", "upgrade": b"http_header_timeout_s",
+        "body": b"http_body_min_rate",
+    }  # fmt: skip
+    for s in kept:
+        if s.kind == "silent":
+            close = s.close_frame()
+            assert close is not None and close[0] == 4000, s
+        else:
+            assert s.status == 408 and by_deadline[s.kind] in s.answer, s
+        assert s.seconds is not None, f"not closed: {s}"
+    assert 0 < len(kept) <= PER_ADDRESS and len(refused) >= len(senders) - PER_ADDRESS, (
+        f"{len(kept)} held, {len(refused)} refused"
+    )
+    held(watch.cost, SLOW_RSS_BOUND, f"{len(senders)} slow senders from one address")
+    bystander.check(start, end)
+
+
+# --- (k) -------------------------------------------------------------------------------------
+
+
+async def _legit_reader(target: ServerProcess) -> int:
+    """Another address's client attaching channels of its own: the entries of its snapshot."""
+    ids = [f"sim://counter/legit{i}?rate=10" for i in range(LEGIT_CHANNELS)]
+    token = await asyncio.to_thread(stream_token, target, ids)
+    reader = await RawStream.connect(target.ws_url)
+    try:
+        _, snapshot = await reader.attach(token)
+        await reader.next_data(timeout=60)
+        return len(snapshot.entries)
+    finally:
+        await reader.close()
+
+
+@pytest.mark.timeout(300)
+async def test_k_one_address_holds_at_most_its_channels_whatever_it_holds_them_through(
+    target: ServerProcess, bystander: Bystander
+) -> None:
+    names = [f"ca://HOARD:{i:06d}" for i in range(HOARD_NAMES)]
+    extra = [f"ca://HOARD:X{i:04d}" for i in range(HOARD_EXTRA)]
+    during: dict[str, float] = {}
+
+    async def meanwhile(hoard: Hoard) -> None:
+        during["channels"] = metric(target, "pvwire_channels")[""]
+        during["legit"] = await _legit_reader(target)
+
+    channels = metric(target, "pvwire_channels")[""]
+    start = bystander.mark()
+    with Watch(target) as watch:
+        hoard = await hoard_channels(
+            target, HOARD_ADDRESS, names, HOARD_PER_TOKEN, extra, meanwhile
+        )
+    end = bystander.mark()
+    tokens = HOARD_NAMES // HOARD_PER_TOKEN
+    assert hoard.attached == MAX_PER_ADDRESS, hoard.attached
+    assert len(hoard.stream_errors) == tokens - MAX_PER_ADDRESS // HOARD_PER_TOKEN
+    assert all("max_channels_per_address" in e for e in hoard.stream_errors), hoard.stream_errors
+    # The other endpoints, past the budget: pvws `error`s, GraphQL's error codes.
+    assert hoard.pvws_updated == 0 and len(hoard.pvws_errors) == HOARD_EXTRA
+    assert all("max_channels_per_address" in e for e in hoard.pvws_errors), hoard.pvws_errors[0]
+    assert set(hoard.get_errors) == {"TOO_MANY_CHANNELS"}, set(hoard.get_errors)
+    # What the server held: the budget (and the bystander's and the reader's channels).
+    assert during["channels"] <= channels + MAX_PER_ADDRESS, during
+    assert during["legit"] == LEGIT_CHANNELS, during
+    held(watch.cost, HOARD_RSS_BOUND, f"{HOARD_NAMES:,} channels asked for from one address")
+    bystander.check(start, end)
+
+
+# --- (l) -------------------------------------------------------------------------------------
+
+
+async def test_l_a_pvget_flood_makes_few_upstream_gets(
+    target: ServerProcess, bystander: Bystander
+) -> None:
+    upstream = metric(target, "pvwire_gets_total")['{source="upstream"}']
+    names = [f"ca://FLOOD:{i}" for i in range(FLOOD_GETS)]
+    start = bystander.mark()
+    with Watch(target) as watch:
+        flood = asyncio.ensure_future(
+            pvget_flood(target, FLOOD_ADDRESS, FLOOD_GETS, FLOOD_CONNECTIONS, names)
+        )
+        # Another address's read is answered meanwhile, with what was written.
+        doc = await asyncio.to_thread(
+            target.graphql, 'mutation { put(id: "sim://value/legit_get", value: 7) { ok } }'
+        )
+        assert doc["data"]["put"]["ok"], doc
+
+        def legit() -> dict[str, object]:
+            url = f"{target.url}/pvws/pvget?name=sim://value/legit_get"
+            with urllib.request.urlopen(url, timeout=60) as r:
+                answer: dict[str, object] = json.loads(r.read())
+            return answer
+
+        assert (await asyncio.to_thread(legit))["value"] == 7
+        codes, seconds = await flood
+    end = bystander.mark()
+    made = metric(target, "pvwire_gets_total")['{source="upstream"}'] - upstream
+    # Upstream gets as the rate lets through (a burst of twice it, then the rate): the rest
+    # were answered at once, 429, and made no search.
+    allowed = 2 * PVGET_PER_S + PVGET_PER_S * (seconds + 1) + 1  # and the reader's
+    assert made <= allowed, f"{made:g} upstream gets in {seconds:.1f} s, bound {allowed:g}"
+    assert codes.get("RATE_LIMITED", 0) + codes.get("TOO_MANY_REQUESTS", 0) >= FLOOD_GETS - allowed
+    assert set(codes) <= {"RATE_LIMITED", "TOO_MANY_REQUESTS", "NOT_FOUND", "TIMEOUT"}, codes
+    held(watch.cost, FLOOD_RSS_BOUND, f"{FLOOD_GETS} pvgets from one address")
+    bystander.check(start, end)

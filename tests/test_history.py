@@ -309,6 +309,42 @@ def test_a_store_full_of_monitored_channels_refuses_and_counts() -> None:
     assert stats.used_bytes <= stats.budget_bytes
 
 
+class CountedReads(ChannelHistory):
+    """A history that counts how often the store asks whether it is monitored."""
+
+    reads = 0
+
+    @property
+    def attached(self) -> bool:
+        CountedReads.reads += 1
+        return self._attached
+
+    @attached.setter
+    def attached(self, value: bool) -> None:
+        self._attached = value
+
+
+def test_channels_past_a_budget_full_of_monitored_ones_are_refused_without_a_scan_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counted, not timed: each refusal once looked at every monitored history (20,000 channels
+    opened at once by one address held the loop for seconds)."""
+    monkeypatch.setattr("pvwire.core.history.store.ChannelHistory", CountedReads)
+    held = 50
+    store = HistoryStore(held * CHANNEL_BYTES)
+    first = [store.attach(f"a{i}") for i in range(held)]
+    assert all(first)
+    CountedReads.reads = 0
+    assert all(store.attach(f"b{i}") is None for i in range(1_000))
+    assert store.stats().refused == 1_000
+    assert CountedReads.reads <= 2 * held, CountedReads.reads  # one scan, not one per channel
+    # A release makes room again, found by a scan as before.
+    released = first[7]
+    assert released is not None
+    store.detach(released)
+    assert store.attach("c") is not None and store.get("a7") is None
+
+
 def test_a_released_channel_keeps_its_history_and_continues_it() -> None:
     store = HistoryStore(CHANNEL_BYTES)
     h = store.attach("a", pinned=False)

@@ -1,13 +1,14 @@
 """`/pvws/pv`'s per-message bounds over the real server: names per `subscribe`, opening many
 names a few per event-loop pass, writes in flight per connection, writable sim PVs monitored per
-server. Each is exceeded from one connection; the error it gets names the limit, and what it
-already holds goes on."""
+server; and `/pvws/pvget`'s gets in flight and per second. Each is exceeded from one connection
+(or address); the error it gets names the limit, and what it already holds goes on."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from pvwire import limits
 from pvwire_dev.ioc import IocProcess
@@ -20,7 +21,8 @@ from tests.server_process import ServerProcess, server_args_for_tests
 def bounds_server(epics_env: IocProcess) -> Iterator[ServerProcess]:
     # Puts are rate limited per identity (20/s); this server allows more, so that writes
     # reach the in-flight bound instead of the rate limit.
-    env = {"PVWIRE_MAX_PUTS_PER_S": "1000"}
+    # And a pvget of a name no IOC has waits long enough to be seen in flight.
+    env = {"PVWIRE_MAX_PUTS_PER_S": "1000", "PVWIRE_GET_TIMEOUT_S": "30"}
     with ServerProcess(*server_args_for_tests(), env=env) as server:
         yield server
 
@@ -153,3 +155,71 @@ async def test_a_writable_sim_past_the_store_bound_is_refused_and_the_connection
         assert written["value"] == 7.5
     finally:
         await client.close()
+
+
+def pvget_client(server: ServerProcess, local: str) -> httpx.AsyncClient:
+    """pvgets from the local address `local` (all of 127/8 is loopback), over up to 40
+    connections at once."""
+    transport = httpx.AsyncHTTPTransport(
+        local_address=local, limits=httpx.Limits(max_connections=40)
+    )
+    return httpx.AsyncClient(base_url=server.url, transport=transport, timeout=120)
+
+
+async def test_pvgets_in_flight_are_bounded_per_address(bounds_server: ServerProcess) -> None:
+    """Each pvget of a name no IOC has waits `get_timeout_s` (30 s on this server) for an
+    upstream search: one address has at most `pvget_in_flight` of them at once."""
+    most = limits.integer("pvget_in_flight")
+    async with (
+        pvget_client(bounds_server, "127.0.0.61") as flood,
+        pvget_client(bounds_server, "127.0.0.62") as neighbour,
+    ):
+        gets = [
+            asyncio.ensure_future(flood.get("/pvws/pvget", params={"name": f"ca://NOPE:{i}"}))
+            for i in range(most + 8)
+        ]
+        try:
+            refused = []
+            async with asyncio.timeout(60):
+                for done in asyncio.as_completed(gets):
+                    r = await done
+                    assert r.status_code == 429, (r.status_code, r.text)
+                    refused.append(r.json())
+                    if len(refused) == 8:
+                        break
+            assert all(e["code"] == "TOO_MANY_REQUESTS" for e in refused), refused
+            assert "pvget_in_flight" in refused[0]["message"], refused[0]
+            # Another address is answered meanwhile.
+            r = await neighbour.get("/pvws/pvget", params={"name": "sim://value/pvget_ok"})
+            assert r.status_code == 200 and r.json()["pv"] == "sim://value/pvget_ok", r.text
+        finally:
+            for g in gets:
+                g.cancel()
+            await asyncio.gather(*gets, return_exceptions=True)
+
+
+async def test_pvgets_are_rate_limited_per_identity(bounds_server: ServerProcess) -> None:
+    rate = limits.number("pvget_per_s")
+    count = 1_000
+    name = {"name": "sim://value/pvget_rate"}
+    async with pvget_client(bounds_server, "127.0.0.63") as client:
+        sem = asyncio.Semaphore(16)
+
+        async def one() -> httpx.Response:
+            async with sem:
+                return await client.get("/pvws/pvget", params=name)
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        answers = await asyncio.gather(*(one() for _ in range(count)))
+        seconds = loop.time() - started
+    ok = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code == 429]
+    assert len(ok) + len(refused) == count, {r.status_code for r in answers}
+    # A burst of twice the rate, then the rate: what that lets through in the time it took.
+    allowed = 2 * rate + rate * (seconds + 1)
+    assert ok and len(ok) <= allowed, f"{len(ok)} answered in {seconds:.1f} s, bound {allowed:g}"
+    assert len(refused) >= count - allowed
+    if refused:
+        error = refused[0].json()
+        assert error["code"] == "RATE_LIMITED" and "pvget_per_s" in error["message"], error

@@ -2,7 +2,9 @@
 
 Counted, not timed: the sessions here count every comparison made with them (`__eq__`) and every
 read of their address, which is what a scan of a list of attachments or of every session does.
-The hub is the real one (in memory, tests/hub_doubles.py's backend)."""
+The hub is the real one (in memory, tests/hub_doubles.py's backend). Connections per address are
+counted at accept, outside the hub (tests/test_connections.py); what the hub keeps per address is
+the channels each one holds."""
 
 from __future__ import annotations
 
@@ -46,7 +48,6 @@ def storm(hub: Hub, addresses: list[str]) -> list[CountedSession]:
     message = msgpack.packb([16, 1, hub.signer.issue(["fake://a", "fake://b"]).token])
     sessions = []
     for i, address in enumerate(addresses):
-        hub.connections_from(address)  # what the endpoints ask before admitting one
         s = CountedSession(i + 1, address, hub, b"\x91\x00", SessionLimits(), lambda: None)
         hub.add_session(s)
         s.receive(message)
@@ -97,26 +98,30 @@ async def test_the_tick_still_serves_attachments_in_the_order_they_came(
     assert order == [sessions[0], sessions[4]]
 
 
-async def test_admitting_n_clients_reads_each_address_a_bounded_number_of_times(
+async def test_attaching_n_clients_reads_each_address_a_bounded_number_of_times(
     hub: Hub, backend: FakeBackend
 ) -> None:
     reset_counts()
     sessions = storm(hub, ["10.0.0.1"] * (N // 2) + ["10.0.0.2"] * (N // 2))
-    # A scan read every session's address to admit each new one: N * N / 2 reads.
+    # A scan read every session's address to attach each new one: N * N / 2 reads.
     assert CountedSession.address_reads <= 4 * N, CountedSession.address_reads
-    assert hub.connections_from("10.0.0.1") == hub.connections_from("10.0.0.2") == N // 2
+    held = hub.address_channels
+    assert held.held_by("10.0.0.1") == held.held_by("10.0.0.2") == 2  # two channels each
     for s in sessions[: N // 2 + 1]:
         hub.remove_session(s)
-        hub.remove_session(s)  # released twice (server stop, then the connection): counted once
-    assert hub.connections_from("10.0.0.1") == 0
-    assert hub.connections_from("10.0.0.2") == N // 2 - 1
-    assert hub.connections_from("10.0.0.3") == 0
+        hub.remove_session(s)  # released twice (server stop, then the connection): once
+    assert held.held_by("10.0.0.1") == 0
+    assert held.held_by("10.0.0.2") == 2
+    for s in sessions[N // 2 + 1 :]:
+        hub.remove_session(s)
+    assert held.held_by("10.0.0.2") == 0
 
 
-async def test_a_session_is_uncounted_from_the_address_it_was_counted_under(
+async def test_an_attachment_gives_back_what_it_held_under_the_address_it_had(
     hub: Hub, backend: FakeBackend
 ) -> None:
     (s,) = storm(hub, ["10.0.0.1"])
     s.address = "10.0.0.9"  # e.g. a shared feed that learns its viewer's address later
     hub.remove_session(s)
-    assert hub.connections_from("10.0.0.1") == hub.connections_from("10.0.0.9") == 0
+    held = hub.address_channels
+    assert held.held_by("10.0.0.1") == held.held_by("10.0.0.9") == 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pvwire import limits
 from pvwire.access.identity import ANONYMOUS, Identity
 from pvwire.config import Settings
 from pvwire.core.hub import Hub
@@ -148,12 +149,37 @@ async def test_idle_client_gets_heartbeats(hub: Hub) -> None:
     now = [0.0]
     c = Client(hub, SessionLimits(heartbeat=15.0), clock=lambda: now[0])
     c.drain()
+    attach(c, hub, ["fake://a"])  # as pvwire's clients do on HELLO
     now[0] = 14.0
     c.session.housekeeping(now[0])
     assert c.drain() == []
     now[0] = 15.5
     c.session.housekeeping(now[0])
     assert c.drain() == [[6]]
+
+
+async def test_a_client_that_never_speaks_is_closed_after_its_first_message_time(
+    hub: Hub,
+) -> None:
+    """A half handshake: HELLO sent, nothing ever comes back; the socket is not held for ever
+    (the heartbeat would keep it alive)."""
+    now = [0.0]
+    first = limits.number("stream_first_message_s")
+    assert SessionLimits().first_message == first
+    silent = Client(hub, clock=lambda: now[0])
+    speaking = Client(hub, clock=lambda: now[0])
+    speaking.send(18, 1)  # any message will do: a PING
+    now[0] = first - 1
+    for c in (silent, speaking):
+        c.session.housekeeping(now[0])
+    assert silent.session.close_request is None
+    now[0] = first
+    for c in (silent, speaking):
+        c.session.housekeeping(now[0])
+    assert silent.session.close_request is not None
+    code, reason = silent.session.close_request
+    assert code == 4000 and "stream_first_message_s" in reason, reason
+    assert speaking.session.close_request is None
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.attacks import slow_senders
 from tests.server_process import ServerProcess, server_args_for_tests
 
 INFO = re.compile(r"^pvwire_server_info\{(?P<labels>[^}]*)\} 1$", re.M)
@@ -66,3 +67,11 @@ def test_each_worker_names_itself_in_metrics_and_graphql(two_workers: ServerProc
     assert set(from_metrics) == {"1", "2"} and set(from_graphql) == {1, 2}
     assert len(set(from_metrics.values())) == 2 and two_workers.pid not in from_graphql.values()
     assert {int(w): int(p) for w, p in from_metrics.items()} == from_graphql
+
+
+async def test_every_worker_bounds_slow_headers(two_workers: ServerProcess) -> None:
+    """The server's own HTTP protocol (api/http_protocol.py) in every worker: each slow sender,
+    whichever worker the kernel hands it to, is answered 408 by the header deadline."""
+    senders = await slow_senders(two_workers, {"headers": 20}, ["127.0.0.1"])
+    wrong = [s for s in senders if s.status != 408 or b"http_header_timeout_s" not in s.answer]
+    assert not wrong, [s.answer[:200] for s in wrong[:3]]

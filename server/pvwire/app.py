@@ -21,6 +21,7 @@ from .access.identity import Authenticator, AuthError, JwtSettings
 from .access.refusals import RefusalLog
 from .api import stream
 from .api.body_limit import BodyLimit
+from .api.connections import STATE_KEY, Connections, capacity
 from .api.graphql_http import auth_refused, graphql_router, mount_graphiql_assets
 from .api.mjpeg import MjpegEndpoint
 from .api.routes import mount_page, pages, probes, readiness
@@ -87,10 +88,18 @@ def create_app(
             settings.tick_ms,
             workers,
         )
+    # Counted at accept by the server's protocols (api/http_protocol.py), which find the table
+    # in the lifespan's state.
+    connections = Connections(
+        settings.max_connections_per_address,
+        capacity(settings.max_connections),
+        authenticator.is_proxy,
+        authenticator.client_address,
+    )
     app = FastAPI(
         title="pvwire",
         version=__version__,
-        lifespan=lifespan(hub, authenticator, mjpeg, status),
+        lifespan=lifespan(hub, authenticator, mjpeg, status, connections),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -98,7 +107,7 @@ def create_app(
     # Computed in the process that serves, after uvicorn spawned it.
     worker = WorkerIdentity.current(settings.instance, workers)
     app.state.hub, app.state.worker, app.state.authenticator = hub, worker, authenticator
-    app.state.mjpeg = mjpeg
+    app.state.mjpeg, app.state.connections = mjpeg, connections
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -118,7 +127,7 @@ def create_app(
     if settings.aa_prefix:  # the Archiver Appliance's retrieval API (docs/ARCHIVER.md)
         app.include_router(AaEndpoint(hub, authenticator).router())
     app.include_router(pages(settings))
-    app.include_router(probes(hub, worker, mjpeg.stats))
+    app.include_router(probes(hub, worker, mjpeg.stats, connections.stats))
     mount_page(app)  # last: it answers every path the routes above leave
     return app
 
@@ -128,12 +137,14 @@ def lifespan(
     authenticator: Authenticator,
     mjpeg: MjpegEndpoint,
     status: StatusServer | None = None,
-) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    connections: Connections | None = None,
+) -> Callable[[FastAPI], AbstractAsyncContextManager[dict[str, Connections]]]:
     """Starts the hub, then the OIDC key follower, then the status PVs; stops them in reverse,
-    MJPEG's feeds between."""
+    MJPEG's feeds between. The state it yields is what the server hands its protocols: the
+    connection table."""
 
     @asynccontextmanager
-    async def serving(app: FastAPI) -> AsyncIterator[None]:
+    async def serving(app: FastAPI) -> AsyncIterator[dict[str, Connections]]:
         hub.start()
         await authenticator.start()  # the OIDC issuer's keys, if one is followed
         if status is not None:
@@ -149,7 +160,7 @@ def lifespan(
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
         try:
-            yield
+            yield {STATE_KEY: connections} if connections is not None else {}
         finally:
             if status is not None:
                 await status.stop()

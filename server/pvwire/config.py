@@ -79,6 +79,10 @@ class Settings:
     pvws_image_bytes_per_s: float = number("pvws_image_bytes_per_s")
     max_cost_per_s: float = number("max_cost_per_s")  # GraphQL cost per identity per second
     max_connections_per_address: int = integer("max_connections_per_address")
+    # Connections of the process (api/connections.py), at most its descriptor limit less a
+    # reserve; distinct upstream channels of one address, over all its endpoints.
+    max_connections: int = integer("max_connections")
+    max_channels_per_address: int = integer("max_channels_per_address")
     # MJPEG viewers from one address, a share of the process's mjpeg_max_viewers.
     mjpeg_viewers_per_address: int = integer("mjpeg_viewers_per_address")
     max_attachments_per_connection: int = integer("max_attachments_per_connection")

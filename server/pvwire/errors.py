@@ -12,6 +12,7 @@ __all__ = [
     "PutRejected",
     "PvwireError",
     "ReadOnlyChannel",
+    "TooManyChannels",
     "TypeMismatch",
     "WriteDenied",
 ]
@@ -95,6 +96,13 @@ class RateLimited(PvwireError):
     """The identity asked for more than its share (puts per second, query cost per second)."""
 
     code = "RATE_LIMITED"
+    refused_by = "pvwire"
+
+
+class TooManyChannels(PvwireError):
+    """The caller's address holds all the upstream channels it may (max_channels_per_address)."""
+
+    code = "TOO_MANY_CHANNELS"
     refused_by = "pvwire"
 
 

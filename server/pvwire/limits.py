@@ -59,8 +59,9 @@ _MIB = 1 << 20
 LIMITS: tuple[Limit, ...] = (
     # --- every WebSocket connection (/stream and /pvws/pv) ---
     Limit("max_connections_per_address", 100, "connections",
-          "open WebSocket connections from one client address, `/stream` and `/pvws/pv` "
-          "together", "close 1013 TRY_AGAIN",
+          "open connections from one client address, HTTP and WebSocket together, counted at "
+          "accept (behind a trusted proxy: under the address it forwards, once a request's "
+          "headers are in)", "HTTP 429, connection closed",
           setting=True),
     Limit("send_budget", 4 * _MIB, "bytes", "frames queued for one connection",
           "pending changes merge instead (section 9)", setting=True),
@@ -358,6 +359,45 @@ LIMITS: tuple[Limit, ...] = (
     Limit("aa_pb_fields", 256, "fields",
           "headers of one `PayloadInfo`, field values of one sample, in an archiver's answer",
           "the answer is refused as malformed"),
+    # --- time, and what the process holds (api/http_protocol.py, api/connections.py) ---
+    Limit("http_header_timeout_s", 5.0, "s",
+          "an HTTP request's line and headers (a WebSocket's upgrade request too), from the "
+          "connection's opening or the request's first byte", "HTTP 408, connection closed"),
+    Limit("http_body_timeout_s", 10.0, "s",
+          "an HTTP request body, from the end of its headers, and one second more for each "
+          "`http_body_min_rate` bytes of it received", "HTTP 408, connection closed"),
+    Limit("http_body_min_rate", 8_192, "bytes/s",
+          "the rate a request body comes at, at least, past its first `http_body_timeout_s`",
+          "HTTP 408, connection closed"),
+    Limit("http_answered_linger_s", 2.0, "s",
+          "a connection the server answered and is closing (refused, or too slow), still read "
+          "so that what the client sent meanwhile does not reset the answer away",
+          "closed"),
+    Limit("stream_first_message_s", 10.0, "s",
+          "a `/stream` connection's first message (its first `ATTACH`), from `HELLO`",
+          "close 4000 HEARTBEAT_TIMEOUT"),
+    # Room for the 10,000 clients of one process that bench/ measures, and more.
+    Limit("max_connections", 16_384, "connections",
+          "open connections of one process, HTTP and WebSocket, counted at accept; at most "
+          "the process's descriptor limit less `reserved_descriptors`",
+          "HTTP 503; `/healthz` and `/readyz` still answered for `probe_connections` more",
+          setting=True),
+    Limit("reserved_descriptors", 1_024, "descriptors",
+          "file descriptors `max_connections` leaves to the rest of the process (upstream "
+          "circuits, files), at most half of its limit", "fewer connections"),
+    Limit("probe_connections", 64, "connections",
+          "connections past `max_connections` that may still ask `/healthz` or `/readyz`",
+          "HTTP 503 at accept, nothing read"),
+    Limit("max_channels_per_address", 20_000, "channels",
+          "distinct upstream channels one client address holds, over its connections and "
+          "endpoints: `/stream` attachments, `/pvws/pv` PVs, MJPEG feeds, gets of channels "
+          "not monitored", "ERROR 4413; pvws `error`; GraphQL TOO_MANY_CHANNELS; HTTP 429",
+          setting=True),
+    Limit("pvget_per_s", 50.0, "gets/s",
+          "`/pvws/pvget` requests per identity (bursts of twice it)", "HTTP 429 RATE_LIMITED"),
+    Limit("pvget_in_flight", 16, "gets",
+          "`/pvws/pvget` requests of one client address not answered yet",
+          "HTTP 429 TOO_MANY_REQUESTS"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -345,6 +345,11 @@ class Authenticator:
             return found.key if found is not None else None
         return next(iter(held.values())).key if len(held) == 1 else None
 
+    def is_proxy(self, peer: str) -> bool:
+        """`peer` is a listed trusted proxy: who the client is, it says in the headers
+        (`client_address`); the connection table counts its clients by that (api/connections.py)."""
+        return self._trusted(peer)
+
 
 def _lines(headers: Mapping[str, str], name: str) -> list[str]:
     """Every line of header `name`, in order: Starlette's headers hold them all (`getlist`),

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..core.clients import Client
 from ..core.hub import Hub
 from ..limits import number
-from ..wire.codes import INTERNAL, NORMAL, POLICY, RESTART, TRY_AGAIN
+from ..wire.codes import INTERNAL, NORMAL, POLICY, RESTART
 
 __all__ = [
     "CLOSE_TIMEOUT",
@@ -72,17 +72,14 @@ class Wakeup:
             self.closing.set()
 
 
-def admission_refusal(hub: Hub, origin: str | None, address: str) -> tuple[int, str] | None:
-    """Why a WebSocket from `address` with `origin` is not admitted (close code and reason), the
-    same for both endpoints: an origin not allowed, or the address's connections all taken.
-    Browsers always send Origin; a client without one is not a browser (Python, Node)."""
-    settings = hub.settings
-    allowed = settings.allowed_origins
+def admission_refusal(hub: Hub, origin: str | None) -> tuple[int, str] | None:
+    """Why a WebSocket with `origin` is not admitted (close code and reason), the same for both
+    endpoints: an origin not allowed. Browsers always send Origin; a client without one is not a
+    browser (Python, Node). Connections per address are counted before this, at accept, HTTP and
+    WebSocket together (api/connections.py): one too many never gets to the upgrade."""
+    allowed = hub.settings.allowed_origins
     if allowed and origin is not None and origin not in allowed:
         return POLICY, f"origin {origin!r} is not allowed"
-    limit = settings.max_connections_per_address
-    if hub.connections_from(address) >= limit:
-        return TRY_AGAIN, f"{limit} connections from {address} already"
     return None
 
 

@@ -22,6 +22,7 @@ from ..core.stats import FAILURE_UNITS, HubSnapshot
 from ..core.tick import TICK_BUCKETS_MS
 from ..wire.codes import CLOSE_CODES
 from ..worker import WorkerIdentity
+from .connections import REFUSAL_REASONS, TIMEOUT_PHASES, ConnectionStats
 
 __all__ = ["METRICS", "Metric", "render_metrics"]
 
@@ -38,6 +39,7 @@ class Scrape:
     snapshot: HubSnapshot
     worker: WorkerIdentity | None
     mjpeg: MjpegStats
+    connections: ConnectionStats = field(default_factory=ConnectionStats)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,13 +191,30 @@ METRICS: tuple[Metric, ...] = (
            _mjpeg(lambda m: m.frames_sent)),
     Metric("mjpeg_bytes_sent_total", "counter", "Bytes sent to MJPEG viewers.",
            _mjpeg(lambda m: m.bytes_sent)),
+    # Counted at accept (api/connections.py): HTTP and WebSocket, before any byte is read.
+    Metric("connections", "gauge", "Open connections, HTTP and WebSocket.",
+           lambda s: [("", (), s.connections.open)]),
+    Metric("connections_refused_total", "counter",
+           "Connections answered at once and closed: their address had all its connections "
+           "(per_address, 429) or the process all it takes (capacity, 503).",
+           lambda s: [("", (("reason", r),), s.connections.refused.get(r, 0))
+                      for r in REFUSAL_REASONS],
+           {"reason": frozenset(REFUSAL_REASONS)}),
+    Metric("request_timeouts_total", "counter",
+           "HTTP requests answered 408 and closed: headers or body too slow.",
+           lambda s: [("", (("phase", p),), s.connections.timeouts.get(p, 0))
+                      for p in TIMEOUT_PHASES],
+           {"phase": frozenset(TIMEOUT_PHASES)}),
 )  # fmt: skip
 
 
 def render_metrics(
-    s: HubSnapshot, worker: WorkerIdentity | None = None, mjpeg: MjpegStats | None = None
+    s: HubSnapshot,
+    worker: WorkerIdentity | None = None,
+    mjpeg: MjpegStats | None = None,
+    connections: ConnectionStats | None = None,
 ) -> str:
-    scrape = Scrape(s, worker, mjpeg or MjpegStats())
+    scrape = Scrape(s, worker, mjpeg or MjpegStats(), connections or ConnectionStats())
     # Under `--workers N` each scrape is answered by whichever worker the kernel hands the
     # connection to: a `worker` label on every series keeps each worker's counters a series of
     # their own, so rate() never mixes two processes' counters. A lone process needs none.

@@ -39,7 +39,7 @@ from ..access.identity import Authenticator, AuthError, Identity
 from ..core.mjpeg import Frame, MjpegFeed, MjpegOptions, MjpegStats
 from ..errors import PvwireError
 from ..limits import MIN_PIXELS, integer, number
-from ..wire.codes import FORBIDDEN
+from ..wire.codes import FORBIDDEN, TOO_MANY_CHANNELS
 from ..wire.session import AttachRefused
 
 if TYPE_CHECKING:
@@ -180,7 +180,8 @@ class MjpegEndpoint:
                 except _Refused as exc:
                     refusal = refusal or exc
                 except AttachRefused as exc:
-                    status = 403 if exc.code == FORBIDDEN else 404
+                    statuses = {FORBIDDEN: 403, TOO_MANY_CHANNELS: 429}
+                    status = statuses.get(exc.code, 404)
                     refusal = refusal or _Refused(status, str(exc))
         except BaseException:
             for feed in feeds:  # a fault joining a later candidate keeps no earlier one

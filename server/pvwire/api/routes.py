@@ -16,6 +16,7 @@ from ..core.hub import Hub
 from ..core.mjpeg import MjpegStats
 from ..limits import number
 from ..worker import WorkerIdentity
+from .connections import ConnectionStats
 from .metrics import render_metrics
 
 __all__ = ["STATIC", "mount_page", "pages", "probes", "readiness"]
@@ -25,7 +26,12 @@ STATIC = Path(__file__).parent.parent / "static"
 MAX_LOOP_LAG_READY = number("ready_max_loop_lag_s")
 
 
-def probes(hub: Hub, worker: WorkerIdentity, mjpeg_stats: Callable[[], MjpegStats]) -> APIRouter:
+def probes(
+    hub: Hub,
+    worker: WorkerIdentity,
+    mjpeg_stats: Callable[[], MjpegStats],
+    connection_stats: Callable[[], ConnectionStats] = ConnectionStats,
+) -> APIRouter:
     """/healthz (the process answers), /readyz (it can serve) and /metrics."""
     router = APIRouter()
 
@@ -40,7 +46,7 @@ def probes(hub: Hub, worker: WorkerIdentity, mjpeg_stats: Callable[[], MjpegStat
 
     @router.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        text = render_metrics(hub.snapshot(detail=False), worker, mjpeg_stats())
+        text = render_metrics(hub.snapshot(detail=False), worker, mjpeg_stats(), connection_stats())
         # Prometheus keeps its connection to a target open, so under --workers N every scrape
         # reached the worker that accepted the first one and the others were never seen:
         # closed after each answer, the next scrape goes to whichever worker the kernel picks.

@@ -66,7 +66,7 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
     origin = websocket.headers.get("origin")
     peer = websocket.client.host if websocket.client else ""
     address = authenticator.client_address(websocket.headers, peer)
-    refused = admission_refusal(hub, origin, address)
+    refused = admission_refusal(hub, origin)
     if refused is not None:
         await refuse(websocket, hub, *refused)
         return

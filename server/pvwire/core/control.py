@@ -22,9 +22,17 @@ from ..access.ratelimit import RateLimiter
 from ..access.refusals import PUT_REASONS, RefusalLog
 from ..access.rules import Access, RulesFile, split_field
 from ..config import CatalogueFile
-from ..errors import Forbidden, PutRejected, PvwireError, RateLimited, WriteDenied
+from ..errors import (
+    Forbidden,
+    PutRejected,
+    PvwireError,
+    RateLimited,
+    TooManyChannels,
+    WriteDenied,
+)
 from ..model import ConnState, Reading
 from ..upstream.ca_identity import check_user_name
+from .address_channels import AddressChannels
 from .registry import Registry
 
 __all__ = ["Control", "ControlStats"]
@@ -42,9 +50,16 @@ class ControlStats:
 
 class Control:
     def __init__(
-        self, registry: Registry, rules: RulesFile, audit: AuditLog, puts: RateLimiter
+        self,
+        registry: Registry,
+        rules: RulesFile,
+        audit: AuditLog,
+        puts: RateLimiter,
+        held: AddressChannels | None = None,
     ) -> None:
         self._registry = registry
+        # A get of a channel not monitored holds an upstream channel of its own while it runs.
+        self._held = held
         self.rules = rules
         self._audit = audit
         self._puts = puts
@@ -107,8 +122,15 @@ class Control:
         if reading is not None:
             self.stats.cache_gets += 1
         else:
+            held, address = self._held, identity.address
+            if held is not None and (refused := held.take(address, (canonical,))) is not None:
+                raise TooManyChannels(refused)
             self.stats.upstream_gets += 1
-            reading = await backend.get(name, timeout)
+            try:
+                reading = await backend.get(name, timeout)
+            finally:
+                if held is not None:
+                    held.give_back(address, (canonical,))
         reading.meta = reading.meta.for_client(access == Access.WRITE)
         return canonical, reading
 

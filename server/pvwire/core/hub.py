@@ -25,9 +25,10 @@ from ..config import Settings
 from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
-from ..wire.codes import BAD_TOKEN, INTERNAL
+from ..wire.codes import BAD_TOKEN, INTERNAL, TOO_MANY_CHANNELS
 from ..wire.session import FORBIDDEN, AttachRefused
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
+from .address_channels import AddressChannels
 from .channel import FailureUnit
 from .clients import Client
 from .control import Control
@@ -62,13 +63,12 @@ class Hub:
         # the authenticator refuses, and the stream tokens refused here.
         self.refusals = RefusalLog(self.audit.refusal)
         puts = RateLimiter(settings.max_puts_per_s, 2 * settings.max_puts_per_s)
-        self.control = Control(self.registry, self.rules, self.audit, puts)
+        # Distinct upstream channels per client address, over every endpoint and the gets.
+        self.address_channels = AddressChannels(settings.max_channels_per_address)
+        self.control = Control(self.registry, self.rules, self.audit, puts, self.address_channels)
         self.sessions: set[Client] = set()  # of both endpoints
-        # Connections per client address, kept at add and remove: the admission check of every
-        # new connection is one lookup, not a scan of every session. Each session is counted
-        # under the address it had when added, whatever becomes of its `address`.
-        self._per_address: dict[str, int] = {}
-        self._counted_as: dict[Client, str] = {}
+        # Each open attachment's channels, held for the address its session had at the open.
+        self._held: dict[tuple[Client, int], tuple[str, tuple[str, ...]]] = {}
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
         self._lag_window: list[float] = []
@@ -265,18 +265,30 @@ class Hub:
             # upstream's (PROTOCOL.md section 5): PVA exposes none, so there the rules decide.
             bytes(a == Access.WRITE for a in access),
         )
+        address = session.address
+        refused = self.address_channels.take(address, claims.ids)
+        if refused is not None:
+            raise AttachRefused(TOO_MANY_CHANNELS, refused)
         try:
-            return self.registry.open_view(key, session, att)
+            view = self.registry.open_view(key, session, att)
         except PvwireError as exc:
+            self.address_channels.give_back(address, claims.ids)
             # A channel this server cannot open (an id its backends refuse, one gone from its
             # catalogue, a scheme it lacks): a refused token, answered for that ATTACH only; the
             # client registers again and `subscribe` names the cause (PROTOCOL.md section 6).
             raise AttachRefused(BAD_TOKEN, f"{exc.code}: {exc}") from exc
+        except BaseException:
+            self.address_channels.give_back(address, claims.ids)
+            raise
+        self._held[(session, att)] = (address, claims.ids)
+        return view
 
     def close_view(self, view: object, session: Client, att: int) -> None:
         """Detach `view`, which `open_view` gave `session` for `att`: each endpoint holds it as
         what its protocol reads of a view (wire/session.py's Source, pvws/pv.py's PvSource)."""
         own = cast(View, view)  # a session only ever holds the views `open_view` gave it
+        if (held := self._held.pop((session, att), None)) is not None:
+            self.address_channels.give_back(*held)
         if self.registry.close_view(own, session, att):
             self.ticker.forget(own)
 
@@ -285,24 +297,13 @@ class Hub:
         query and the status page key clients by it)."""
         return next(self._client_numbers)
 
-    def connections_from(self, address: str) -> int:
-        return self._per_address.get(address, 0)
-
     def add_session(self, session: Client) -> None:
-        if session in self.sessions:
-            return
         self.sessions.add(session)
-        address = self._counted_as[session] = session.address
-        self._per_address[address] = self._per_address.get(address, 0) + 1
 
     def remove_session(self, session: Client) -> None:
         if session not in self.sessions:
             return
         self.sessions.discard(session)
-        address = self._counted_as.pop(session)
-        left = self._per_address.pop(address, 1) - 1
-        if left > 0:
-            self._per_address[address] = left
         try:
             session.close()
         except Exception:

@@ -203,9 +203,9 @@ class MjpegFeed:
             identity.source,
             identity.address,
         )
+        self.address = identity.address  # what the hub holds its channel for
         self._view = self._host.open_view(claims, self, 0)
         self._claims = claims
-        self.address = identity.address
         self._start_encode()  # a channel already watched has its image now
 
     async def next_frame(self, after: int) -> Frame:

@@ -33,9 +33,17 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 
 from ..access.identity import Authenticator, AuthError, Identity
+from ..access.ratelimit import RateLimiter
 from ..api.connection import Message, Wakeup, admission_refusal, refuse, run_connection
 from ..core.hub import Hub
-from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
+from ..errors import (
+    BadChannelId,
+    ChannelNotFound,
+    ChannelTimeout,
+    Forbidden,
+    PvwireError,
+    TooManyChannels,
+)
 from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import INTERNAL, NORMAL, POLICY
@@ -55,11 +63,19 @@ log = logging.getLogger("pvwire.pvws")
 PUT_TIMEOUT = number("pvws_put_timeout_s")
 OPENS_PER_PASS = integer("pvws_opens_per_pass")
 WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
+PVGET_PER_S = number("pvget_per_s")
+PVGET_IN_FLIGHT = integer("pvget_in_flight")
 # PVs one connection opens before the next connection's turn within a pass: a subscribe of
 # thousands does not make a smaller one wait for all of it.
 _OPEN_TURN = 10
 # pvget's answer to each error, by HTTP status.
-_STATUS = {BadChannelId: 400, Forbidden: 403, ChannelNotFound: 404, ChannelTimeout: 504}
+_STATUS = {
+    BadChannelId: 400,
+    Forbidden: 403,
+    ChannelNotFound: 404,
+    TooManyChannels: 429,
+    ChannelTimeout: 504,
+}
 
 
 def throttle_rates(env: dict[str, str] | None = None) -> tuple[float, float]:
@@ -202,6 +218,10 @@ class PvwsEndpoint:
         self._writes: set[asyncio.Task[None]] = set()
         self._in_flight: dict[int, int] = {}  # writes not yet done, by session number
         self.opener = _Opener()
+        # pvget, as GraphQL's gets: a rate per identity, and few at once per address (each get
+        # of a channel not monitored is an upstream search, for up to get_timeout_s).
+        self._pvget_rate = RateLimiter(PVGET_PER_S, 2 * PVGET_PER_S)
+        self._pvgets: dict[str, int] = {}  # client address -> pvgets not answered yet
 
     # --- the WebSocket ------------------------------------------------------------------------
 
@@ -210,14 +230,16 @@ class PvwsEndpoint:
         origin = websocket.headers.get("origin")
         peer = websocket.client.host if websocket.client else ""
         address = self.authenticator.client_address(websocket.headers, peer)
+        # Admitted first, then identified: a refused connection costs no JWT verification and
+        # writes no refusal line (its address's bound was checked at accept, api/connections.py).
+        refused = admission_refusal(hub, origin)
+        if refused is not None:
+            await refuse(websocket, hub, *refused)
+            return
         try:
             identity = self.authenticator.identify(websocket.headers, peer, "pvws")
         except AuthError as exc:
             await refuse(websocket, hub, POLICY, str(exc))
-            return
-        refused = admission_refusal(hub, origin, address)
-        if refused is not None:
-            await refuse(websocket, hub, *refused)
             return
         await websocket.accept()
         wakeup = Wakeup()
@@ -351,11 +373,24 @@ class PvwsEndpoint:
             return error(401, exc.code, str(exc))
         if not name:
             return error(400, "BAD_REQUEST", "pvget needs a PV name: /pvws/pvget?name=PV")
+        if not self._pvget_rate.take(identity.user or identity.address):
+            why = f"{identity.describe()} sent more than {PVGET_PER_S:g} pvgets per second"
+            return error(429, "RATE_LIMITED", f"{why} (pvget_per_s); slow down")
+        address = identity.address
+        waiting = self._pvgets.get(address, 0)
+        if waiting >= PVGET_IN_FLIGHT:
+            why = f"{waiting} pvgets from {address} are not answered yet, the most one address"
+            return error(429, "TOO_MANY_REQUESTS", f"{why} may have (pvget_in_flight)")
+        self._pvgets[address] = waiting + 1
         try:
             canonical, reading = await self.hub.get(name, self.hub.settings.get_timeout_s, identity)
         except PvwireError as exc:
             status = next((v for k, v in _STATUS.items() if isinstance(exc, k)), 502)
             return error(status, exc.code, str(exc))
+        finally:
+            left = self._pvgets.pop(address, 1) - 1
+            if left > 0:
+                self._pvgets[address] = left
         readonly = not reading.meta.writable
         text = self._reads.text(name, _Read.of(canonical, reading), True, True, readonly)
         return Response(text, media_type="application/json")

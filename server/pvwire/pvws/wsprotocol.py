@@ -10,11 +10,16 @@ server frames (frames.py makes them); they go to the socket as they are, in one 
 extension's `write` does the same without the ASGI layers between (Starlette's WebSocket and the
 middlewares' `send` wrappers, which do nothing with a WebSocket's data) and websockets'
 framing; with 500 `/stream` screens what a frame costs is now the write itself (py-spy: ~15 % of
-the server, the loopback TCP stack). Everything else is uvicorn's own behaviour.
+the server, the loopback TCP stack).
+
+The connection keeps its place in the connection table (api/connections.py), counted at accept
+by the HTTP protocol that read its upgrade request (api/http_protocol.py), until it closes.
+Everything else is uvicorn's own behaviour.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from uvicorn.protocols.utils import ClientDisconnected
@@ -22,12 +27,28 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.http11 import Request
 from websockets.protocol import State
 
+from ..api.connections import STATE_KEY, Connections, Ticket
+
 __all__ = ["FRAMES", "WebSocketProtocol"]
 
 FRAMES = "pvwire.frames"  # the scope extension and the message key
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
+    ticket: Ticket | None = None
+    table: Connections | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        table = self.app_state.get(STATE_KEY)
+        if isinstance(table, Connections):
+            self.table, self.ticket = table, table.take_over(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.ticket is not None and self.table is not None:
+            self.table.release(self.ticket)
+        super().connection_lost(exc)
+
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
         # The application task was created but has not run yet: it sees the extension.

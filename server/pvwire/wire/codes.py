@@ -16,6 +16,7 @@ __all__ = [
     "CLOSE_CODES",
     "FORBIDDEN",
     "GOING_AWAY",
+    "HEARTBEAT_TIMEOUT",
     "INTERNAL",
     "NORMAL",
     "POLICY",
@@ -48,6 +49,7 @@ POLICY = _code("POLICY")
 INTERNAL = _code("INTERNAL")
 RESTART = _code("RESTART")
 TRY_AGAIN = _code("TRY_AGAIN")
+HEARTBEAT_TIMEOUT = _code("HEARTBEAT_TIMEOUT")
 SLOW = _code("SLOW")
 UNSUPPORTED = _code("UNSUPPORTED")
 # ERROR message codes (PROTOCOL.md section 6); 4401-4403 are both.

@@ -27,7 +27,7 @@ from typing import Protocol
 from ..limits import integer, number
 from . import codec as wire
 from .attached import AttachedSession
-from .codes import BAD_MESSAGE, FORBIDDEN, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
+from .codes import BAD_MESSAGE, FORBIDDEN, HEARTBEAT_TIMEOUT, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
 from .tokens import Claims, TokenError
 
 __all__ = ["FORBIDDEN", "AttachRefused", "Session", "SessionHost", "SessionLimits"]
@@ -49,6 +49,8 @@ class SessionLimits:
     heartbeat: float = number("heartbeat_s")  # seconds of silence before a HEARTBEAT
     max_channels: int = integer("max_channels_per_connection")  # over all attachments
     max_attachments: int = integer("max_attachments_per_connection")  # at once
+    # From HELLO: a connection that says nothing (a half handshake) holds a socket for nothing.
+    first_message: float = number("stream_first_message_s")
 
 
 class Source(Protocol):
@@ -124,12 +126,14 @@ class Session(AttachedSession[bytes, _Attachment]):
         self._tick_groups: list[tuple[int, Source]] = []
         # Counted for `server` stats and metrics, as `conflated` and the flow control's frames.
         self.errors_sent = 0
+        self._heard = False  # a message came from the client
         self._queue_frame(hello)
 
     # --- incoming -----------------------------------------------------------------------------
 
     def receive(self, data: bytes) -> None:
         """Handle one client message. Errors are answered, never raised."""
+        self._heard = True
         if self.close_request or self._flow.flooded():
             return
         try:
@@ -146,6 +150,7 @@ class Session(AttachedSession[bytes, _Attachment]):
 
     def receive_text(self) -> None:
         """A text message: the protocol is binary MessagePack only."""
+        self._heard = True
         if not self.close_request:
             self._error(
                 None,
@@ -320,7 +325,15 @@ class Session(AttachedSession[bytes, _Attachment]):
             self._backfill()
 
     def _idle(self, now: float) -> None:
-        """Once a second, not stalled: keep an idle client alive."""
+        """Once a second, not stalled: close a client that never spoke after its first
+        `first_message` seconds (pvwire's clients ATTACH on HELLO), keep an idle one alive."""
+        if not self._heard and now - self.connected_at >= self.limits.first_message:
+            self.request_close(
+                HEARTBEAT_TIMEOUT,
+                f"no message within {self.limits.first_message:g} s of HELLO "
+                "(stream_first_message_s)",
+            )
+            return
         if not self.queued_bytes and now - self._flow.last_send >= self.limits.heartbeat:
             self._queue_frame(wire.HEARTBEAT)
 

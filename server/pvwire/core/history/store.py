@@ -66,6 +66,11 @@ class HistoryStore:
         # Insertion order is the order of the last attach or detach: the first detached one
         # found is the one released longest ago.
         self._histories: dict[str, ChannelHistory] = {}
+        # A scan found nothing to reclaim: until a history is released (`detach`), a new one is
+        # refused without another scan of every monitored one. Each new channel past a budget
+        # full of monitored ones scanned them all: 20,000 channels opened at once held the loop
+        # for seconds. (A history that fails meanwhile is reclaimed after the next release.)
+        self._nothing_to_reclaim = False
         self.refused = 0
         self.reclaimed = 0
 
@@ -134,6 +139,7 @@ class HistoryStore:
             return
         h.mark_gap()
         h.attached = False
+        self._nothing_to_reclaim = False
         del self._histories[h.channel_id]
         self._histories[h.channel_id] = h  # most recently released: last to be reclaimed
 
@@ -142,6 +148,8 @@ class HistoryStore:
         bytes fit; False if they cannot, and then reclaims nothing."""
         if self.used + n <= self.budget_bytes:
             return True
+        if self._nothing_to_reclaim:
+            return False
         victims = []
         freed = 0
         for h in self._histories.values():
@@ -151,6 +159,7 @@ class HistoryStore:
                 if self.used - freed + n <= self.budget_bytes:
                     break
         else:
+            self._nothing_to_reclaim = not victims
             return False
         self.journal.flush()  # their points still held go to their rows before the rows go
         for h in victims:
