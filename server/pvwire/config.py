@@ -104,6 +104,13 @@ class Settings:
     history_channels: list[str] = field(default_factory=list)
     # CONNECTING this long with no server answering: NOT_FOUND.
     not_found_s: float = number("not_found_s")
+    # TLS on the listener (tls.py): PEM files, read again when they change and on SIGHUP.
+    tls_cert: str = ""  # the certificate chain, leaf first
+    tls_key: str = ""
+    # SIGTERM (core/drain.py): /readyz says 503 and serving goes on for drain_delay_s, then
+    # every WebSocket is closed, paced over drain_window_s, and the process exits.
+    drain_delay_s: float = number("drain_delay_s")
+    drain_window_s: float = number("drain_window_s")
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs
     log_level: str = "info"

@@ -77,6 +77,9 @@ def admission_refusal(hub: Hub, origin: str | None, address: str) -> tuple[int, 
     same for both endpoints: an origin not allowed, or the address's connections all taken.
     Browsers always send Origin; a client without one is not a browser (Python, Node)."""
     settings = hub.settings
+    if hub.refusing_connections:
+        # Before HELLO, so the client's backoff grows rather than it coming back at once.
+        return TRY_AGAIN, "this server is stopping (drain): connect to another one"
     allowed = settings.allowed_origins
     if allowed and origin is not None and origin not in allowed:
         return POLICY, f"origin {origin!r} is not allowed"

@@ -35,7 +35,8 @@ def probes(hub: Hub, worker: WorkerIdentity, mjpeg_stats: Callable[[], MjpegStat
     @router.get("/readyz")
     async def readyz() -> JSONResponse:
         lag = hub.loop_lag
-        ready = lag < MAX_LOOP_LAG_READY
+        # From SIGTERM on, not ready: load balancers stop sending clients here (core/drain.py).
+        ready = lag < MAX_LOOP_LAG_READY and not hub.draining
         # A scheme this process cannot serve (pva:// without its compiled module) leaves the
         # others ready; it is named here, with the reason, for whoever looks at the probe.
         body = {
@@ -43,6 +44,7 @@ def probes(hub: Hub, worker: WorkerIdentity, mjpeg_stats: Callable[[], MjpegStat
             "loop_lag_s": lag,
             "channels": hub.channel_count,
             "unavailable": hub.unavailable_schemes(),
+            "draining": hub.draining,
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
