@@ -190,7 +190,7 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_fail
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
 	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \
 	ratelimit reconnect_storm refusals roundtrip \
-	session_hub stream_client tick tick_compiled tokens vectors)
+	session_hub stream_client tick tick_compiled tls_reload tokens vectors)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 

@@ -85,7 +85,9 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 90.0) -> None:
-        env = {**os.environ, **self.ioc.ports.client_env()}
+        # SIGTERM ends the server at once (4012), not after a replica's drain (5 s + 20 s).
+        quick = {"PVWIRE_DRAIN_DELAY_S": "0", "PVWIRE_DRAIN_WINDOW_S": "0"}
+        env = {**quick, **os.environ, **self.ioc.ports.client_env()}
         args = [
             sys.executable,
             *(os.environ.get("PVWIRE_SERVER_CMD") or "-m pvwire.cli").split(),
@@ -121,7 +123,7 @@ class Server:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()  # graceful: the server closes streams with 1012 RESTART
+        proc.terminate()  # graceful: the server closes streams with 4012 DRAINING
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -44,10 +44,9 @@ class DrainState(enum.Enum):
 
 def reconnect_within(window: float, clients: int) -> float:
     """Seconds a closed stream client is told to spread its reconnect over: the time between two
-    closes of the drain, at most JITTER_MAX (and 0 when the window is)."""
-    if clients <= 0:
-        return 0.0
-    return min(window / clients, JITTER_MAX)
+    closes of the drain, at most JITTER_MAX; JITTER_MAX when they are all closed at once."""
+    step = window / clients if clients > 0 else 0.0
+    return min(step, JITTER_MAX) if step > 0 else JITTER_MAX
 
 
 def draining_reason(within_s: float) -> str:
@@ -106,7 +105,9 @@ class Drain:
             if step and not self._hurry.is_set():
                 end = min(end, math.floor((loop.time() - start) / step) + 1)
             for session in due[i:end]:
-                self._close(session, reason)
+                self._close(
+                    session, draining_reason(JITTER_MAX) if self._hurry.is_set() else reason
+                )
             i = end
             if i < len(due):
                 await self._wait(max(_PACE_S, start + i * step - loop.time()))
