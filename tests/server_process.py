@@ -136,6 +136,20 @@ class ServerProcess:
         if proc.stdout:
             proc.stdout.close()
 
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the server (SIGTERM: its drain), leaving it to exit by itself."""
+        assert self._proc is not None
+        self._proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        """The exit status of a server that was signalled (`signal`), once it has exited."""
+        proc, self._proc = self._proc, None
+        assert proc is not None
+        code = proc.wait(timeout)
+        if proc.stdout:
+            proc.stdout.close()
+        return code
+
     def kill(self) -> None:
         """SIGKILL: no close frames, no clean-up, as a crash or an OOM kill."""
         proc, self._proc = self._proc, None
