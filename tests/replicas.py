@@ -33,14 +33,18 @@ COUNTER = "ca://PVW:COUNTER"  # tests/dbs/test.db: +1 every 0.1 s, so its value 
 
 
 def haproxy_config(
-    port: int, backends: Sequence[int], check_ms: int = 500, check: str = "/healthz"
+    port: int,
+    backends: Sequence[int],
+    check_ms: int = 500,
+    check: str = "/healthz",
+    maxconn: int = 2000,
 ) -> str:
     servers = "\n".join(
         f"    server r{i} 127.0.0.1:{p} check" for i, p in enumerate(backends, start=1)
     )
     return f"""\
 global
-    maxconn 2000
+    maxconn {maxconn}
 
 defaults
     mode http
@@ -71,7 +75,11 @@ class Haproxy:
     """haproxy in the foreground (`-db`), on a private port, in front of `backends`."""
 
     def __init__(
-        self, backends: Sequence[int], port: int | None = None, check: str = "/healthz"
+        self,
+        backends: Sequence[int],
+        port: int | None = None,
+        check: str = "/healthz",
+        maxconn: int = 2000,
     ) -> None:
         """`check`: the path of the health check; `/readyz` follows a replica's drain (it
         answers 503 from SIGTERM on), as Kubernetes' readiness probe does."""
@@ -79,7 +87,7 @@ class Haproxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory(prefix="pvwire-haproxy-")
         self.config = Path(self._dir.name) / "haproxy.cfg"
-        self.config.write_text(haproxy_config(self.port, backends, check=check))
+        self.config.write_text(haproxy_config(self.port, backends, check=check, maxconn=maxconn))
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> None:
