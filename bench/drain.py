@@ -57,8 +57,12 @@ class Follower:
     lost: list[tuple[float, str]] = field(default_factory=list)
     back: list[float] = field(default_factory=list)
     streaming: int = 0
+    before_loss: int | None = None  # the newest value when the stream was first lost
+    first_live_after: int | None = None  # the first live (not past) value after that
 
-    def update(self, now: float, value: int | None) -> None:
+    def update(self, now: float, value: int | None, past: bool = False) -> None:
+        if value is not None and not past and self.lost and self.first_live_after is None:
+            self.first_live_after = value
         if self.lost and len(self.back) < len(self.lost):
             self.back.append(now)
         if self.last and now - self.last > GAP_S and len(self.gaps) < 1000:
@@ -73,8 +77,14 @@ class Follower:
 
     def result(self) -> dict[str, Any]:
         seen = self.values
-        missing = len(set(range(min(seen), max(seen) + 1)) - seen) if seen else -1
+        lacking = set(range(min(seen), max(seen) + 1)) - seen if seen else set()
+        lo, hi = self.before_loss, self.first_live_after
+        # Lost while moving (between the last value before the close and the first live one
+        # after), against lost while streaming on a replica (its upstream skipped them).
+        moving = sum(lo < v < hi for v in lacking) if lo is not None and hi is not None else 0
+        missing = len(lacking) if seen else -1
         return {
+            "missing_moving": moving,
             "gaps": self.gaps,
             "missing": missing,
             "lost": self.lost,
@@ -92,9 +102,12 @@ async def _follow(url: str, f: Follower) -> None:
                 async for u in c.monitor(COUNTER, mode="ALL", backfill=120):
                     ch = u.channel
                     if ch.state == DISCONNECTED:
+                        if not f.lost and f.values:
+                            f.before_loss = max(f.values)
                         f.lost.append((time.time(), ch.reason or ""))
                     elif ch.state == CONNECTED:
-                        f.update(time.time(), None if ch.value is None else int(ch.value))
+                        value = None if ch.value is None else int(ch.value)
+                        f.update(time.time(), value, u.past)
         except ServerUnavailable:
             if f.streaming or attempt == 9:
                 raise
@@ -259,6 +272,7 @@ def trial(mode: str, clients: int, delay_s: float, window_s: float) -> dict[str,
         "longest_before_stop_s_median": round(statistics.median(before), 3),
         "longest_before_stop_s_max": round(before[-1], 3),
         "updates_lost_total": sum(m for m in missing if m > 0),
+        "updates_lost_while_moving": sum(r["missing_moving"] for r in results),
         "clients_losing_updates": sum(m > 0 for m in missing),
     }
 
