@@ -178,3 +178,23 @@ async def test_sigterm_drains_paced_and_clients_move_losing_nothing(
         if pvws is not None:
             with contextlib.suppress(Exception):
                 await pvws.close()
+
+
+async def test_workers_each_drain_and_the_supervisor_exits_with_0(epics_env: IocProcess) -> None:
+    """`--workers 2`: uvicorn's supervisor passes SIGTERM to each worker, which drains as a lone
+    server does (its streams closed with 4012 after the delay), then the whole exits with 0."""
+    env = {"PVWIRE_DRAIN_DELAY_S": "1", "PVWIRE_DRAIN_WINDOW_S": "1"}
+    with ServerProcess("--workers", "2", env=env) as server:
+        streams = [await websockets.connect(server.ws_url) for _ in range(4)]
+        for ws in streams:
+            await ws.recv()  # HELLO
+        term = time.monotonic()
+        server.signal(signal.SIGTERM)
+        for ws in streams:
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                async with asyncio.timeout(BOUND):
+                    while True:
+                        await ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4012
+            assert time.monotonic() - term >= 1.0  # not before the delay
+        assert await asyncio.to_thread(server.wait, BOUND) == 0
