@@ -214,7 +214,7 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules address_channels app_ass
 	pyclient_cases pyclient_control pyclient_errors pyclient_identity pyclient_msgview \
 	pyclient_session_fuzz pyclient_state pyclient_subscription pyclient_wire \
 	ratelimit reconnect_storm refusals roundtrip \
-	session_hub status_figures stream_client tick tick_compiled tokens vectors)
+	session_hub status_figures stream_client tick tick_compiled tls_reload tokens vectors)
 # The Archiver Appliance API's format, post-processors and bounds (aa/).
 UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
 unit: venv ext

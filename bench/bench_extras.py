@@ -31,6 +31,7 @@ from . import (
     codecs,
     coniql_compare,
     control_plane,
+    drain,
     failover,
     gateway,
     history,
@@ -71,6 +72,15 @@ def test_failover(measure: Measure, quick: bool) -> None:
     """Three replicas behind HAProxy, the busiest stopped: time to a snapshot, updates missed."""
     with own_environ():
         measure(lambda: failover.measure(trials=1 if quick else 3), flatten)
+
+
+def test_drain(measure: Measure, quick: bool) -> None:
+    """1,000 clients on the replica that stops: drained (4012 paced) against all at once (1012)."""
+    with own_environ():
+        if quick:
+            measure(lambda: drain.measure(clients=12, delay_s=1.0, window_s=2.0), flatten)
+        else:
+            measure(drain.measure, flatten)
 
 
 def test_gateway(measure: Measure, quick: bool) -> None:

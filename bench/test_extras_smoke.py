@@ -17,6 +17,7 @@ from bench import (
     aa_http,
     cli_monitor,
     client_cpu,
+    drain,
     failover,
     gateway,
     history,
@@ -52,6 +53,15 @@ def test_failover_tiny(environ: None) -> None:
         assert got[kind]["clients_moved"] > 0, got
         assert got[kind]["snapshot_over_target"] > 0 and got[kind]["missed_max"] >= 0, got
     assert "sigkill.stop_to_snapshot_s_median" in flatten(got)
+
+
+def test_drain_tiny(environ: None) -> None:
+    got = drain.measure(clients=12, delay_s=1.0, window_s=2.0)
+    for mode in drain.MODES:
+        assert got[mode]["moved"] == 12 and got[mode]["exit_status"] == 0, got
+        assert got[mode]["reconnects_peak_per_s"] > 0, got
+    assert "drain.longest_without_data_s_max" in flatten(got)
+    assert "| drain |" in drain.table(got)
 
 
 def test_gateway_tiny(environ: None) -> None:

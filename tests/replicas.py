@@ -32,13 +32,19 @@ __all__ = ["CounterFollower", "Haproxy", "clients_per_replica", "haproxy_config"
 COUNTER = "ca://PVW:COUNTER"  # tests/dbs/test.db: +1 every 0.1 s, so its value tells gaps
 
 
-def haproxy_config(port: int, backends: Sequence[int], check_ms: int = 500) -> str:
+def haproxy_config(
+    port: int,
+    backends: Sequence[int],
+    check_ms: int = 500,
+    check: str = "/healthz",
+    maxconn: int = 2000,
+) -> str:
     servers = "\n".join(
         f"    server r{i} 127.0.0.1:{p} check" for i, p in enumerate(backends, start=1)
     )
     return f"""\
 global
-    maxconn 2000
+    maxconn {maxconn}
 
 defaults
     mode http
@@ -58,7 +64,7 @@ frontend pvwire
 
 backend replicas
     balance roundrobin
-    option httpchk GET /healthz
+    option httpchk GET {check}
     http-check expect status 200
     default-server inter {check_ms} fall 2 rise 2
 {servers}
@@ -68,12 +74,20 @@ backend replicas
 class Haproxy:
     """haproxy in the foreground (`-db`), on a private port, in front of `backends`."""
 
-    def __init__(self, backends: Sequence[int], port: int | None = None) -> None:
+    def __init__(
+        self,
+        backends: Sequence[int],
+        port: int | None = None,
+        check: str = "/healthz",
+        maxconn: int = 2000,
+    ) -> None:
+        """`check`: the path of the health check; `/readyz` follows a replica's drain (it
+        answers 503 from SIGTERM on), as Kubernetes' readiness probe does."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory(prefix="pvwire-haproxy-")
         self.config = Path(self._dir.name) / "haproxy.cfg"
-        self.config.write_text(haproxy_config(self.port, backends))
+        self.config.write_text(haproxy_config(self.port, backends, check=check, maxconn=maxconn))
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> None:
@@ -116,10 +130,16 @@ class Haproxy:
         self._dir.cleanup()
 
 
-def start_replicas(n: int, extra: Sequence[str] = ()) -> list[ServerProcess]:
-    """n servers sharing the test token key (ServerProcess's default), each its own instance."""
+def start_replicas(
+    n: int, extra: Sequence[str] = (), env: dict[str, str] | None = None
+) -> list[ServerProcess]:
+    """n servers sharing the test token key (ServerProcess's default), each its own instance;
+    `env` on top (e.g. a drain's settings)."""
     args = server_args_for_tests(extra)
-    replicas = [ServerProcess(*args, env={"PVWIRE_INSTANCE": f"r{i}"}) for i in range(1, n + 1)]
+    replicas = [
+        ServerProcess(*args, env={**(env or {}), "PVWIRE_INSTANCE": f"r{i}"})
+        for i in range(1, n + 1)
+    ]
     started: list[ServerProcess] = []
     try:
         for r in replicas:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -25,6 +27,9 @@ from pvwire_dev.ioc import free_port
 __all__ = ["TEST_TOKEN_KEY", "ServerProcess", "listens", "refuse_bearer_tokens", "stream_token"]
 
 TEST_TOKEN_KEY = "test-key-not-secret"
+# SIGTERM ends a test's server at once (4012 to every stream), not after the 5 s + 20 s drain of
+# a replica in production; a test of the drain sets its own (PVWIRE_DRAIN_DELAY_S, ..._WINDOW_S).
+QUICK_DRAIN = {"PVWIRE_DRAIN_DELAY_S": "0", "PVWIRE_DRAIN_WINDOW_S": "0"}
 
 
 class ServerProcess:
@@ -36,8 +41,12 @@ class ServerProcess:
         token_key: str | None = TEST_TOKEN_KEY,
         module: str = "pvwire.cli",
         nofile: int | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         self.fixed_port = port is not None
+        # (certificate chain, key, the CA that signed it): https and wss, verified with the CA.
+        self.tls = tls
+        self.ssl_context = ssl.create_default_context(cafile=str(tls[2])) if tls else None
         self._use_port(port or free_port())
         # What `python -m` runs with `serve --loopback --port N` and `args`: the command line,
         # or a bench's module that prepares the app before it calls the command line's `serve`.
@@ -54,8 +63,9 @@ class ServerProcess:
 
     def _use_port(self, port: int) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.ws_url = f"ws://127.0.0.1:{port}/stream"
+        secure = "s" if self.tls else ""
+        self.url = f"http{secure}://127.0.0.1:{port}"
+        self.ws_url = f"ws{secure}://127.0.0.1:{port}/stream"
 
     def start(self, timeout: float = 30.0, keep_port: bool = False) -> None:
         """Start the server and wait until it answers on its port. A port it chose itself that
@@ -78,9 +88,11 @@ class ServerProcess:
         ]  # fmt: skip
         if self.token_key is not None:
             cmd += ["--token-key", self.token_key]
+        if self.tls is not None:
+            cmd += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         if self.nofile is not None:
             cmd = ["prlimit", f"--nofile={self.nofile}:{self.nofile}", *cmd]
-        env = apply_loopback_env({**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
+        env = apply_loopback_env({**os.environ, **QUICK_DRAIN, **self.env, "PYTHONUNBUFFERED": "1"})
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._proc = proc
 
@@ -105,7 +117,9 @@ class ServerProcess:
                 # side, a server of the other one on the same port could answer first, and its
                 # shutdown then close this suite's clients with 1012 (the likely cause of one
                 # such failure, 2026-11-25; its server log was not kept).
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as r:
+                with urllib.request.urlopen(
+                    f"{self.url}/healthz", timeout=1, context=self.ssl_context
+                ) as r:
                     if r.status == 200 and listens(proc.pid, self.port):
                         return
             except (urllib.error.URLError, OSError):
@@ -128,6 +142,20 @@ class ServerProcess:
                 proc.wait(5)
         if proc.stdout:
             proc.stdout.close()
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the server (SIGTERM: its drain), leaving it to exit by itself."""
+        assert self._proc is not None
+        self._proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        """The exit status of a server that was signalled (`signal`), once it has exited."""
+        proc, self._proc = self._proc, None
+        assert proc is not None
+        code = proc.wait(timeout)
+        if proc.stdout:
+            proc.stdout.close()
+        return code
 
     def kill(self) -> None:
         """SIGKILL: no close frames, no clean-up, as a crash or an OOM kill."""
@@ -157,7 +185,7 @@ class ServerProcess:
             f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
         )
         try:
-            with urllib.request.urlopen(req, timeout=30) as r:
+            with urllib.request.urlopen(req, timeout=30, context=self.ssl_context) as r:
                 result: dict[str, Any] = json.loads(r.read())
         except urllib.error.HTTPError as exc:
             with exc:  # it holds the response, and with it the socket
@@ -166,7 +194,9 @@ class ServerProcess:
 
     def metrics(self) -> str:
         """The server's /metrics, as text (`test_metrics.samples` reads a series from it)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as r:
+        with urllib.request.urlopen(
+            f"{self.url}/metrics", timeout=30, context=self.ssl_context
+        ) as r:
             text: str = r.read().decode()
         return text
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pvwire import limits
 from pvwire.config import Settings
 
 from tests.kube import CHART, HELM, render, render_chart
@@ -37,9 +38,9 @@ CHART_LABELS = {
     "app.kubernetes.io/managed-by",
     "helm.sh/chart",
 }
-# Settings the server takes with the drain and TLS in the server (the chart renders them now,
-# k8s/ with the drain); until then the server ignores them, as it does any unknown variable.
-COMING = {"PVWIRE_DRAIN_DELAY_S", "PVWIRE_DRAIN_WINDOW_S", "PVWIRE_TLS_CERT", "PVWIRE_TLS_KEY"}
+# The chart names the drain's settings in the pod's environment; k8s/ leaves them at the
+# server's defaults (limits.py), which its grace period adds up (the drain contract's test).
+DRAIN_ENV = {"PVWIRE_DRAIN_DELAY_S", "PVWIRE_DRAIN_WINDOW_S"}
 
 
 @functools.cache
@@ -133,13 +134,10 @@ def test_default_values_render_the_objects_of_k8s() -> None:
     # count to the HPA (starting at its minimum, two).
     hpa = chart["HorizontalPodAutoscaler", "pvwire"]["spec"]
     assert k8s["Deployment", "pvwire"]["spec"].pop("replicas") == hpa["minReplicas"]
-    # The drain (preStop, the grace period, its settings) is compared on its own below.
+    # The drain's settings: named in the chart, the defaults in k8s/ (the same numbers).
     for d in (chart, k8s):
-        spec = d["Deployment", "pvwire"]["spec"]["template"]["spec"]
-        spec.pop("terminationGracePeriodSeconds")
-        (container,) = spec["containers"]
-        container.pop("lifecycle", None)
-        container["env"] = [e for e in container["env"] if e["name"] not in COMING]
+        (container,) = d["Deployment", "pvwire"]["spec"]["template"]["spec"]["containers"]
+        container["env"] = [e for e in container["env"] if e["name"] not in DRAIN_ENV]
     for key, doc in k8s.items():
         assert plain(chart[key]) == plain(doc), key
 
@@ -156,18 +154,28 @@ def test_chart_keeps_the_drain_contract() -> None:
         assert env(container)["PVWIRE_DRAIN_WINDOW_S"] == str(window)
         assert spec["terminationGracePeriodSeconds"] == pre_stop + delay + window + 10
     assert pod(rendered("default"))["terminationGracePeriodSeconds"] == 40
+    # k8s/: its preStop, then the server's default delay and window, then 10 s to exit.
+    spec = by_name(render(ROOT / "k8s"))["Deployment", "pvwire"]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][1])
+    defaults = limits.number("drain_delay_s") + limits.number("drain_window_s")
+    assert spec["terminationGracePeriodSeconds"] == pre_stop + defaults + 10
+    assert (env(pod(rendered("default"))["containers"][0])["PVWIRE_DRAIN_DELAY_S"],
+            env(pod(rendered("default"))["containers"][0])["PVWIRE_DRAIN_WINDOW_S"]) == (
+        f"{limits.number('drain_delay_s'):g}", f"{limits.number('drain_window_s'):g}"
+    )  # fmt: skip
 
 
 def test_values_become_settings_the_server_reads() -> None:
     """Every variable the chart sets is an EPICS one, a setting of the server (the token key,
-    or one coming with the drain and TLS), and the ConfigMap of every option parses."""
+    the drain's and TLS's among them), and the ConfigMap of every option parses."""
     fields = {f"PVWIRE_{f.name.upper()}" for f in dataclasses.fields(Settings)}
     docs = rendered("all")
     data = {k: str(v) for k, v in by_name(docs)["ConfigMap", "pvwire-config"]["data"].items()}
     for key in data:
         assert key.startswith("EPICS_") or key in fields, key
     (container,) = pod(docs)["containers"]
-    assert set(env(container)) <= fields | COMING | {"PVWIRE_TOKEN_KEY"}
+    assert set(env(container)) <= fields | {"PVWIRE_TOKEN_KEY"}
     settings = Settings.load(env={**data, "PVWIRE_TOKEN_KEY": "k"})
     assert settings.write_rules == ["ca://BL1:*:SP", "pva://BL1:MODE"]
     assert settings.allowed_origins == ["https://pvwire.example.org", "https://screens.example.org"]

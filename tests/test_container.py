@@ -176,13 +176,15 @@ def stream_clients(url: str) -> int:
     raise AssertionError(f"no pvwire_clients in {url}/metrics")
 
 
-async def test_sigterm_closes_1012_and_clients_resume_on_another_container(
+async def test_sigterm_drains_4012_and_clients_resume_on_another_container(
     image: str,
     ioc_env: dict[str, str],
     started: Callable[[dict[str, str]], Container],
     record_property: Callable[[str, object], None],
 ) -> None:
-    env = {**ioc_env, "PVWIRE_TOKEN_KEY": KEY}
+    # A short drain, within `stop`'s grace period: not ready, 1 s on, the closes over 2 s.
+    env = {**ioc_env, "PVWIRE_TOKEN_KEY": KEY, "PVWIRE_DRAIN_DELAY_S": "1",
+           "PVWIRE_DRAIN_WINDOW_S": "2"}  # fmt: skip
     pair = [started(env), started(env)]
     proxy = Haproxy([c.port for c in pair])
     proxy.start()
@@ -204,7 +206,7 @@ async def test_sigterm_closes_1012_and_clients_resume_on_another_container(
             moved = [f for f in followers if f.lost_at is not None]
         for f in moved:
             await f.until("resumed", BOUND)
-            assert "1012" in f.lost_reason, f.lost_reason
+            assert "4012" in f.lost_reason, f.lost_reason
             assert f.last_before is not None and f.first_after is not None
             assert f.first_after >= f.last_before  # a snapshot of the same IOC, never back
         (survivor,) = [c for c in pair if c is not victim]
@@ -340,8 +342,9 @@ async def test_replicas_replaced_under_load_clients_stream_on(
     rollout: Rollout, record_property: Callable[[str, object], None]
 ) -> None:
     """A rolling update of both replicas behind haproxy (the Service), while a Python and a
-    TypeScript client stream the counter with load: each is moved at least once, by a 1012
-    close, resumes by itself on a new pod with a snapshot, and never sees the counter go back."""
+    TypeScript client stream the counter with load: each is moved at least once, by a 4012
+    close (the manifest's drain), resumes by itself on a new pod with a snapshot, and never
+    sees the counter go back."""
     count = rollout.deployment["spec"]["replicas"]
     ports = [free_port() for _ in range(2 * count)]  # the old pods' and their replacements'
     old: list[KubeReplica] = [rollout.add(port) for port in ports[:count]]
@@ -369,7 +372,7 @@ async def test_replicas_replaced_under_load_clients_stream_on(
         for s in (py, ts):
             assert s.losses, f"the {s.name} client was never moved"
             for reason, _ in s.losses:
-                assert "1012" in reason, (s.name, reason)
+                assert "4012" in reason, (s.name, reason)
             assert len(s.resumes) == len(s.losses)
             for (_, before), after in zip(s.losses, s.resumes, strict=True):
                 assert before is not None and after >= before, (s.name, before, after)

@@ -1,8 +1,8 @@
 """Failover on real parts: three pvwire replicas sharing one token key behind a real HAProxy
 (roundrobin, health checks on /healthz), several Python clients streaming a 10 Hz counter from the
 shared test IOC plus sim load. The replica serving the most clients is killed (SIGKILL: no close
-frame) or stopped (SIGTERM: close 1012); every client it served resumes through the proxy on
-another replica with a full snapshot, re-attaching its stateless token, and the counter's values
+frame) or stopped (SIGTERM: a drain, close 4012); every client it served resumes through the proxy
+on another replica with a full snapshot, re-attaching its stateless token, and the counter's values
 tell how many updates each missed. The times are recorded (pytest user properties `failover_*`,
 also printed), not asserted: bench/failover.py measures them.
 """
@@ -145,7 +145,7 @@ async def test_killed_replica_clients_resume_elsewhere_with_a_snapshot(
     assert all("1006" in f.lost_reason or "cannot connect" in f.lost_reason for f in moved)
 
 
-async def test_stopped_replica_closes_with_1012_and_clients_move(
+async def test_stopped_replica_closes_with_4012_and_clients_move(
     cluster: tuple[list[ServerProcess], Haproxy],
     record_property: Callable[[str, object], None],
 ) -> None:
@@ -153,5 +153,6 @@ async def test_stopped_replica_closes_with_1012_and_clients_move(
     moved = await fail_over(
         replicas, ServerProcess.stop, proxy.url, recorder(record_property), "sigterm"
     )
-    # uvicorn closes every stream with 1012 on SIGTERM; HAProxy passes the close frame through.
-    assert all("1012" in f.lost_reason for f in moved), [f.lost_reason for f in moved]
+    # SIGTERM drains (here without delay or window: tests/server_process.py), closing every
+    # stream with 4012 DRAINING; HAProxy passes the close frame through. test_drain.py paces it.
+    assert all("4012" in f.lost_reason for f in moved), [f.lost_reason for f in moved]

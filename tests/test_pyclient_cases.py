@@ -135,7 +135,10 @@ class Runner:
             elif isinstance(event, Connected):
                 self.record("connected", True)
             elif isinstance(event, Closed):
-                self.record("closed", {"code": event.code, "reconnect": event.reconnect})
+                closed: dict[str, object] = {"code": event.code, "reconnect": event.reconnect}
+                if event.within is not None:  # a drain's close (4012): how soon to come back
+                    closed["within"] = event.within
+                self.record("closed", closed)
 
     def step(self, step: dict[str, Any]) -> None:
         session = self.session

@@ -70,13 +70,16 @@ async def test_client_offering_v1_among_others_gets_v1(server: ServerProcess) ->
         assert isinstance(wire.decode_message(await ws.recv(decode=False)), wire.Hello)
 
 
-async def test_sigterm_closes_streams_with_1012(own_server: ServerProcess) -> None:
+async def test_sigterm_closes_streams_with_4012_draining(own_server: ServerProcess) -> None:
+    # The test server's drain has neither delay nor window (tests/server_process.py).
     s = await RawStream.connect(own_server.ws_url)
     await s.attach(token(own_server, ["sim://counter/term?rate=10"]))
     await s.next_data()
     assert own_server.pid is not None
     os.kill(own_server.pid, signal.SIGTERM)
-    assert await closed_with(s.ws) == 1012
+    assert await closed_with(s.ws) == 4012
+    # All at once: the clients are told to spread their reconnects over drain_jitter_max_s.
+    assert s.ws.close_reason == "reconnect within 1000 ms"
 
 
 async def test_stalled_client_sees_4008_once_it_reads_again(own_server: ServerProcess) -> None:

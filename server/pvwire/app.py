@@ -30,6 +30,7 @@ from .core.hub import Hub
 from .pvws.endpoint import PvwsEndpoint
 from .pvws.scripts import router as pvws_js_router
 from .status import StatusServer
+from .tls import ServerCertificate, serving_certificates
 from .upstream.base import Backend
 from .wire.tokens import TokenSigner
 from .worker import WorkerIdentity
@@ -42,6 +43,9 @@ __all__ = ["create_app", "lifespan", "make_authenticator", "make_backends"]
 # collections of ~240,000 objects paused the loop 40-285 ms every 2-3 s; with these, none came
 # in the measured window (bench/JOURNAL.md, "The control room, compiled").
 GC_THRESHOLDS = (50_000, 10, 10)
+
+# How often the TLS certificate's files are looked at (a stat of each; read only when changed).
+CERTIFICATE_POLL_S = 1.0
 
 SETTINGS_ENV = "PVWIRE_SETTINGS_JSON"  # how `serve --workers N` hands settings to each worker
 WORKERS_ENV = "PVWIRE_WORKERS_STARTED"  # and how many workers it started
@@ -149,10 +153,21 @@ def lifespan(
         await authenticator.start()  # the OIDC issuer's keys, if one is followed
         if status is not None:
             status.start()
+        certificates = serving_certificates()
+
+        def reload() -> None:
+            hub.reload()
+            for certificate in certificates:
+                certificate.request_reload()
+                certificate.poll()
+
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            # SIGHUP reads the access rules and the catalogue file again (both are also read
-            # when their file changes). The one handler: the loop's replaces any set before.
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hub.reload)
+            # SIGHUP reads the access rules, the catalogue file and the TLS certificate again
+            # (all are also read when their files change). The one handler: the loop's
+            # replaces any set before.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+        stop_draining = drain_on_sigterm(hub)
+        follower = asyncio.create_task(follow_certificates(certificates))
         # Everything allocated so far (FastAPI, strawberry, numpy, EPICS libraries) lives as
         # long as the process: move it out of the collector's reach, so that full collections,
         # which otherwise walked all of it, no longer pause the event loop.
@@ -164,11 +179,67 @@ def lifespan(
         finally:
             if status is not None:
                 await status.stop()
+            follower.cancel()
+            stop_draining()
             await authenticator.stop()  # and the summary of refusals left out, if any
             mjpeg.close()
             await hub.stop()
 
     return serving
+
+
+async def follow_certificates(certificates: tuple[ServerCertificate, ...]) -> None:
+    """Read a certificate again when its files change (cert-manager rotates them in place)."""
+    while certificates:
+        await asyncio.sleep(CERTIFICATE_POLL_S)
+        for certificate in certificates:
+            certificate.poll()
+
+
+def drain_on_sigterm(hub: Hub) -> Callable[[], None]:
+    """SIGTERM starts the hub's drain (core/drain.py) instead of stopping the server at once; the
+    server is stopped when the drain is done. Returns what undoes it (the drain is cancelled).
+
+    uvicorn's own SIGTERM handler (its Server's `handle_exit`, set before the lifespan starts)
+    is put back and the server stopped as that handler would, without recording the signal to
+    raise it again after the shutdown: a drain that went as planned ends the process with 0.
+    SIGINT (Ctrl-C) still stops at once, every WebSocket closed with 1012."""
+    loop = asyncio.get_running_loop()
+    stop_server = signal.getsignal(signal.SIGTERM)
+    tasks: set[asyncio.Task[None]] = set()
+
+    def stop() -> None:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, stop_server)
+        server = getattr(stop_server, "__self__", None)
+        if server is not None and hasattr(server, "should_exit"):
+            server.should_exit = True
+        elif callable(stop_server):
+            stop_server(signal.SIGTERM, None)
+        else:
+            signal.raise_signal(signal.SIGTERM)
+
+    async def drain() -> None:
+        try:
+            await hub.run_drain()
+        finally:
+            stop()
+
+    def on_sigterm() -> None:
+        if hub.begin_drain():
+            task = loop.create_task(drain(), name="pvwire-drain")
+            tasks.add(task)
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return lambda: None  # not the main thread (an app served by a test client)
+
+    def undo() -> None:
+        for task in tasks:
+            task.cancel()
+
+    return undo
 
 
 def mount_pvws(app: FastAPI, hub: Hub, authenticator: Authenticator) -> PvwsEndpoint:

@@ -73,6 +73,10 @@ def _settings(args: argparse.Namespace) -> Any:
         "groups_header": args.groups_header,
         "catalogue_file": args.catalogue_file,
         "status_prefix": args.status_prefix,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "drain_delay_s": args.drain_delay,
+        "drain_window_s": args.drain_window,
         "log_format": args.log_format,
         "log_level": args.log_level,
     }
@@ -144,6 +148,20 @@ def _check_bearer_keys(settings: Any) -> None:
         )
 
 
+def _check_tls(settings: Any) -> None:
+    """A certificate and key that cannot serve stop the server at start, saying why."""
+    from .tls import tls_context
+
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        sys.exit("pvwire-server: --tls-cert and --tls-key go together")
+    if settings.tls_cert:
+        try:
+            tls_context(Path(settings.tls_cert), Path(settings.tls_key))
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            sys.exit(f"pvwire-server: TLS certificate {settings.tls_cert}, key "
+                     f"{settings.tls_key}: {exc}")  # fmt: skip
+
+
 def _check_port_free(host: str, port: int) -> None:
     """Stop before printing or starting anything when another program holds the port."""
     import socket
@@ -201,6 +219,12 @@ def serve(settings: Any, workers: int = 1) -> None:
         # by default) before pvwire looks. --trusted-proxy alone decides (access/forwarded.py).
         proxy_headers=False,
     )
+    if settings.tls_cert:
+        from .tls import listener_context
+
+        # pvwire's own context, whose pair is read again on change (tls.py).
+        common.update(ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
+                      ssl_context_factory=listener_context)  # fmt: skip
     if workers > 1:
         if not settings.token_keys:
             sys.exit(
@@ -314,6 +338,17 @@ def build_parser() -> argparse.ArgumentParser:
             help="serve the server's own figures as PVA PVs PREFIX + clients, channels, ... "
             "(docs/OPERATIONS.md section 7a; PVWIRE_STATUS_PREFIX)",
         )
+        p.add_argument("--tls-cert", metavar="PEM", help="serve https and wss with this "
+                       "certificate chain (leaf first); read again when it changes or on "
+                       "SIGHUP (PVWIRE_TLS_CERT)")  # fmt: skip
+        p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key "
+                       "(PVWIRE_TLS_KEY)")  # fmt: skip
+        p.add_argument("--drain-delay", type=float, metavar="S", help="seconds serving on "
+                       "after SIGTERM, /readyz answering 503 (default 5; "
+                       "PVWIRE_DRAIN_DELAY_S)")  # fmt: skip
+        p.add_argument("--drain-window", type=float, metavar="S", help="seconds over which "
+                       "WebSockets are then closed, paced (default 20; "
+                       "PVWIRE_DRAIN_WINDOW_S)")  # fmt: skip
         p.add_argument("--workers", type=int, default=1, help="worker processes (same port)")
         p.add_argument(
             "--log-level", choices=["debug", "info", "warning", "error"], help="default info"
@@ -371,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     _check_port_free(settings.host, settings.port)
     _check_catalogue_file(settings)
     _check_bearer_keys(settings)
+    _check_tls(settings)
     if args.command == "serve":
         serve(settings, args.workers)
         return

@@ -118,6 +118,13 @@ class Settings:
     aa_points_per_s: float = number("aa_points_per_s")
     # The server's own figures as PVA PVs named PREFIX + clients, ... (status/); empty: none.
     status_prefix: str = ""
+    # TLS on the listener (tls.py): PEM files, read again when they change and on SIGHUP.
+    tls_cert: str = ""  # the certificate chain, leaf first
+    tls_key: str = ""
+    # SIGTERM (core/drain.py): /readyz says 503 and serving goes on for drain_delay_s, then
+    # every WebSocket is closed, paced over drain_window_s, and the process exits.
+    drain_delay_s: float = number("drain_delay_s")
+    drain_window_s: float = number("drain_window_s")
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs
     log_level: str = "info"

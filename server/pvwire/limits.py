@@ -78,6 +78,14 @@ LIMITS: tuple[Limit, ...] = (
           "the connection is dropped"),
     Limit("shutdown_grace_s", 3.0, "s", "HTTP requests finishing when the server stops",
           "they are cancelled"),
+    # --- the drain on SIGTERM (core/drain.py; docs/OPERATIONS.md, "The drain") ---
+    Limit("drain_delay_s", 5.0, "s", "serving on after SIGTERM with `/readyz` answering 503, "
+          "while load balancers stop routing here", "the drain's closes begin", setting=True),
+    Limit("drain_window_s", 20.0, "s", "the drain closing every WebSocket, paced evenly over "
+          "it", "the process exits", setting=True),
+    Limit("drain_jitter_max_s", 1.0, "s", "the delay a `4012 DRAINING` close asks its client to "
+          "spread its reconnect over (the time between two of the drain's closes, at most this)",
+          "clients reconnect within it"),
     # --- the stream (/stream) ---
     Limit("max_in_bytes", _MIB, "bytes", "one client message on the stream (announced in HELLO)",
           "close 1009 TOO_BIG", setting=True),

@@ -114,7 +114,7 @@ def _print(obj: Any) -> None:
 
 def _get(a: argparse.Namespace) -> int:
     errors: list[PvwireError] = []
-    control = Control(a.server, timeout=a.timeout, token=a.token)
+    control = Control(a.server, timeout=a.timeout, token=a.token, ca_file=a.ca_file)
     for r in control.get_many(a.ids, timeout=a.timeout):
         if isinstance(r, PvwireError):
             print(channel_error(r), file=sys.stderr)
@@ -127,7 +127,7 @@ def _get(a: argparse.Namespace) -> int:
 
 
 def _put(a: argparse.Namespace) -> int:
-    c = Control(a.server, timeout=a.timeout, token=a.token)
+    c = Control(a.server, timeout=a.timeout, token=a.token, ca_file=a.ca_file)
     c.put(a.id, parse_value(a.value), wait=a.wait, timeout=a.timeout)
     state = c.get(a.id)
     if a.json:
@@ -147,7 +147,7 @@ def _monitor(a: argparse.Namespace) -> int:
 
 
 def _info(a: argparse.Namespace) -> int:
-    s = Control(a.server, timeout=a.timeout, token=a.token).get(a.id)
+    s = Control(a.server, timeout=a.timeout, token=a.token, ca_file=a.ca_file).get(a.id)
     if a.json:
         _print(state_json(s))
         return EXIT_OK
@@ -160,7 +160,8 @@ def _info(a: argparse.Namespace) -> int:
 
 
 def _search(a: argparse.Namespace) -> int:
-    ids = Control(a.server, timeout=a.timeout, token=a.token).search(a.pattern, a.limit)
+    control = Control(a.server, timeout=a.timeout, token=a.token, ca_file=a.ca_file)
+    ids = control.search(a.pattern, a.limit)
     if a.json:
         _print(ids)
     else:
@@ -208,6 +209,13 @@ def _parser() -> argparse.ArgumentParser:
         " prefer it or --token-file: a command line is visible to other users)",
     )
     token.add_argument("--token-file", metavar="PATH", help="read the bearer token from PATH")
+    common.add_argument(
+        "--ca-file",
+        metavar="PEM",
+        default=os.environ.get("PVWIRE_CA_FILE") or None,
+        help="trust this CA for an https:// server (env PVWIRE_CA_FILE; default: the system's "
+        "trusted certificates)",
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
     p = argparse.ArgumentParser(

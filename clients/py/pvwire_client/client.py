@@ -14,6 +14,7 @@ import copy
 import inspect
 import logging
 import random
+import ssl
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from .graphql import PutResult, Registration
 from .login import default_token
 from .session import (
     Backfill,
+    Closed,
     Connected,
     Entries,
     Event,
@@ -126,7 +128,12 @@ class Client:
 
     Reconnects, and re-registrations the server could not answer, wait a full-jitter backoff:
     ``random(0, min(reconnect_max, reconnect_base * 2**attempt))``, the attempt count starting
-    again after each HELLO (PROTOCOL.md section 8).
+    again after each HELLO (PROTOCOL.md section 8). A server draining (close 4012) is left at
+    once: the reconnect waits only ``random(0, N ms)``, N what the server said (at most
+    ``reconnect_max``).
+
+    ``https://`` and ``wss://`` are verified against the system's trusted certificates, or
+    against ``ca_file`` (PEM: a site's own CA) when given, for GraphQL and the stream alike.
     """
 
     def __init__(
@@ -144,8 +151,11 @@ class Client:
         request_timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         stream_url: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # The system's store (OpenSSL's default paths, SSL_CERT_FILE), or the site's CA.
+        self.ssl_context = ssl.create_default_context(cafile=ca_file)
         self.timeout = timeout
         self.reconnect_base = reconnect_base
         self.reconnect_max = reconnect_max
@@ -156,7 +166,9 @@ class Client:
         self.request_timeout = request_timeout
         self.stream_url = stream_url
         self._token: TokenSource = default_token() if token is None else token
-        self._http = httpx.AsyncClient(transport=transport, timeout=timeout + 10.0)
+        self._http = httpx.AsyncClient(
+            transport=transport, timeout=timeout + 10.0, verify=self.ssl_context
+        )
         self._stream: _Stream | None = None
 
     async def __aenter__(self) -> Client:
@@ -433,6 +445,7 @@ class _Stream:
         self.tasks: set[asyncio.Task[None]] = set()
         self.task: asyncio.Task[None] | None = None
         self.answered = False  # the current connection's HELLO arrived
+        self.drained_within: float | None = None  # the last close was a drain's (4012)
         self.handling = False  # a coroutine is handing the session's events on
 
     @staticmethod
@@ -543,11 +556,13 @@ class _Stream:
             self._spawn(self._renew(event.key))
         elif isinstance(event, Connected):
             self.answered = True
+        elif isinstance(event, Closed):
+            self.drained_within = event.within
         elif isinstance(event, Malformed):
             log.warning("pvwire stream: %s; reconnecting", event.message)
         elif isinstance(event, ServerError):
             log.warning("pvwire stream error %d: %s", event.code, event.message)
-        # Attach, PingAnswered (no ping API here) and Closed (see _run) need nothing more.
+        # Attach and PingAnswered (no ping API here) need nothing more.
 
     async def _deliver(self, sub: _Sub, item: tuple[str, Any]) -> None:
         # Bounded per monitor: a slow consumer holds the reader, TCP pushes back and the server
@@ -573,13 +588,14 @@ class _Stream:
             await self.wanted.wait()
             if self.closing:
                 break
-            self.answered = False
+            self.answered, self.drained_within = False, None
             try:
                 ws = await connect(
                     self._url(),
                     subprotocols=[ALIGNED_SUBPROTOCOL, SUBPROTOCOL],
                     max_size=self.client.max_message_bytes,
                     open_timeout=10,
+                    ssl=self.client.ssl_context,
                 )
             except (OSError, HandshakeError, TimeoutError) as e:
                 self.session.connect_failed(str(e))
@@ -593,7 +609,13 @@ class _Stream:
                 # comes within reconnect_base. A server refusing before HELLO (1013
                 # TRY_AGAIN, an overloaded proxy) keeps the backoff growing.
                 attempt = 0
-            if self.subs:
+            if self.subs and self.drained_within is not None:
+                # The server is draining: elsewhere at once, spread over what it said
+                # (PROTOCOL.md section 8); a failure of that reconnect backs off from 0.
+                within = min(self.drained_within, self.client.reconnect_max)
+                await asyncio.sleep(random.uniform(0, within))
+                attempt = 0
+            elif self.subs:
                 await asyncio.sleep(self.client._backoff(attempt))
                 attempt += 1
 

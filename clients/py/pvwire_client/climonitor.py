@@ -101,7 +101,7 @@ async def monitor(a: argparse.Namespace) -> list[str]:
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-    async with Client(a.server, timeout=a.timeout, token=a.token) as c:
+    async with Client(a.server, timeout=a.timeout, token=a.token, ca_file=a.ca_file) as c:
 
         async def run() -> None:
             if getattr(a, "backfill", 0):

@@ -43,6 +43,7 @@ PROTOCOL_ERROR = _close("PROTOCOL_ERROR")
 TOO_BIG = _close("TOO_BIG")
 INVALID_DATA = _close("INVALID_DATA")
 HEARTBEAT_TIMEOUT = _close("HEARTBEAT_TIMEOUT")
+DRAINING = _close("DRAINING")
 UNSUPPORTED = _close("UNSUPPORTED")
 # ERROR message codes (section 6); 4401-4403 are close codes as well.
 BAD_TOKEN = ERRORS["BAD_TOKEN"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,9 +39,11 @@ class Control:
         *,
         timeout: float = 3.0,
         token: str | Callable[[], str | None] | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._ca_file = ca_file  # https: the system's trusted certificates, or this CA (PEM)
         self._token = default_token() if token is None else token
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -54,8 +57,14 @@ class Control:
         self, query: str, variables: dict[str, Any], id: str | None = None, wait: float = 0
     ) -> Any:
         body = json.dumps({"query": query, "variables": variables}).encode()
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self.timeout + wait + _MARGIN)
+        conn: http.client.HTTPConnection
+        limit = self.timeout + wait + _MARGIN
+        if self._https:
+            context = ssl.create_default_context(cafile=self._ca_file)
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=limit,
+                                               context=context)  # fmt: skip
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=limit)
         token = self._token() if callable(self._token) else self._token
         headers = {"Content-Type": "application/json"}
         if token:

@@ -27,6 +27,7 @@ TypeScript client's do.
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -183,11 +184,25 @@ class Malformed:
 
 @dataclass(frozen=True, slots=True)
 class Closed:
-    """The connection ended; ``reconnect``: retry with backoff while subscriptions remain."""
+    """The connection ended; ``reconnect``: retry with backoff while subscriptions remain.
+    ``within``: the server is draining (4012 after its HELLO): reconnect at once, after a delay
+    drawn from 0 to ``within`` seconds, without backoff, the retries counted from 0 again."""
 
     code: int
     reason: str
     reconnect: bool
+    within: float | None = None
+
+
+# Section 8: a 4012 DRAINING close's reason is `reconnect within N ms`; a reason without it, 1 s.
+_DRAIN_REASON = re.compile(r"within (\d{1,9}) ms")
+DRAIN_WITHIN_DEFAULT_S = 1.0
+
+
+def drain_within(reason: str) -> float:
+    """Seconds a 4012 DRAINING close with ``reason`` asks to spread the reconnect over."""
+    found = _DRAIN_REASON.search(reason)
+    return int(found.group(1)) / 1000 if found else DRAIN_WITHIN_DEFAULT_S
 
 
 Event: TypeAlias = (
@@ -389,11 +404,15 @@ class Session:
         if not self._open:
             return
         local, terminal = self.close_request is not None, self._terminal
+        # A drain after HELLO sends the client elsewhere at once; one before it (not pvwire's)
+        # keeps the backoff, as any refusal before HELLO does.
+        drained = code == closecodes.DRAINING and not local and self.hello is not None
         self._end_connection(f"connection closed: {code} {closecodes.name(code)}")
         # A close this side asked for (1002, 4000) reconnects whatever its class; a close
         # concerns every subscription (refused tokens are answered per attachment, ERROR).
         reconnect = not terminal and self._reconnect and (local or closecodes.is_reconnect(code))
-        self._events.append(Closed(code, reason, reconnect and bool(self._subs)))
+        within = drain_within(reason) if drained and reconnect and self._subs else None
+        self._events.append(Closed(code, reason, reconnect and bool(self._subs), within))
         if terminal:
             return
         if reconnect:

@@ -34,16 +34,22 @@ class SyncClient:
     """Blocking versions of the Client's calls; one background event loop per SyncClient.
 
     ``token`` is the Client's (default ``PVWIRE_TOKEN``); a callable is called on the
-    background thread.
+    background thread. ``ca_file`` as the Client's: the CA (PEM) an ``https://`` server's
+    certificate is verified against, else the system's trusted certificates.
     """
 
     def __init__(
-        self, url: str = DEFAULT_URL, *, token: TokenSource = None, **options: Any
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: TokenSource = None,
+        ca_file: str | None = None,
+        **options: Any,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pvwire", daemon=True)
         self._thread.start()
-        self._client = self._call(self._make(url, {**options, "token": token}))
+        self._client = self._call(self._make(url, {**options, "token": token, "ca_file": ca_file}))
 
     @staticmethod
     async def _make(url: str, options: dict[str, Any]) -> Client:

@@ -593,7 +593,7 @@ export class PvwireClient {
         if (this.closedByUser) return;
         if (ev.reconnect) {
           this.move("lost");
-          this.scheduleReconnect();
+          this.scheduleReconnect(ev.withinMs);
         } else {
           this.move("closed");
         }
@@ -651,13 +651,22 @@ export class PvwireClient {
     }
   }
 
-  private scheduleReconnect(): void {
+  /** `drainWithinMs`: the server is draining (4012): reconnect at once, within that, without
+   * backoff (PROTOCOL.md section 8); a failure of that reconnect backs off from 0. */
+  private scheduleReconnect(drainWithinMs?: number): void {
     if (this.subs.size === 0) {
       this.move("closed");
       return;
     }
-    const attempt = this.attempt++;
-    const delay = backoffDelay(attempt, this.backoff, this.random);
+    let attempt: number;
+    let delay: number;
+    if (drainWithinMs !== undefined) {
+      attempt = this.attempt = 0;
+      delay = this.random() * Math.min(drainWithinMs, this.backoff.maxMs);
+    } else {
+      attempt = this.attempt++;
+      delay = backoffDelay(attempt, this.backoff, this.random);
+    }
     clearTimeout(this.retryTimer);
     this.retryTimer = setTimeout(() => this.open(), delay);
     this.listenForWake(true);

@@ -65,8 +65,22 @@ export type SessionEvent<K> =
   | { type: "serverError"; code: number; message: string }
   /** A message broke the protocol (section 1): the session closes with 1002 and reconnects. */
   | { type: "malformed"; message: string }
-  /** The connection ended; `reconnect`: retry with backoff while subscriptions remain. */
-  | { type: "closed"; code: number; reason: string; reconnect: boolean };
+  /**
+   * The connection ended; `reconnect`: retry with backoff while subscriptions remain.
+   * `withinMs`: the server is draining (4012 after its HELLO): reconnect at once, after a delay
+   * drawn from 0 to `withinMs`, without backoff, the retries counted from 0 again.
+   */
+  | { type: "closed"; code: number; reason: string; reconnect: boolean; withinMs?: number };
+
+/** Section 8: a 4012 DRAINING close's reason is `reconnect within N ms`; without it, 1 s. */
+const DRAIN_REASON = /within (\d{1,9}) ms/;
+export const DRAIN_WITHIN_DEFAULT_MS = 1_000;
+
+/** Milliseconds a 4012 DRAINING close with `reason` asks to spread the reconnect over. */
+export function drainWithinMs(reason: string): number {
+  const found = DRAIN_REASON.exec(reason);
+  return found ? Number(found[1]) : DRAIN_WITHIN_DEFAULT_MS;
+}
 
 export interface SessionOptions {
   /** A request unanswered this long means a dead connection (section 2.7). Default 30,000. */
@@ -251,11 +265,16 @@ export class Session<K> {
     if (!this.open) return;
     const local = this.closeRequest !== undefined;
     const terminal = this.terminal;
+    // A drain after HELLO sends the client elsewhere at once; one before it (not pvwire's) keeps
+    // the backoff, as any refusal before HELLO does.
+    const drained = code === CloseCode.DRAINING && !local && this.hello !== undefined;
     this.endConnection(`connection closed: ${code} ${closeName(code)}`);
     // A close this side asked for (1002, 4000) reconnects whatever its class; a close concerns
     // every subscription (refused tokens are answered per attachment, ERROR).
     const reconnect = !terminal && this.reconnectAllowed && (local || closeClass(code) === "reconnect");
-    this.events.push({ type: "closed", code, reason, reconnect: reconnect && this.subs.size > 0 });
+    const closed: SessionEvent<K> = { type: "closed", code, reason, reconnect: reconnect && this.subs.size > 0 };
+    if (drained && reconnect && this.subs.size > 0) closed.withinMs = drainWithinMs(reason);
+    this.events.push(closed);
     if (terminal) return;
     if (reconnect) this.events.push({ type: "lost", reason: `stream closed: ${code} ${closeName(code)}${reason ? ` (${reason})` : ""}` });
     else for (const sub of [...this.subs.values()]) this.fail(sub, "closed", code, reason);

@@ -302,7 +302,7 @@ describe("demo page in Chromium", () => {
     await page.waitForFunction(() => document.querySelector('tr[data-pv$="COUNTER"]')?.getAttribute("data-connection") === "CONNECTED", null, { timeout: 60_000 });
     const live = await page.locator('tr[data-connection="CONNECTED"]').evaluateAll((trs) => trs.map((tr) => tr.getAttribute("data-pv")!));
     expect(live).toEqual(expect.arrayContaining([expect.stringMatching(/DEMO:COUNTER$/), expect.stringMatching(/DEMO:SINE$/)]));
-    await stack.command("stop-server"); // 1012, then down until start-server
+    await stack.command("stop-server"); // 4012 (a drain without delay), then down until start-server
     try {
       await page.waitForFunction((names) => names.every((name) => {
         const tr = document.querySelector(`tr[data-pv="${name}"]`);

@@ -125,7 +125,8 @@ export class Runner {
           this.record("connected", true);
           break;
         case "closed":
-          this.record("closed", { code: ev.code, reconnect: ev.reconnect });
+          // With `within` (seconds) only for a drain's close (4012), as the cases write it.
+          this.record("closed", ev.withinMs === undefined ? { code: ev.code, reconnect: ev.reconnect } : { code: ev.code, reconnect: ev.reconnect, within: ev.withinMs / 1000 });
           break;
       }
     }

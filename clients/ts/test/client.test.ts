@@ -144,6 +144,22 @@ describe("PvwireClient with a fake server", () => {
     expect(c.state).toBe("connected");
   });
 
+  it("reconnects after a drain's 4012 within the delay its reason gives, capped at the backoff's cap, without backoff", async () => {
+    const s = await fakeServer();
+    const c = client(s, { random: () => 0.5 });
+    const retries: [number, number][] = [];
+    c.on("retry", (delay, attempt, what) => what === "connect" && retries.push([delay, attempt]));
+    const sub = c.subscribe(["A", "B"], () => undefined);
+    await sub.ready;
+    for (const ws of s.sockets) ws.close(4012, "reconnect within 60 ms");
+    await until(() => s.connections === 2 && sub.channels.every((ch) => ch.connection === "CONNECTED"));
+    for (const ws of s.sockets) ws.close(4012, "reconnect within 90000 ms");
+    await until(() => s.connections === 3 && sub.channels.every((ch) => ch.connection === "CONNECTED"));
+    // Half of 60 ms, then half of the 100 ms cap (not 90 s); the backoff (base 20 ms) plays no part.
+    expect(retries).toEqual([[30, 1], [50, 1]]);
+    expect(s.tokens).toEqual(["tok-1", "tok-1", "tok-1"]);
+  });
+
   it("reports a listener that throws on the loss notice as an error, and still tells the other channels and reconnects", async () => {
     const s = await fakeServer();
     const c = client(s);

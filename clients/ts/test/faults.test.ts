@@ -141,7 +141,7 @@ describe("fault recovery against the real server and demo IOC", () => {
       await s.ready;
       await until(() => ids.every(live), BOUND_MS, "every channel connected with a value");
       const stopping = Date.now();
-      await stack.command("stop-server"); // 1012, then down until start-server
+      await stack.command("stop-server"); // 4012 (a drain without delay), then down until start-server
       await until(() => ids.every((id) => now(id)?.connection === "DISCONNECTED"), BOUND_MS, "every channel DISCONNECTED");
       expect(c.state).toBe("connecting");
       // Several failed attempts while the server is down say nothing new: one notice per channel.
@@ -181,9 +181,12 @@ describe("fault recovery against the real server and demo IOC", () => {
     const s = c.subscribe(["sim://counter?rate=10"], (st) => { if (st.connection === "CONNECTED" && st.value != null) values.push(Date.now()); });
     try {
       await s.ready;
-      await stack.command("stop-server"); // 1012, then down
-      await until(() => delays.length >= 6, BOUND_MS, "six reconnect attempts");
-      // Doubling from 0.5 s, capped at 5 s (it grew to 30 s before: up to 17.7 s away after a 30 s outage).
+      await stack.command("stop-server"); // 4012 (a drain without delay), then down
+      await until(() => delays.length >= 7, BOUND_MS, "seven reconnect attempts");
+      // The drain's close first: within its reason's 1,000 ms (all closed at once), no backoff.
+      // Then doubling from 0.5 s, capped at 5 s (it grew to 30 s before: up to 17.7 s away
+      // after a 30 s outage).
+      expect(delays.slice(0, 2)).toEqual([1_000, 500]);
       expect(Math.max(...delays)).toBe(5_000);
       expect(delays.slice(-2)).toEqual([5_000, 5_000]);
       await stack.command("start-server");

@@ -10,9 +10,13 @@ PVWIRE_SERVER_CMD (default `-m pvwire.cli`) replaces the server's module/script,
 PVWIRE_STACK_DB, when set, names a .db file the IOC serves instead of the demo (prefix "");
 PVWIRE_STACK_ACF an access security file that IOC enforces.
 
-Other arguments go to `pvwire serve`, except two that set up identities for a test:
+Other arguments go to `pvwire serve`, except three that set up identities or TLS for a test:
   --jwt-secret SECRET        written to a file passed as --jwt-secret-file (HS256 bearer JWTs)
   --access-rules-toml TOML   written to a file passed as --access-rules
+  --tls                      a test CA and a certificate it signed for 127.0.0.1 (tests/certs.py)
+                             passed as --tls-cert/--tls-key: the server serves https and wss,
+                             the first line says `ca` (the CA's PEM file) and `spki` (the
+                             certificate's key hash, as Chromium's SPKI allow-list takes it)
 With access rules (these or --access-rules FILE) the demo's write rules are left out: they would
 grant writes to everyone after the file's rules.
 """
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -55,37 +60,57 @@ def demo_server_args(with_write_rules: bool = True) -> list[str]:
     return args
 
 
-def identity_args(argv: list[str]) -> tuple[list[str], bool]:
-    """The server arguments for `argv` (the identity options written to files), and whether
-    access rules are given."""
+def tls_args(folder: Path) -> tuple[list[str], dict[str, str]]:
+    """`--tls`: the server's arguments, and what the first line tells the test."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository's tests/
+    from tests.certs import TestCA
+
+    ca = TestCA(folder / "tls")
+    cert = ca.issue()
+    args = ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key)]
+    return args, {"ca": str(ca.path), "spki": cert.spki_hash}
+
+
+def identity_args(argv: list[str]) -> tuple[list[str], bool, dict[str, str]]:
+    """The server arguments for `argv` (the identity and TLS options written to files), whether
+    access rules are given, and what the first line says of TLS."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--jwt-secret")
     p.add_argument("--access-rules-toml")
+    p.add_argument("--tls", action="store_true")
     ours, rest = p.parse_known_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="pvwire-ts-identity-"))
+    tls: dict[str, str] = {}
+    if ours.tls:
+        more, tls = tls_args(folder)
+        rest += more
     if ours.jwt_secret is not None:
         (folder / "jwt-secret").write_text(ours.jwt_secret)
         rest += ["--jwt-secret-file", str(folder / "jwt-secret")]
     if ours.access_rules_toml is not None:
         (folder / "rules.toml").write_text(ours.access_rules_toml)
         rest += ["--access-rules", str(folder / "rules.toml")]
-    return rest, any(a == "--access-rules" or a.startswith("--access-rules=") for a in rest)
+    rules = any(a == "--access-rules" or a.startswith("--access-rules=") for a in rest)
+    return rest, rules, tls
 
 
 class Server:
-    def __init__(self, ioc: IocProcess, extra: list[str]) -> None:
+    def __init__(self, ioc: IocProcess, extra: list[str], ca: str | None = None) -> None:
         self.port = free_port()
         self.ioc = ioc
         self.extra = extra
+        self.context = ssl.create_default_context(cafile=ca) if ca else None  # https
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = Path(tempfile.mkdtemp(prefix="pvwire-ts-")) / "server.log"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http{'s' if self.context else ''}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 90.0) -> None:
-        env = {**os.environ, **self.ioc.ports.client_env()}
+        # SIGTERM ends the server at once (4012), not after a replica's drain (5 s + 20 s).
+        quick = {"PVWIRE_DRAIN_DELAY_S": "0", "PVWIRE_DRAIN_WINDOW_S": "0"}
+        env = {**quick, **os.environ, **self.ioc.ports.client_env()}
         args = [
             sys.executable,
             *(os.environ.get("PVWIRE_SERVER_CMD") or "-m pvwire.cli").split(),
@@ -108,7 +133,7 @@ class Server:
                 req = urllib.request.Request(
                     f"{self.url}/graphql", body, {"content-type": "application/json"}
                 )
-                with urllib.request.urlopen(req, timeout=1) as res:
+                with urllib.request.urlopen(req, timeout=1, context=self.context) as res:
                     if res.status == 200:
                         return
             except OSError:
@@ -121,7 +146,7 @@ class Server:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.terminate()  # graceful: the server closes streams with 1012 RESTART
+        proc.terminate()  # graceful: the server closes streams with 4012 DRAINING
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -152,17 +177,19 @@ def main() -> None:
     server: Server | None = None
     try:
         db = os.environ.get("PVWIRE_STACK_DB")
-        extra, has_rules = identity_args(sys.argv[1:])
+        extra, has_rules, tls = identity_args(sys.argv[1:])
+        ca = tls.get("ca")
         if db:
             ioc = IocProcess([Path(db)], acf=os.environ.get("PVWIRE_STACK_ACF") or None)
             ioc.start()
-            server = Server(ioc, extra)
+            server = Server(ioc, extra, ca)
         else:
             ioc = start_demo_ioc(PREFIX)
-            server = Server(ioc, [*demo_server_args(with_write_rules=not has_rules), *extra])
+            server = Server(ioc, [*demo_server_args(with_write_rules=not has_rules), *extra], ca)
         server.start()
         prefix = "" if db else PREFIX
-        reply({"url": server.url, "prefix": prefix, "port": server.port, "log": str(server.log)})
+        reply({"url": server.url, "prefix": prefix, "port": server.port, "log": str(server.log),
+               **tls})  # fmt: skip
         for line in sys.stdin:
             cmd = line.strip()
             if not cmd:

@@ -15,6 +15,9 @@ export interface Stack {
   url: string;
   prefix: string;
   log: string;
+  /** With `--tls`: the test CA's PEM file, and the certificate's SPKI hash (for Chromium). */
+  ca?: string;
+  spki?: string;
   command(cmd: StackCommand): Promise<void>;
   stop(): Promise<void>;
 }
@@ -45,7 +48,7 @@ export async function startStack(extraServerArgs: string[] = [], env: Record<str
     if (q !== undefined) return Promise.resolve(q);
     return Promise.race([new Promise<string>((r) => waiters.push(r)), exited.then((m) => { throw new Error(m); })]);
   };
-  const first = JSON.parse(await next()) as { url?: string; prefix: string; log: string; error?: string };
+  const first = JSON.parse(await next()) as { url?: string; prefix: string; log: string; ca?: string; spki?: string; error?: string };
   if (!first.url) {
     proc.stdin.end();
     throw new Error(`stack did not start: ${first.error}\n${first.log}`);
@@ -54,6 +57,8 @@ export async function startStack(extraServerArgs: string[] = [], env: Record<str
     url: first.url,
     prefix: first.prefix,
     log: first.log,
+    ca: first.ca,
+    spki: first.spki,
     async command(cmd) {
       proc.stdin.write(cmd + "\n");
       const r = JSON.parse(await next()) as { ok: boolean; error?: string };

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..core.clients import Client
 from ..core.hub import Hub
 from ..limits import number
-from ..wire.codes import INTERNAL, NORMAL, POLICY, RESTART
+from ..wire.codes import INTERNAL, NORMAL, POLICY, RESTART, TRY_AGAIN
 
 __all__ = [
     "CLOSE_TIMEOUT",
@@ -74,10 +74,15 @@ class Wakeup:
 
 def admission_refusal(hub: Hub, origin: str | None) -> tuple[int, str] | None:
     """Why a WebSocket with `origin` is not admitted (close code and reason), the same for both
-    endpoints: an origin not allowed. Browsers always send Origin; a client without one is not a
-    browser (Python, Node). Connections per address are counted before this, at accept, HTTP and
-    WebSocket together (api/connections.py): one too many never gets to the upgrade."""
-    allowed = hub.settings.allowed_origins
+    endpoints: the server draining, or an origin not allowed. Browsers always send Origin; a
+    client without one is not a browser (Python, Node). Connections per address are counted
+    before this, at accept, HTTP and WebSocket together (api/connections.py): one too many never
+    gets to the upgrade."""
+    settings = hub.settings
+    if hub.refusing_connections:
+        # Before HELLO, so the client's backoff grows rather than it coming back at once.
+        return TRY_AGAIN, "this server is stopping (drain): connect to another one"
+    allowed = settings.allowed_origins
     if allowed and origin is not None and origin not in allowed:
         return POLICY, f"origin {origin!r} is not allowed"
     return None

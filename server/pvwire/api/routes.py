@@ -62,10 +62,12 @@ def readiness(hub: Hub) -> dict[str, Any]:
     # A scheme this process cannot serve (pva:// without its compiled module) leaves the
     # others ready; it is named here, with the reason, for whoever looks at the probe.
     return {
-        "ready": lag < MAX_LOOP_LAG_READY,
+        # From SIGTERM on, not ready: load balancers stop sending clients here (core/drain.py).
+        "ready": lag < MAX_LOOP_LAG_READY and not hub.draining,
         "loop_lag_s": lag,
         "channels": hub.channel_count,
         "unavailable": hub.unavailable_schemes(),
+        "draining": hub.draining,
     }
 
 

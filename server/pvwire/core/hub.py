@@ -32,6 +32,7 @@ from .address_channels import AddressChannels
 from .channel import FailureUnit
 from .clients import Client
 from .control import Control
+from .drain import Drain
 from .history import HistorySlice, HistoryStore
 from .recorded import Recorded, recorded
 from .reduce import Reduction
@@ -79,6 +80,8 @@ class Hub:
         self._housekeeping: asyncio.TimerHandle | None = None
         self._client_numbers = itertools.count(1)
         self._pinned: set[str] = set()  # ids held for --history-channels, acquired once each
+        self._drain = Drain(lambda: list(self.sessions), settings.drain_delay_s,
+                            settings.drain_window_s)  # fmt: skip
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -119,6 +122,26 @@ class Hub:
         self.refusals.close()
         self.control.put_refusals.close()
         self.audit.close()
+
+    # --- the drain (core/drain.py) ------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """SIGTERM came: `/readyz` answers 503 (serving goes on until the drain's closes)."""
+        return not self._drain.ready
+
+    @property
+    def refusing_connections(self) -> bool:
+        """The drain is closing every WebSocket: new ones are refused."""
+        return self._drain.refuses_new
+
+    def begin_drain(self) -> bool:
+        """SIGTERM: True if a drain starts (then `run_drain`); a second one hurries it."""
+        return self._drain.begin()
+
+    async def run_drain(self) -> None:
+        """The drain's delay and paced closes; returns when every client was asked to close."""
+        await self._drain.run()
 
     # --- the control plane --------------------------------------------------------------------
 

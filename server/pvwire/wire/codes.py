@@ -14,6 +14,7 @@ __all__ = [
     "BAD_MESSAGE",
     "BAD_TOKEN",
     "CLOSE_CODES",
+    "DRAINING",
     "FORBIDDEN",
     "GOING_AWAY",
     "HEARTBEAT_TIMEOUT",
@@ -51,6 +52,7 @@ RESTART = _code("RESTART")
 TRY_AGAIN = _code("TRY_AGAIN")
 HEARTBEAT_TIMEOUT = _code("HEARTBEAT_TIMEOUT")
 SLOW = _code("SLOW")
+DRAINING = _code("DRAINING")
 UNSUPPORTED = _code("UNSUPPORTED")
 # ERROR message codes (PROTOCOL.md section 6); 4401-4403 are both.
 BAD_MESSAGE = _code("BAD_MESSAGE")

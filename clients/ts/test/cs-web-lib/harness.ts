@@ -51,8 +51,10 @@ export interface CsWebLibPage {
 }
 
 /** Build the page, serve it, open it in Chromium showing `pvs` from the pvws server at `pvwsUrl`.
- * `entry` is the page's module in this folder: page.ts (a table of PVs) unless told. */
-export async function openCsWebLibPage(pvwsUrl: string, pvs: readonly string[], width = 1300, entry = "page.ts"): Promise<CsWebLibPage> {
+ * `entry` is the page's module in this folder: page.ts (a table of PVs) unless told. An
+ * `https://` server is reached over wss (cs-web-lib's PVWS_SSL), its certificate trusted by
+ * Chromium through `spki` (the hash of its key: `--ignore-certificate-errors-spki-list`). */
+export async function openCsWebLibPage(pvwsUrl: string, pvs: readonly string[], width = 1300, entry = "page.ts", spki?: string): Promise<CsWebLibPage> {
   const dir = mkdtempSync(join(tmpdir(), "pvwire-cs-web-lib-"));
   const profile = mkdtempSync(join(tmpdir(), "pvwire-chromium-"));
   let web: Server | undefined;
@@ -70,13 +72,15 @@ export async function openCsWebLibPage(pvwsUrl: string, pvs: readonly string[], 
       executablePath: CHROMIUM,
       headless: true,
       viewport: { width, height: 500 },
-      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+      args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        ...(spki ? [`--ignore-certificate-errors-spki-list=${spki}`] : [])],
     });
     const page = browser.pages()[0] ?? (await browser.newPage());
     const errors: string[] = [];
     page.on("pageerror", (e) => errors.push(e.message));
-    const host = new URL(pvwsUrl).host;
-    await page.goto(`http://127.0.0.1:${(web.address() as AddressInfo).port}/?pvws=${host}&pvs=${encodeURIComponent(pvs.join(","))}`);
+    const server = new URL(pvwsUrl);
+    const ssl = server.protocol === "https:" ? "&ssl=1" : "";
+    await page.goto(`http://127.0.0.1:${(web.address() as AddressInfo).port}/?pvws=${server.host}${ssl}&pvs=${encodeURIComponent(pvs.join(","))}`);
     const text = (pv: string, cell: string) => page.locator(`tr[data-pv="${pv}"] [data-testid="${cell}"]`).textContent();
     return { page, errors, text, close };
   } catch (e) {

@@ -10,7 +10,8 @@ import { Provider } from "react-redux";
 
 const params = new URLSearchParams(location.search);
 const pvs = params.has("pvlist") ? JSON.parse(params.get("pvlist")!) as string[] : (params.get("pvs") ?? "").split(",").filter((pv) => pv !== "");
-const csStore = store({ PVWS_SOCKET: params.get("pvws") ?? location.host, PVWS_SSL: false, THROTTLE_PERIOD: 100 });
+// `?ssl=1`: the server is reached over wss, as a site's https deployment is.
+const csStore = store({ PVWS_SOCKET: params.get("pvws") ?? location.host, PVWS_SSL: params.get("ssl") === "1", THROTTLE_PERIOD: 100 });
 
 function valueText(value: DType | undefined): string {
   if (value === undefined) return "–";
