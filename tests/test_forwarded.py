@@ -167,25 +167,3 @@ def test_an_entry_past_its_length_bound_is_no_address(auth: Authenticator) -> No
 def test_a_plain_mapping_holds_one_line(auth: Authenticator) -> None:
     got = auth.client_address({"x-forwarded-for": "192.168.10.5, 198.51.100.7"}, EDGE)
     assert got == "198.51.100.7"
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-def test_the_http_server_s_own_proxy_headers_are_off(
-    monkeypatch: pytest.MonkeyPatch, workers: int
-) -> None:
-    """uvicorn would rewrite the client's address from X-Forwarded-For (trusting 127.0.0.1)
-    before pvwire looks: one mechanism only, in one process or in workers.
-    tests/test_proxies.py shows it against the real server."""
-    import uvicorn
-    from pvwire import app, cli
-    from pvwire.config import Settings
-
-    started: list[dict[str, object]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: started.append(kw))
-    monkeypatch.setattr(app, "create_app", lambda settings: object())
-    monkeypatch.setattr(cli, "_ignore_sighup_until_served", lambda: None)
-    for name in (app.SETTINGS_ENV, app.WORKERS_ENV):
-        monkeypatch.setenv(name, "")  # what serve sets, put back after the test
-    cli.serve(Settings(token_keys={"k": "key-for-workers"}), workers)
-    (options,) = started
-    assert options["proxy_headers"] is False

@@ -1,4 +1,5 @@
-"""`pvwire-server` start-up checks, run as a subprocess: a busy port, a bad catalogue file."""
+"""`pvwire-server` start-up checks, run as a subprocess: a busy port, a bad catalogue file; and
+the options `serve` hands the HTTP server."""
 
 from __future__ import annotations
 
@@ -93,3 +94,25 @@ def test_a_jwks_file_without_an_audience_stops_the_server(tmp_path: Path) -> Non
     assert p.returncode == 1
     assert p.stderr.startswith(f"pvwire-server: --jwks-file {jwks} needs --jwt-audience")
     assert "--jwt-authorized-party" in p.stderr and "--jwt-any-audience" in p.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_http_server_s_own_proxy_headers_are_off(
+    monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """uvicorn would rewrite the client's address from X-Forwarded-For (trusting 127.0.0.1)
+    before pvwire looks: one mechanism only, in one process or in workers.
+    tests/test_proxies.py shows it against the real server."""
+    import uvicorn
+    from pvwire import app, cli
+    from pvwire.config import Settings
+
+    started: list[dict[str, object]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: started.append(kw))
+    monkeypatch.setattr(app, "create_app", lambda settings: object())
+    monkeypatch.setattr(cli, "_ignore_sighup_until_served", lambda: None)
+    for name in (app.SETTINGS_ENV, app.WORKERS_ENV):
+        monkeypatch.setenv(name, "")  # what serve sets, put back after the test
+    cli.serve(Settings(token_keys={"k": "key-for-workers"}), workers)
+    (options,) = started
+    assert options["proxy_headers"] is False
