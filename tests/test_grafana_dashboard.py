@@ -242,7 +242,8 @@ class Prometheus:
 
 @pytest.fixture(scope="module")
 def scraped(epics_env: IocProcess) -> Iterator[ServerProcess]:
-    with ServerProcess(*server_args_for_tests(["--workers", "2"])) as proc:
+    # --forward-identity: pvwire's own PVA client exists, so its refusals are exported (at 0).
+    with ServerProcess(*server_args_for_tests(["--workers", "2", "--forward-identity"])) as proc:
         yield proc
 
 
