@@ -56,12 +56,18 @@ async def test_ioc_restart_is_seen_and_recovered(
         await until(all_connected_with_value, 15)
         ioc.stop()
         await until(lambda: all(s[-1][0] == 2 for s in states.values()), 15)
-        # Disconnected channels keep their last value, flagged as disconnected. (The last value
-        # is the one before the DISCONNECTED entry: the 10 Hz counter may still have moved
-        # between the connect check above and the kill.)
-        before = {i: s[-2][1] for i, s in states.items()}
-        assert all(s[-2][0] == 1 for s in states.values())
-        assert all(states[i][-1][1] == before[i] for i in IDS)
+        # Disconnected channels keep their last value, flagged as disconnected. The 10 Hz
+        # counter's last update may come in the same frame as the disconnect (one tick merges
+        # both): the value held is the newest seen, never cleared or older.
+        before: dict[str, float] = {}
+        for i, s in states.items():
+            down = next(k for k, (state, _) in enumerate(s) if state == 2)
+            held = s[down][1]
+            connected = [v for state, v in s[:down] if state == 1]
+            assert isinstance(held, int | float) and connected, (i, s[-5:])
+            assert held >= connected[-1], (i, s[-5:])  # type: ignore[operator]
+            assert all(v == held for _, v in s[down:]), (i, s[down:])
+            before[i] = held
         marks = {i: len(s) for i, s in states.items()}
         ioc.start()  # same ports: nothing on the client side changes
 
