@@ -16,7 +16,8 @@ Other arguments go to `pvwire serve`, except three that set up identities or TLS
   --tls                      a test CA and a certificate it signed for 127.0.0.1 (tests/certs.py)
                              passed as --tls-cert/--tls-key: the server serves https and wss,
                              the first line says `ca` (the CA's PEM file) and `spki` (the
-                             certificate's key hash, as Chromium's SPKI allow-list takes it)
+                             certificate's key hash, as Chromium's SPKI allow-list takes it),
+                             `cert` and `key` (its PEM files, for a page served over https)
 With access rules (these or --access-rules FILE) the demo's write rules are left out: they would
 grant writes to everyone after the file's rules.
 """
@@ -68,7 +69,8 @@ def tls_args(folder: Path) -> tuple[list[str], dict[str, str]]:
     ca = TestCA(folder / "tls")
     cert = ca.issue()
     args = ["--tls-cert", str(cert.cert), "--tls-key", str(cert.key)]
-    return args, {"ca": str(ca.path), "spki": cert.spki_hash}
+    paths = {"cert": str(cert.cert), "key": str(cert.key)}  # for a page served from elsewhere
+    return args, {"ca": str(ca.path), "spki": cert.spki_hash, **paths}
 
 
 def identity_args(argv: list[str]) -> tuple[list[str], bool, dict[str, str]]:

@@ -18,6 +18,9 @@ export interface Stack {
   /** With `--tls`: the test CA's PEM file, and the certificate's SPKI hash (for Chromium). */
   ca?: string;
   spki?: string;
+  /** With `--tls`: the server's certificate chain and key (PEM files), for a page served over https. */
+  cert?: string;
+  key?: string;
   command(cmd: StackCommand): Promise<void>;
   stop(): Promise<void>;
 }
@@ -48,7 +51,7 @@ export async function startStack(extraServerArgs: string[] = [], env: Record<str
     if (q !== undefined) return Promise.resolve(q);
     return Promise.race([new Promise<string>((r) => waiters.push(r)), exited.then((m) => { throw new Error(m); })]);
   };
-  const first = JSON.parse(await next()) as { url?: string; prefix: string; log: string; ca?: string; spki?: string; error?: string };
+  const first = JSON.parse(await next()) as { url?: string; prefix: string; log: string; ca?: string; spki?: string; cert?: string; key?: string; error?: string };
   if (!first.url) {
     proc.stdin.end();
     throw new Error(`stack did not start: ${first.error}\n${first.log}`);
@@ -59,6 +62,8 @@ export async function startStack(extraServerArgs: string[] = [], env: Record<str
     log: first.log,
     ca: first.ca,
     spki: first.spki,
+    cert: first.cert,
+    key: first.key,
     async command(cmd) {
       proc.stdin.write(cmd + "\n");
       const r = JSON.parse(await next()) as { ok: boolean; error?: string };

@@ -4,7 +4,7 @@
 // reads. Built and served by test/cs-web-lib-widgets.test.ts; `?pvws=HOST:PORT` names the server.
 //
 // Not on this screen: DataBrowser (it draws its history from an Archiver Appliance at the
-// configured archiver URL before it shows a live point; pvwire is not an archiver) and DynamicImage
+// configured archiver URL before it shows a live point: archive-page.ts shows one) and DynamicImage
 // (in the package's sources but not exported by 0.9.14). SimpleSymbol, MenuMux and Line accept a
 // PV but show nothing of it (SimpleSymbol's picture is its imageIndex prop, MenuMux sets a macro,
 // Line's PV only feeds its rules); DropDown and the containers take none.
