@@ -197,8 +197,9 @@ lint: venv node
 	$(VENV)/bin/mypy
 	cd $(TS) && npm run --silent typecheck
 
+# The 40 slowest tests and fixtures are listed at the end: where the suite's time goes.
 pytest: venv ext tsbuild graphiql chromium haproxy nginx prometheus coniql podman kustomize helm keycloak
-	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable
+	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable --durations=40
 
 tstest: venv ext node tsbuild graphiql chromium keycloak
 	cd $(TS) && PVWIRE_PYTHON=$(abspath $(PY)) npm test --silent
