@@ -211,6 +211,9 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules app_assembly attach_fail
 	session_hub stream_client tick tick_compiled tokens vectors)
 # The Archiver Appliance API's format, post-processors and bounds (aa/).
 UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
+# The facility's archive behind the history (core/archive/): its reads against a test archiver
+# in the test process, and its join.
+UNIT_TESTS += $(patsubst %,tests/test_%.py,archive_fetch archive_join)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 

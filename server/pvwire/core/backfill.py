@@ -17,6 +17,10 @@ channels record needs two or three passes. A reader slower than its channels nev
 so after BACKFILL_PASSES passes (each made under the budget, as every other) the backfill ends:
 a channel that recorded more than that reader took gets one gap row where its rows stop, then
 comes the snapshot. It knows what it lacks, and it never costs more than its budget.
+
+With an archiver behind the history (`archive`, core/archive/past.py), each channel's part older
+than the server's oldest kept row comes first, in the first pass; while it is being read the
+backfill waits (`fill` returns, the session resumes it when the read answers).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 
 from ..limits import BACKFILL_PASSES, HISTORY_MESSAGE_ROWS, MAX_BACKFILL_S
 from ..wire import codec as wire
+from .archive.past import WAIT, ArchivePast
 from .channel import Channel
 from .history import HistorySlice
 
@@ -38,7 +43,7 @@ log = logging.getLogger("pvwire.view")
 
 
 class Backfill:
-    __slots__ = ("_begun", "_failed", "_lower", "_sid", "att", "channels", "passes")
+    __slots__ = ("_begun", "_failed", "_lower", "_sid", "archive", "att", "channels", "passes")
 
     def __init__(
         self,
@@ -60,6 +65,12 @@ class Backfill:
         self._begun = False  # this pass has produced (or passed) something
         self._failed: set[int] = set()  # sids whose past could not be read: skipped
         self.passes = 1
+        self.archive: ArchivePast | None = None  # set to reach into an archive (`with_archive`)
+
+    @property
+    def cursors(self) -> list[int]:
+        """Per channel, the lowest time (ns) its next row may have."""
+        return self._lower
 
     def fill(self, room: int) -> tuple[list[bytes], bool]:
         """HISTORY messages until they hold `room` bytes (one more at most), and whether the
@@ -81,18 +92,28 @@ class Backfill:
                 return frames, False
             self._begun = True
             produced, more = self._next(self._sid)
+            if more is None:  # an archive part being read: resumed when it answers
+                return frames, False
             if not more:
                 self._sid += 1
             frames += produced
             size += sum(len(f) for f in produced)
 
-    def _next(self, sid: int) -> tuple[list[bytes], bool]:
+    def _next(self, sid: int) -> tuple[list[bytes], bool | None]:
         """The next message(s) of channel `sid`'s rows from its cursor on (at most
         HISTORY_MESSAGE_ROWS values in all), moving the cursor past them, and whether it has
-        more. A failure skips that channel's past for good: counted, logged once."""
+        more (None: its archive part is being read). A failure skips that channel's past for
+        good: counted, logged once."""
         if sid in self._failed:
             return [], False
         ch = self.channels[sid]
+        if self.archive is not None and self.passes == 1:
+            past = self.archive.step(sid, self._lower[sid])
+            if past is WAIT:
+                return [], None
+            if past is not None:
+                self._lower[sid] = past.lower
+                return past.frames, True
         recorder = ch.recorder
         if recorder is None:
             return [], False
