@@ -13,7 +13,8 @@ sends it; a PV it holds nothing of is a 404.
 
 PVs named for a failure answer that way: `SLOW:...` trickles a byte at a time and never ends,
 `GARBAGE:...` answers bytes that are no PB, `BIG:...` more samples than anyone asks for,
-`ERROR:...` HTTP 500. `requests` counts what was asked, by PV."""
+`ERROR:...` HTTP 500; an archiver made with `fails="SLOW"` (or another of them) answers every PV
+so. `requests` counts what was asked, by PV."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def _instant(text: str) -> int:
 
 
 class PbArchiver:
-    def __init__(self) -> None:
+    def __init__(self, fails: str = "") -> None:
+        self.fails = fails
         self.pvs: dict[str, Held | Every] = {}
         self.requests: Counter[str] = Counter()
         self.asked: list[dict[str, str]] = []
@@ -132,6 +134,8 @@ class PbArchiver:
         if found:
             op, n, pv = found.group(1), int(found.group(2)), found.group(3)
         self.requests[pv] += 1
+        if self.fails:
+            pv = f"{self.fails}:{pv}"
         if pv.startswith("SLOW:"):
             self._trickle(h)
             return
