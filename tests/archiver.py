@@ -70,8 +70,10 @@ def _instant(text: str) -> int:
 
 
 class PbArchiver:
-    def __init__(self, fails: str = "") -> None:
+    def __init__(self, fails: str = "", every: Every | None = None) -> None:
+        """`every`: what it holds of a PV it was told nothing of (None: nothing, a 404)."""
         self.fails = fails
+        self.default = every
         self.pvs: dict[str, Held | Every] = {}
         self.requests: Counter[str] = Counter()
         self.asked: list[dict[str, str]] = []
@@ -152,7 +154,7 @@ class PbArchiver:
                                 .SerializeToString()) + b"\n"  # fmt: skip
             self._status(h, 200, escape_bytes(info.SerializeToString()) + b"\n" + line * 200_000)
             return
-        held = self.pvs.get(pv)
+        held = self.pvs.get(pv, self.default)
         if held is None:
             self._status(h, 404, f"Unable to find typeinfo for pv {pv}".encode())
             return
