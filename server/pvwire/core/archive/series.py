@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...aa.operators import Series
-from ...aa.pb import Chunk, PayloadType, PbReader, Sample
+from ...aa.pb import Chunk, PayloadType, PbReader, Sample, year_start
 from ..history.layout import INVALID
 from ..history.slices import HistorySlice
 
@@ -58,6 +58,7 @@ class Collected:
         self._stat: list[int] = []
         self._fields: dict[int, tuple[tuple[str, str], ...]] = {}
         self.headers: tuple[tuple[str, str], ...] = ()
+        self._base = 0  # POSIX seconds of the current chunk's year
 
     def feed(self, data: bytes) -> None:
         self._take(self.reader.feed(data))
@@ -66,18 +67,21 @@ class Collected:
         self._take(self.reader.close())
 
     def _take(self, events: Sequence[Chunk | Sample]) -> None:
+        t, v, sev, stat, number = self._t, self._v, self._sev, self._stat, self._number
         for e in events:
             if isinstance(e, Chunk):
                 self._chunk(e)
                 continue
             if e.fields:
-                self._fields[len(self._t)] = e.fields
-            self._t.append(e.time_ns)
-            self._v.append(self._number(e.value))
-            self._sev.append(e.severity)
-            self._stat.append(e.status)
+                self._fields[len(t)] = e.fields
+            # Sample.time_ns, with its chunk's year start computed once, not per sample.
+            t.append((self._base + e.secondsintoyear) * NS + e.nano)
+            v.append(number(e.value))
+            sev.append(e.severity)
+            stat.append(e.status)
 
     def _chunk(self, c: Chunk) -> None:
+        self._base = year_start(c.year)
         vector = c.type in _NUMERIC_VECTORS
         if not vector and c.type not in _SCALARS:
             raise ArchiveRefused(f"the archive holds {c.type.name} values of {c.pvname}, "
