@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pvwire.limits import integer
 from pvwire_client import Client, wire
 from pvwire_dev.ioc import IocProcess, free_port
 
@@ -247,6 +248,36 @@ def test_the_published_format_s_bins_then_a_s_and_a_repeated_plot_is_cached(
     assert sum(joined["count"][joined["archive"]["rows"] : -1]) == len(
         [t for t in mine if seam <= t < starts[-1]]
     )
+
+
+def test_a_long_backfill_s_archive_part_is_bins_that_fit_its_rows(servers: Servers) -> None:
+    """Ten minutes at 10 Hz in the archive (6,000 samples) for a backfill of an hour: bins wide
+    enough for archive_backfill_rows, then A's own rows."""
+
+    async def attach() -> list[wire.History]:
+        token = stream_token(servers.a, [PB_COUNTER], backfill=3600)
+        s = await RawStream.connect(servers.a.ws_url)
+        try:
+            await s.send(16, 1, token)
+            rows: list[wire.History] = []
+            while True:
+                m = await s.recv(30)
+                if isinstance(m, wire.History):
+                    rows.append(m)
+                elif isinstance(m, wire.Snapshot):
+                    return rows
+        finally:
+            await s.close()
+
+    rows = asyncio.run(attach())
+    archive = [r for r in rows if r.resolution >= NS]
+    assert archive, [r.resolution for r in rows]
+    n = sum(len(r.t) for r in archive)
+    assert 0 < n <= integer("archive_backfill_rows")
+    starts = [int(t) for r in archive for t in r.t]
+    assert starts == sorted(set(starts)) and all(t % archive[0].resolution == 0 for t in starts)
+    after = [int(t) for r in rows[len(archive) :] for t in r.t]
+    assert after and after[0] >= starts[-1] + archive[0].resolution  # A's, from the seam on
 
 
 def test_the_python_client_history_spans_the_archive_and_the_recent_past(

@@ -125,6 +125,25 @@ async def test_retry_after_archive_retry_s(archiver: PbArchiver) -> None:
         await c.close()
 
 
+async def test_a_range_ending_now_is_cached_for_a_short_while_only(archiver: PbArchiver) -> None:
+    """Its last samples may not have reached the archive yet: asked again after
+    archive_recent_cache_s; an older range stays cached."""
+    now = [0.0]
+    c = ArchiveClient(1 << 20, clock=lambda: now[0])
+    recent = time.time_ns() // NS * NS
+    try:
+        for _ in range(2):
+            await c.read(at(archiver), "ca://PV:A", "", recent - 10 * NS, recent, Reach("u", 5))
+            await c.read(at(archiver), "ca://PV:A", "", T0, T0 + NS, Reach("u", 5))
+        assert archiver.requests["PV:A"] == 2  # both from the cache the second time
+        now[0] += number("archive_recent_cache_s") + 0.1
+        await c.read(at(archiver), "ca://PV:A", "", recent - 10 * NS, recent, Reach("u", 5))
+        await c.read(at(archiver), "ca://PV:A", "", T0, T0 + NS, Reach("u", 5))
+        assert archiver.requests["PV:A"] == 3  # the recent range read again, the old one not
+    finally:
+        await c.close()
+
+
 async def test_garbage_is_that_read_s_failure_only(
     archiver: PbArchiver, client: ArchiveClient
 ) -> None:

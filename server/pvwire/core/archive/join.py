@@ -97,10 +97,10 @@ def missing(own: HistorySlice | None, since: int, reason: str, resolution: int =
 def past(p: Plan, archived: Series, since: int, cut: int, dropped: bool = False
          ) -> tuple[HistorySlice, int]:  # fmt: skip
     """A backfill's archive part of `p`, and where the server's rows begin (ns): at the seam,
-    or at `cut` (the channel's current value, or its first row kept now) when that comes
-    first; a bin the server's rows cut into is not sent, a gap row stands there, as it does at
-    the seam when the server `dropped` rows it held when the read began. An archive with
-    nothing there gives a gap row at `since`."""
+    or at `cut` (the channel's current value, which the snapshot carries) when that comes
+    first; a bin the cut falls into is not sent, a gap row stands there, as it does at the
+    seam when the server `dropped` rows it held when the read began. An archive with nothing
+    there gives a gap row at `since`."""
     arch = rows_of(archived, p.width)
     bins = binned(archived, p.width)
     at = min(seam(p, bins), cut)

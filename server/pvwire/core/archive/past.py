@@ -120,8 +120,8 @@ class ArchivePast:
     def _past(self, sid: int, read: _Read, lower: int) -> Past:
         ch = self.channels[sid]
         kept, _ = _kept(ch)
-        # Where the server's rows begin now: its oldest kept, or the value the snapshot carries.
-        cut = min((t for t in (kept, _current(ch)) if t), default=read.plan.end)
+        # The archive's part ends before the value the snapshot carries, whatever the seam.
+        cut = _current(ch) or read.plan.end
         # Rows the server held when the read began and no longer holds (its rings moved on).
         dropped = read.kept and kept > read.plan.oldest
         try:
