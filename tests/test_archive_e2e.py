@@ -123,6 +123,29 @@ def aa(server: ServerProcess, pv: str, since: float, until: float) -> tuple[Any,
         return json.loads(r.read()), r.headers
 
 
+def backfill(server: ServerProcess, cid: str, seconds: float) -> tuple[list[wire.History],
+                                                                      wire.Snapshot]:  # fmt: skip
+    """A subscription of `cid` with `backfill`, attached: its HISTORY messages, then its
+    SNAPSHOT."""
+
+    async def attach() -> tuple[list[wire.History], wire.Snapshot]:
+        token = stream_token(server, [cid], backfill=seconds)
+        s = await RawStream.connect(server.ws_url)
+        try:
+            await s.send(16, 1, token)
+            rows: list[wire.History] = []
+            while True:
+                m = await s.recv(60)
+                if isinstance(m, wire.History):
+                    rows.append(m)
+                elif isinstance(m, wire.Snapshot):
+                    return rows, m
+        finally:
+            await s.close()
+
+    return asyncio.run(attach())
+
+
 # --- a second pvwire as the archive ---------------------------------------------------------
 
 
@@ -160,22 +183,7 @@ def test_a_backfill_sends_b_s_rows_then_a_s_then_the_snapshot(servers: Servers) 
     first = times(history(servers.b, COUNTER, 0))[0]
     seconds = time.time() - first / NS + 1
 
-    async def attach() -> tuple[list[wire.History], wire.Snapshot]:
-        token = stream_token(servers.a, [COUNTER], backfill=seconds)
-        s = await RawStream.connect(servers.a.ws_url)
-        try:
-            await s.send(16, 1, token)
-            rows: list[wire.History] = []
-            while True:
-                m = await s.recv(30)
-                if isinstance(m, wire.History):
-                    rows.append(m)
-                elif isinstance(m, wire.Snapshot):
-                    return rows, m
-        finally:
-            await s.close()
-
-    rows, snap = asyncio.run(attach())
+    rows, snap = backfill(servers.a, COUNTER, seconds)
     got = [int(t) for r in rows for t in r.t]
     entry = snap.entries[0]
     assert entry.seconds is not None and entry.nanoseconds is not None
@@ -254,22 +262,7 @@ def test_a_long_backfill_s_archive_part_is_bins_that_fit_its_rows(servers: Serve
     """Ten minutes at 10 Hz in the archive (6,000 samples) for a backfill of an hour: bins wide
     enough for archive_backfill_rows, then A's own rows."""
 
-    async def attach() -> list[wire.History]:
-        token = stream_token(servers.a, [PB_COUNTER], backfill=3600)
-        s = await RawStream.connect(servers.a.ws_url)
-        try:
-            await s.send(16, 1, token)
-            rows: list[wire.History] = []
-            while True:
-                m = await s.recv(30)
-                if isinstance(m, wire.History):
-                    rows.append(m)
-                elif isinstance(m, wire.Snapshot):
-                    return rows
-        finally:
-            await s.close()
-
-    rows = asyncio.run(attach())
+    rows, _ = backfill(servers.a, PB_COUNTER, 3600)
     archive = [r for r in rows if r.resolution >= NS]
     assert archive, [r.resolution for r in rows]
     n = sum(len(r.t) for r in archive)
@@ -350,22 +343,7 @@ def test_a_slow_archiver_costs_its_deadline_and_stalls_no_one(servers: Servers) 
 def test_a_backfill_s_missing_archive_part_is_a_gap_row_with_its_reason(
     servers: Servers,
 ) -> None:
-    async def attach() -> tuple[list[wire.History], wire.Snapshot]:
-        token = stream_token(servers.a, ["sim://ramp"], backfill=30)
-        s = await RawStream.connect(servers.a.ws_url)
-        try:
-            await s.send(16, 1, token)
-            rows: list[wire.History] = []
-            while True:
-                m = await s.recv(60)
-                if isinstance(m, wire.History):
-                    rows.append(m)
-                elif isinstance(m, wire.Snapshot):
-                    return rows, m
-        finally:
-            await s.close()
-
-    rows, snap = asyncio.run(attach())
+    rows, snap = backfill(servers.a, "sim://ramp", 30)
     assert rows[0].gap.tolist() == [1] and rows[0].reason is not None
     assert "did not answer within" in rows[0].reason
     assert snap.entries[0].value is not None
