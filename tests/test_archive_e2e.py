@@ -270,7 +270,14 @@ def test_a_long_backfill_s_archive_part_is_bins_that_fit_its_rows(servers: Serve
     starts = [int(t) for r in archive for t in r.t]
     assert starts == sorted(set(starts)) and all(t % archive[0].resolution == 0 for t in starts)
     after = [int(t) for r in rows[len(archive) :] for t in r.t]
-    assert after and after[0] >= starts[-1] + archive[0].resolution  # A's, from the seam on
+    assert after, [(r.resolution, len(r.t), r.gap[-1], r.reason) for r in rows]
+    # A's rows after the archive's: each bin of it whole before them. When A's first row lies
+    # in the bin of the value the snapshot carries (A recorded less than a bin), that bin's
+    # archived samples are in no row: a gap row at its start says so.
+    width = archive[0].resolution
+    whole = [int(t) for r in archive for t, g in zip(r.t, r.gap, strict=True) if not g]
+    assert whole and whole[-1] + width <= after[0] and after[0] > starts[-1]
+    assert starts[-1] == whole[-1] or (starts[-1] == whole[-1] + width and archive[-1].gap[-1])
 
 
 def test_the_python_client_history_spans_the_archive_and_the_recent_past(

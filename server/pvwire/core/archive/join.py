@@ -96,19 +96,24 @@ def missing(own: HistorySlice | None, since: int, reason: str, resolution: int =
 
 def past(p: Plan, archived: Series, since: int, cut: int, dropped: bool = False
          ) -> tuple[HistorySlice, int]:  # fmt: skip
-    """A backfill's archive part of `p`, and where the server's rows begin (ns): at the seam,
-    or at `cut` (the channel's current value, which the snapshot carries) when that comes
-    first; a bin the cut falls into is not sent, a gap row stands there, as it does at the
-    seam when the server `dropped` rows it held when the read began. An archive with nothing
-    there gives a gap row at `since`."""
+    """A backfill's archive part of `p`, and where the server's rows go on from (ns): the
+    seam; or, when `cut` (the time of the value the snapshot carries, which no row may reach)
+    comes first, the bin edge before the server's oldest row (or `cut` itself). An archived bin
+    not sent that holds samples from before the server's rows begin is a gap row at its start
+    (its samples are in no row), as the seam is when the server `dropped` rows it held when the
+    read began. An archive with nothing there gives a gap row at `since`."""
     arch = rows_of(archived, p.width)
     bins = binned(archived, p.width)
-    at = min(seam(p, bins), cut)
+    at = seam(p, bins)
+    if at > cut:
+        at = min(p.oldest // p.width * p.width if bins else p.oldest, cut)
     if bins:
-        rows = _from(select(arch, arch.t + p.width <= at), since)
-        edge = at // p.width * p.width
-        if at != edge and (not len(rows) or int(rows.t[-1]) < edge):
-            rows = concat([rows, gap_row(edge, p.width)]) if len(rows) else gap_row(edge, p.width)
+        keep = arch.t + p.width <= at
+        rows = _from(select(arch, keep), since)
+        later = arch.t[~keep]
+        if len(later) and int(later[0]) < min(p.oldest, cut):
+            hole = gap_row(int(later[0]), p.width)
+            rows = concat([rows, hole]) if len(rows) else hole
     else:
         rows = _from(select(arch, arch.t < at), since)
     if not len(rows):
