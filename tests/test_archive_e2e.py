@@ -299,6 +299,21 @@ def test_the_python_client_history_spans_the_archive_and_the_recent_past(
 # --- archivers that fail ------------------------------------------------------------------
 
 
+def bystander(a: ServerProcess) -> tuple[int, str]:
+    """Another client: a stream's DATA frames (three), and a GraphQL query's answer."""
+
+    async def stream() -> int:
+        s = await RawStream.connect(a.ws_url)
+        try:
+            await s.attach(stream_token(a, ["sim://counter?rate=50"]))
+            return len([await s.next_data(30) for _ in range(3)])
+        finally:
+            await s.close()
+
+    frames = asyncio.run(stream())
+    return frames, str(a.graphql("{ server { version } }")["data"]["server"]["version"])
+
+
 @pytest.mark.parametrize(
     ("cid", "says"),
     [
@@ -309,10 +324,16 @@ def test_the_python_client_history_spans_the_archive_and_the_recent_past(
     ],
 )
 def test_a_failing_archiver_gives_the_marker(servers: Servers, cid: str, says: str) -> None:
+    """Each failure is the recent part with the marker, and another client is served beside it."""
     since = time.time() - 60
-    h = history(servers.a, cid, since)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        failing = pool.submit(history, servers.a, cid, since)
+        other = pool.submit(bystander, servers.a)
+        h = failing.result(timeout=60)  # bounds, not measures
+        frames, version = other.result(timeout=60)
     assert h["archive"]["state"] == "MISSING" and says in h["archive"]["reason"]
     assert h["gap"] == [True] and h["seconds"] == [int(since)]
+    assert frames == 3 and version
 
 
 def test_a_slow_archiver_costs_its_deadline_and_stalls_no_one(servers: Servers) -> None:

@@ -267,8 +267,9 @@ class Client:
         max_points: int = 1000,
     ) -> HistoryRows:
         """A channel's past between ``since`` and ``until`` (POSIX seconds, IOC time; default:
-        all the server can give), in about ``max_points`` rows: every update, or the finest
-        buckets that fit. With an archiver behind the server (``--archiver``), the past older
+        all the server holds), in about ``max_points`` rows: every update, or the finest
+        buckets that fit. With an archiver behind the server (``--archiver``) and a ``since``,
+        the past older
         than the server's own history comes from the facility's archive, joined by the server
         at the seam in the same resolution: ``rows.archive`` says how many rows came from it.
         When the archive could not be read (the archiver down, too slow, answering garbage),

@@ -551,9 +551,9 @@ class Query:
         "seconds, IOC time; default: all that is held), as points or, when more than maxPoints, "
         "the finest buckets that fit; an array channel's rows count their elements against "
         "the response's element cap and are fewer when they would not fit it (down to one); "
-        "with an archiver holding the channel (--archiver), what is older than the server's "
-        "own history comes from the archive first, in the same resolution (`archive` says "
-        "how, and why when it could not); "
+        "with an archiver holding the channel (--archiver) and a since, what is older than the "
+        "server's own history comes from the archive first, in the same resolution (`archive` "
+        "says how, and why when it could not); "
         "errors: NO_HISTORY, BAD_CHANNEL_ID, FORBIDDEN, TOO_LARGE"
     )
     async def history(
