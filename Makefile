@@ -218,6 +218,9 @@ UNIT_TESTS := $(patsubst %,tests/test_%.py,access_rules address_channels app_ass
 	session_hub status_figures stream_client tick tick_compiled tls_reload tokens vectors)
 # The Archiver Appliance API's format, post-processors and bounds (aa/).
 UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
+# The facility's archive behind the history (core/archive/): its reads against a test archiver
+# in the test process, and its join.
+UNIT_TESTS += $(patsubst %,tests/test_%.py,archive_fetch archive_join)
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 

@@ -23,6 +23,7 @@ import pytest
 
 from . import (
     aa_http,
+    archive_span,
     big_arrays,
     ca_recovery,
     churn,
@@ -246,6 +247,13 @@ def test_aa_http(measure: Measure, quick: bool) -> None:
     """The Archiver Appliance API (getData.raw, getData.json; raw and mean_60) against GraphQL
     `history`, an hour at 10 Hz and a day at 1 Hz, one real server (bench/aa_http.py)."""
     measure(lambda: aa_http.measure(2 if quick else 20), flatten)
+
+
+def test_archive_span(measure: Measure, quick: bool) -> None:
+    """A day across the facility's archive (a second pvwire) and the recent hour, through the
+    front server (GraphQL history, getData.raw/.json, raw and mean_60), cold and cached, against
+    the archive alone and the front alone, one run (bench/archive_span.py)."""
+    measure(lambda: archive_span.measure(2 if quick else 20), flatten)
 
 
 def test_pyclient_frame(measure: Measure, quick: bool) -> None:

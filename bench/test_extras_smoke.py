@@ -15,6 +15,7 @@ import pytest
 
 from bench import (
     aa_http,
+    archive_span,
     cli_monitor,
     client_cpu,
     drain,
@@ -126,3 +127,15 @@ def test_tick_route_tiny() -> None:
     assert out["deliveries_per_round"] == 50
     for key in ("route_compiled_ns", "route_python_ns", "splice_compiled_ns", "splice_python_ns"):
         assert out[key] > 0, out
+
+
+def test_archive_span_tiny() -> None:
+    got = archive_span.measure(1, verbose=False)
+    # every read answered, the joined ones with their ratio to the two reads they replace
+    for kind in ("graphql", "raw", "json", "mean_60_raw", "mean_60_json"):
+        for how in ("cold", "cached"):
+            assert got[f"{kind}_span_{how}"]["bytes"] > 0, got
+            assert got[f"{kind}_span_{how}"]["vs_both_alone"] > 0, got
+        assert (
+            got[f"{kind}_archive_alone"]["bytes"] > 0 and got[f"{kind}_recent_alone"]["bytes"] > 0
+        )

@@ -13,9 +13,10 @@ import pvwire
 PACKAGE = Path(pvwire.__file__).parent
 # pvws's modules that sit above the hub, as api/ does; the rest of pvws/ is I/O-free, as wire/ is.
 PVWS_ENDPOINT = {"endpoint.py", "scripts.py", "wsprotocol.py"}
-# The Archiver Appliance API's modules above the hub; its PB format, times, post-processors and
+# The Archiver Appliance API's modules above the hub (spanning.py: its reach into the archive
+# behind the history, core/archive/); its PB format, times, post-processors and
 # bodies are I/O-free, below it.
-AA_ENDPOINT = {"endpoint.py", "source.py"}
+AA_ENDPOINT = {"endpoint.py", "source.py", "spanning.py"}
 # Everything above core/: the API, the status PVs, the ASGI application that wires them, and
 # the command line.
 OUTSIDE_CORE = [

@@ -113,6 +113,7 @@ class Runner:
                         "resolution": h.resolution,
                         "t": [list(divmod(int(t), 1_000_000_000)) for t in h.t],
                         "gap": [int(g) for g in h.gap],
+                        **({"reason": h.reason} if h.reason is not None else {}),
                     },
                 )
             elif isinstance(event, Lost):

@@ -126,6 +126,8 @@ def message_meaning(m: wire.Message) -> dict[str, Any]:
             name, v = "entries", [entry_meaning(e) for e in m.entries]
         elif name == "groups":
             v = [{"att": g.att, "entries": [entry_meaning(e) for e in g.entries]} for g in v]
+        elif name == "reason" and isinstance(m, wire.History) and v is None:
+            continue  # an optional element, absent
         out[name] = meaning(v)
     return out
 

@@ -54,15 +54,17 @@ def history(
     low: list[Any] | None = None,
     high: list[Any] | None = None,
     elements: int = 0,
+    reason: str | None = None,
 ) -> dict[str, Any]:
     """A HISTORY message; `elements` > 0: an array channel's, `value`, `min` and `max` flattened
-    rows of that many elements (dims [rows, elements])."""
+    rows of that many elements (dims [rows, elements]); `reason`: why its rows end in a gap."""
     dims = [len(t), elements] if elements else None
-    return {"kind": "HISTORY", "att": att, "sid": sid, "resolution": resolution,
-            "t": nd("int64", t), "value": nd("float64", value, dims),
-            "min": nd("float64", low or value, dims), "max": nd("float64", high or value, dims),
-            "severity": nd("uint8", severity), "status": nd("uint16", status),
-            "gap": nd("uint8", gap)}  # fmt: skip
+    message = {"kind": "HISTORY", "att": att, "sid": sid, "resolution": resolution,
+               "t": nd("int64", t), "value": nd("float64", value, dims),
+               "min": nd("float64", low or value, dims), "max": nd("float64", high or value, dims),
+               "severity": nd("uint8", severity), "status": nd("uint16", status),
+               "gap": nd("uint8", gap)}  # fmt: skip
+    return message if reason is None else {**message, "reason": reason}
 
 
 def data(seq: int, *groups: tuple[int, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -229,6 +231,12 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
      "the updates from there to the first point being in no row (section 2.8)",
      history(1, 0, 0, [1700000000_000000000, 1700000001_500000000, 1700000001_600000000],
              [{"$float": "NaN"}, 4.0, 4.5], [3, 0, 0], [2, 0, 0], [1, 0, 0])),
+    ("history_gap_reason", "server",
+     "HISTORY: the archive part of a channel could not be read: one gap row (status 3, archive) "
+     "at the start, and the message's reason says why (section 2.8)",
+     history(1, 0, 0, [1700000000_000000000], [{"$float": "NaN"}], [3], [3], [1],
+             reason="the archiver arch.example.org:17668 did not answer within 5 s "
+                    "(archive_timeout_s)")),
     ("detached", "server", "DETACHED answering DETACH req 3",
      {"kind": "DETACHED", "req": 3, "att": 1}),
     ("detached_by_server", "server", "DETACHED the server chose (req nil)",
@@ -405,6 +413,13 @@ HAND_BUILT: list[HandBuilt] = [
                 _nd_ext(9, 2, [2, 3], np.arange(6.0).astype("<f8").tobytes()),
                 _nd_ext(1, 1, [2], bytes(2)), _nd_ext(3, 1, [2], bytes(4)),
                 _nd_ext(1, 1, [2], bytes(2))]])),
+    _reject("reject_history_reason_not_string",
+            "HISTORY whose reason (its sixth element) is a number, not a string or nil",
+            _p([8, 1, 0, 0, [
+                _nd_ext(6, 1, [1], np.array([1], "<i8").tobytes()),
+                *[_nd_ext(9, 1, [1], np.array([np.nan]).astype("<f8").tobytes())] * 3,
+                _nd_ext(1, 1, [1], bytes([3])), _nd_ext(3, 1, [1], bytes(2)),
+                _nd_ext(1, 1, [1], bytes([1]))], 5])),
     _reject("reject_metadata_not_map", "entry metadata an array, not a map",
             _data1([0, 8, ["units", "mA"]])),
     _reject("reject_group_extra_element", "DATA group [att, entries, 0] (groups are pairs)",
@@ -483,7 +498,8 @@ def build(msg: dict[str, Any]) -> bytes:
         return wire.encode_error(msg["req"], msg["code"], msg["message"])
     if k == "HISTORY":
         columns = [from_json(msg[name]) for name, _ in wire.HISTORY_COLUMNS]
-        return wire.encode_history(msg["att"], msg["sid"], msg["resolution"], columns)
+        return wire.encode_history(msg["att"], msg["sid"], msg["resolution"], columns,
+                                   msg.get("reason"))  # fmt: skip
     if k == "HEARTBEAT":
         return wire.HEARTBEAT
     if k == "PONG":

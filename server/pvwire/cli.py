@@ -59,6 +59,8 @@ def _settings(args: argparse.Namespace) -> Any:
         "history_array_max": args.history_array_max,
         "aa_prefix": args.aa_prefix,
         "aa_points_per_s": args.aa_points_per_s,
+        "archive_timeout_s": args.archive_timeout,
+        "archive_cache_mb": args.archive_cache_mb,
         "access_rules": args.access_rules,
         "audit_log": args.audit_log,
         "jwt_secret_file": args.jwt_secret_file,
@@ -87,6 +89,8 @@ def _settings(args: argparse.Namespace) -> Any:
         settings.catalogue = [*settings.catalogue, *args.catalogue]
     if args.history_channels:
         settings.history_channels = [*settings.history_channels, *args.history_channels]
+    if args.archiver:
+        settings.archivers = [*settings.archivers, *args.archiver]
     if args.admin_group:
         settings.admin_groups = [*settings.admin_groups, *args.admin_group]
     if args.trusted_proxy:
@@ -292,6 +296,26 @@ def build_parser() -> argparse.ArgumentParser:
             "--aa-points-per-s",
             type=float,
             help="samples that API answers per identity per second (default 1,000,000)",
+        )
+        p.add_argument(
+            "--archiver",
+            action="append",
+            metavar="[GLOB=]URL",
+            help="the facility's Archiver Appliance retrieval URL, read for the past older "
+            "than the recent history: for every channel, or GLOB=URL for the channels whose id "
+            "or PV name matches (repeatable, the first match wins; docs/ARCHIVER.md)",
+        )
+        p.add_argument(
+            "--archive-timeout",
+            type=float,
+            metavar="S",
+            help="longest one request waits for its archivers (default 5 s): then its archive "
+            "part is missing, and said so",
+        )
+        p.add_argument(
+            "--archive-cache-mb",
+            type=float,
+            help="memory for archivers' answers kept for repeated reads (default 64)",
         )
         p.add_argument(
             "--history-channels",

@@ -125,6 +125,13 @@ class Settings:
     # every WebSocket is closed, paced over drain_window_s, and the process exits.
     drain_delay_s: float = number("drain_delay_s")
     drain_window_s: float = number("drain_window_s")
+    # The facility's archive behind the history (core/archive/, docs/ARCHIVER.md): Archiver
+    # Appliance retrieval URLs, each `URL` (every channel) or `GLOB=URL` (channels whose id or
+    # PV name matches), the first that matches a channel's; a list, so that the order is the
+    # same from a flag, a variable or a TOML file.
+    archivers: list[str] = field(default_factory=list)
+    archive_timeout_s: float = number("archive_timeout_s")  # one request's archive reads
+    archive_cache_mb: float = number("archive_cache_mb")  # archivers' answers kept
     instance: str = field(default_factory=lambda: os.uname().nodename)
     log_format: str = "text"  # or "json": one object per line, for sites that ship logs
     log_level: str = "info"

@@ -406,6 +406,35 @@ LIMITS: tuple[Limit, ...] = (
     Limit("pvget_in_flight", 16, "gets",
           "`/pvws/pvget` requests of one client address not answered yet",
           "HTTP 429 TOO_MANY_REQUESTS"),
+    # --- the facility's archive behind the history (core/archive/, docs/ARCHIVER.md) ---
+    Limit("archive_timeout_s", 5.0, "s",
+          "one request's reads of its archivers (a GraphQL request, an Archiver Appliance API "
+          "request, one attachment's backfill): connecting, waiting and every byte",
+          "the archive part is missing, with the reason; the recent part is answered",
+          setting=True),
+    Limit("archive_request_bytes", 32 * _MIB, "bytes",
+          "archivers' answers read for one request, over all its channels",
+          "the archive part is missing, with the reason"),
+    Limit("archive_samples", 100_000, "samples",
+          "samples (or bins) of one archiver's answer; fewer when the request asked for fewer",
+          "the archive part is missing, with the reason"),
+    Limit("archive_fetches_per_archiver", 8, "reads",
+          "reads of one archiver at once, over every client", "later ones wait, within "
+          "`archive_timeout_s`"),
+    Limit("archive_fetches_per_identity", 2, "reads",
+          "archive reads at once for one identity (user, else address)",
+          "later ones wait, within `archive_timeout_s`"),
+    Limit("archive_cache_mb", 64.0, "MiB", "archivers' answers kept for repeated reads",
+          "the least recently used are dropped", setting=True),
+    Limit("archive_recent_cache_s", 10.0, "s",
+          "an archiver's answer cached when its range ends within a minute of the read",
+          "read again (the archive may still be receiving those samples)"),
+    Limit("archive_retry_s", 10.0, "s",
+          "an archiver left alone after it failed (down, too slow, malformed)",
+          "asked again; meanwhile its parts are missing at once, with the reason"),
+    Limit("archive_backfill_rows", 1_000, "rows",
+          "rows of one channel's archive part in a backfill (bins wide enough to fit)",
+          "wider bins"),
 )  # fmt: skip
 
 _BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         WriteDenied,
     )
     from .graphql import PutResult
+    from .history import ArchivePart, HistoryRows
     from .state import ChannelState
     from .sync import SyncClient
     from .wire import Entry, decode_message
@@ -94,6 +95,8 @@ _WHERE = {
         "errors",
     ),
     "PutResult": "graphql",
+    "ArchivePart": "history",
+    "HistoryRows": "history",
     "ChannelState": "state",
     "SyncClient": "sync",
     "Entry": "wire",
@@ -102,6 +105,7 @@ _WHERE = {
 
 __all__ = [
     "DEFAULT_URL",
+    "ArchivePart",
     "BackendUnavailable",
     "BadChannelId",
     "BadRequest",
@@ -110,6 +114,7 @@ __all__ = [
     "Client",
     "Entry",
     "Forbidden",
+    "HistoryRows",
     "NoHistory",
     "NotFound",
     "OriginNotAllowed",

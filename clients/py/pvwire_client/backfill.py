@@ -29,7 +29,8 @@ def past_states(
 
     Each state is a copy of ``like`` (id, metadata, access) with the row's value, time and
     alarm; ``serial`` None (a past row is no stream update). A bucket row gives its last value
-    stamped at the bucket's start. A gap row is a DISCONNECTED state with no value. An array
+    stamped at the bucket's start. A gap row is a DISCONNECTED state with no value, its reason
+    the message's when the server said why (the archive part is missing). An array
     channel's row is a float64 ndarray of its elements (a view of the message's column)."""
     out = []
     frames = history.value.ndim == 2
@@ -47,7 +48,9 @@ def past_states(
         state.serial, state.conflated = None, 0
         state.seconds, state.nanoseconds = divmod(ti, NS)
         if gap[i]:
-            state.value, state.state, state.reason = None, DISCONNECTED, "no data (history gap)"
+            # The message's reason belongs to its last row: the part the server could not have.
+            why = history.reason if history.reason and i == len(t) - 1 else "history gap"
+            state.value, state.state, state.reason = None, DISCONNECTED, f"no data ({why})"
             out.append((state, _GAP_CHANGED, ti))
             continue
         v = value[i]

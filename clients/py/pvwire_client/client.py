@@ -37,6 +37,7 @@ from .errors import (
     TooManyChannels,
 )
 from .graphql import PutResult, Registration
+from .history import Q_HISTORY, HistoryRows, history_rows
 from .login import default_token
 from .session import (
     Backfill,
@@ -268,6 +269,28 @@ class Client:
         t = self.timeout if timeout is None else timeout
         data = await self._graphql(gql.Q_INFO, {"id": id, "timeout": t}, id)
         return gql.metadata(data["channel"]["metadata"])
+
+    async def history(
+        self,
+        id: str,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        max_points: int = 1000,
+    ) -> HistoryRows:
+        """A channel's past between ``since`` and ``until`` (POSIX seconds, IOC time; default:
+        all the server holds), in about ``max_points`` rows: every update, or the finest
+        buckets that fit. With an archiver behind the server (``--archiver``) and a ``since``,
+        the past older
+        than the server's own history comes from the facility's archive, joined by the server
+        at the seam in the same resolution: ``rows.archive`` says how many rows came from it.
+        When the archive could not be read (the archiver down, too slow, answering garbage),
+        the rows are the recent part alone after a gap row at ``since``, and
+        ``rows.archive_missing`` says why (``rows.describe()`` too). Raises NoHistory when
+        neither holds anything of the channel, Forbidden, BadChannelId, TooLarge."""
+        variables = {"id": id, "since": since, "until": until, "max": max_points}
+        data = await self._graphql(Q_HISTORY, variables, id)
+        return history_rows(data["history"])
 
     async def server_info(self) -> dict[str, Any]:
         """The server's status: version, uptime, clients and upstream channels."""

@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from .client import DEFAULT_URL, Client, TokenSource, Update
 from .graphql import PutResult
+from .history import HistoryRows
 from .state import ChannelState
 
 __all__ = ["SyncClient"]
@@ -103,6 +104,17 @@ class SyncClient:
 
     def server_info(self) -> dict[str, Any]:
         return self._call(self._client.server_info())
+
+    def history(
+        self,
+        id: str,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        max_points: int = 1000,
+    ) -> HistoryRows:
+        """Client.history: the server's recent past and, behind it, the archive's."""
+        return self._call(self._client.history(id, since, until, max_points=max_points))
 
     def monitor(
         self,

@@ -166,6 +166,9 @@ class History:
     severity: npt.NDArray[np.uint8]
     status: npt.NDArray[np.uint16]
     gap: npt.NDArray[np.uint8]
+    # Why the rows end in a gap, when that gap is a part the server could not have (the
+    # archive behind its history: the archiver down, too slow...); None: not said.
+    reason: str | None = None
 
     def rows(self, start: int, stop: int) -> History:
         """Rows [start, stop) of these, as one message's (views of its columns)."""
@@ -425,12 +428,16 @@ def _history(m: list[Any]) -> History:
         )
     if len(columns[4]) and int(columns[4].max()) > 3:
         raise ProtocolError("HISTORY severity above 3")
+    reason = m[5] if len(m) > 5 else None
+    if reason is not None and not isinstance(reason, str):
+        raise ProtocolError("HISTORY reason must be a string or nil")
+    t, value, low, high, severity, status, gap = columns
     return History(
         _uint(m[1], "HISTORY att"),
         _uint(m[2], "HISTORY sid"),
         _uint(m[3], "HISTORY resolution"),
-        *columns,
-    )
+        t, value, low, high, severity, status, gap, reason,
+    )  # fmt: skip
 
 
 _DECODERS: dict[int, tuple[str, int, Callable[[list[Any]], Message]]] = {

@@ -34,6 +34,8 @@ interface Row {
   /** The strip chart's trace of this channel, [ms, value], IOC time; NaN marks a gap. It opens
    * with the server's recorded past (`backfill`), so a chart is full from the start. */
   trace: [number, number][];
+  /** Why the past older than the server's own is missing (its archive could not be read). */
+  archiveMissing?: string;
 }
 const rows = new Map<string, Row>();
 let stripName = "";
@@ -41,7 +43,9 @@ let strip: [number, number][] = []; // the selected row's trace
 // For the tests: the live trace's points, its oldest (ms) and the past points it opened with;
 // past the live minute, the span (s) and the recorded rows drawn (their bucket width in s, 0
 // for points as they came, and the gaps among them).
-const stripStats = { points: 0, oldestMs: 0, past: 0, span: STRIP_SECONDS, rows: 0, resolution: 0, gaps: 0, asked: 0 };
+// With an archive behind the server: the span's archive part (its state, the rows from it) and
+// why the archive's past is missing, when it is.
+const stripStats = { points: 0, oldestMs: 0, past: 0, span: STRIP_SECONDS, rows: 0, resolution: 0, gaps: 0, asked: 0, archive: "", archiveRows: 0, archiveMissing: "" };
 (globalThis as { pvwireStrip?: typeof stripStats }).pvwireStrip = stripStats;
 let waveformName = "";
 let updates = 0;
@@ -165,7 +169,26 @@ function addPast(row: Row, h: History): void {
     trace.push([Number(h.t[i]! / 1_000_000n), h.gap[i] ? NaN : value[i]!]);
   }
   if (h.t.length > 0 && Number(h.t[0]! / 1_000_000n) < last) trace.sort((a, b) => a[0] - b[0]);
-  if (row.name === stripName) stripStats.past += h.t.length;
+  if (h.reason !== undefined) row.archiveMissing = h.reason; // the gap row at its start says why
+  if (row.name === stripName) {
+    stripStats.past += h.t.length;
+    showArchive();
+  }
+}
+
+/** Beside the strip chart's name: what became of the archive's past, when it is missing. */
+function showArchive(): void {
+  const span = stripSpan > STRIP_SECONDS ? spanRows?.archive : undefined;
+  const missing = span ? (span.state === "MISSING" ? span.reason ?? "" : undefined) : rows.get(stripName)?.archiveMissing;
+  stripStats.archiveMissing = missing ?? "";
+  const note = $("strip-archive");
+  if (missing !== undefined) {
+    note.textContent = `(archive part missing: ${missing})`;
+    note.className = "archive-note missing";
+  } else {
+    note.textContent = span?.state === "JOINED" ? `(the first ${span.rows} rows from the archive)` : "";
+    note.className = "archive-note";
+  }
 }
 
 function traceTime(st: ChannelState): number {
@@ -366,6 +389,7 @@ function selectStrip(name: string): void {
   void askSpan();
   strip = rows.get(name)?.trace ?? [];
   $("strip-name").textContent = name;
+  showArchive();
   for (const r of rows.values()) r.cells.name!.classList.toggle("selected", r.name === name);
 }
 
@@ -557,13 +581,16 @@ function drawStrip(): void {
 // ---- wider spans: the server's recorded buckets (GraphQL `history`) instead of the live trace
 
 /** A `history` answer as the strip chart draws it: times in ms, NaN where a row has no value. */
-interface SpanRows { resolution: number; t: number[]; min: number[]; max: number[]; mean: number[]; gap: boolean[] }
+/** What became of a span's part older than the server's own history (GraphQL `archive`). */
+interface ArchivePart { state: "JOINED" | "EMPTY" | "MISSING" | "NOT_NEEDED"; reason: string | null; rows: number }
+interface SpanRows { resolution: number; t: number[]; min: number[]; max: number[]; mean: number[]; gap: boolean[]; archive: ArchivePart | null }
 interface HistoryAnswer {
   resolution: number; seconds: number[]; nanoseconds: number[]; gap: boolean[];
   value: (number | null)[]; min: (number | null)[] | null; max: (number | null)[] | null; mean: (number | null)[] | null;
+  archive: ArchivePart | null;
 }
 const SPAN_QUERY = `query($id: String!, $since: Float!, $max: Int!) {
-  history(id: $id, since: $since, maxPoints: $max) { resolution seconds nanoseconds gap value min max mean }
+  history(id: $id, since: $since, maxPoints: $max) { resolution seconds nanoseconds gap value min max mean archive { state reason rows } }
 }`;
 // Recorded buckets only change when one closes (10 s at the finest tier): asked again this often.
 const SPAN_REFRESH_MS = 10_000;
@@ -590,8 +617,12 @@ async function askSpan(): Promise<void> {
     spanRows = {
       resolution: h.resolution, t, gap: h.gap,
       min: h.min ? h.min.map(num) : values, max: h.max ? h.max.map(num) : values, mean: h.mean ? h.mean.map(num) : values,
+      archive: h.archive,
     };
     stripStats.asked = maxPoints;
+    stripStats.archive = h.archive?.state ?? "";
+    stripStats.archiveRows = h.archive?.rows ?? 0;
+    showArchive();
   } catch (e) {
     spanRows = undefined;
     showError(`history of ${name}: ${(e as Error).message}`);
@@ -602,6 +633,7 @@ $<HTMLSelectElement>("strip-span").addEventListener("change", (ev) => {
   stripSpan = Number((ev.target as HTMLSelectElement).value);
   stripStats.span = stripSpan;
   spanRows = undefined;
+  showArchive();
   void askSpan();
 });
 

@@ -102,6 +102,9 @@ export interface History {
   severity: Uint8Array;
   status: Uint16Array;
   gap: Uint8Array;
+  /** Why the rows end in a gap, when that gap is a part the server could not have (the archive
+   * behind its history: the archiver down, too slow...); absent: not said (section 2.8). */
+  reason?: string;
 }
 
 export type ServerMessage =
@@ -321,6 +324,9 @@ function history(a: unknown[]): History {
     fail("HISTORY value, min and max must have the same dims", [dims(out.value), dims(out.min), dims(out.max)]);
   }
   if ((out.severity as Uint8Array).some((s) => s > 3)) fail("HISTORY severity must be 0..3", out.severity);
+  const reason = a.length > 5 ? a[5] : null;
+  if (reason !== null && typeof reason !== "string") fail("HISTORY reason must be a string or nil", reason);
+  if (typeof reason === "string") out.reason = reason;
   return out as unknown as History;
 }
 

@@ -92,6 +92,7 @@ export class Runner {
             sub: ev.key, sid: h.sid, resolution: h.resolution,
             t: Array.from(h.t, (t) => [Number(t / NS), Number(t % NS)]),
             gap: Array.from(h.gap),
+            ...(h.reason !== undefined ? { reason: h.reason } : {}),
           });
           break;
         }

@@ -9,6 +9,9 @@ At EOF on stdin (the test process ended, even by a crash) everything is torn dow
 PVWIRE_SERVER_CMD (default `-m pvwire.cli`) replaces the server's module/script, for debugging.
 PVWIRE_STACK_DB, when set, names a .db file the IOC serves instead of the demo (prefix "");
 PVWIRE_STACK_ACF an access security file that IOC enforces.
+--with-archiver puts the facility's archive behind the server's history: tests/archiver.py
+(an archiver of the published format, in this process) holding a sample of every PV every
+100 ms for the last two hours, given to the server as its --archiver.
 
 Other arguments go to `pvwire serve`, except three that set up identities or TLS for a test:
   --jwt-secret SECRET        written to a file passed as --jwt-secret-file (HS256 bearer JWTs)
@@ -80,7 +83,10 @@ def identity_args(argv: list[str]) -> tuple[list[str], bool, dict[str, str]]:
     p.add_argument("--jwt-secret")
     p.add_argument("--access-rules-toml")
     p.add_argument("--tls", action="store_true")
+    p.add_argument("--with-archiver", action="store_true")
     ours, rest = p.parse_known_args(argv)
+    if ours.with_archiver:
+        rest += ["--archiver", start_archiver()]
     folder = Path(tempfile.mkdtemp(prefix="pvwire-ts-identity-"))
     tls: dict[str, str] = {}
     if ours.tls:
@@ -167,6 +173,17 @@ class Server:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
         except OSError:
             return ""
+
+
+def start_archiver() -> str:
+    """tests/archiver.py behind the server (--with-archiver); its URL. It lives as long as this
+    process, in a thread of its own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: `tests`
+    from tests.archiver import NS, Every, PbArchiver
+
+    archiver = PbArchiver(every=Every(time.time_ns() // NS * NS - 7200 * NS, NS // 10))
+    archiver.__enter__()
+    return archiver.url
 
 
 def reply(obj: dict[str, object]) -> None:

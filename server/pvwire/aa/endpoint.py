@@ -27,13 +27,14 @@ from starlette.types import Receive, Scope, Send
 
 from ..access.identity import Authenticator, AuthError, Identity
 from ..access.ratelimit import RateLimiter
+from ..core.archive import ArchiveMissing
 from ..core.hub import Hub
 from ..core.recorded import Recorded
 from ..errors import BadChannelId, Forbidden, PvwireError
 from ..limits import MAX_SEARCH_RESULTS, integer, number
-from . import answers, pb, times
+from . import answers, pb, spanning, times
 from .answers import Answer
-from .operators import BadOperator, Operator, Series, compute, estimate, parse_pv
+from .operators import BadOperator, Operator, Rows, Series, compute, estimate, parse_pv
 from .pb import PayloadType
 from .source import headers, payload_type, rows_of, string_series
 
@@ -176,22 +177,64 @@ class AaEndpoint:
                                f"{MAX_POINTS:,} (aa_max_points): ask for a shorter range or "
                                "larger bins (mean_N with a larger N)")  # fmt: skip
         self._spend(identity, points + len(wanted))
+        parts = await self._archive_parts(wanted, since, until, identity, MAX_POINTS - points)
+        for (name, _, rec, _), part in zip(wanted, parts, strict=True):
+            unknown = rec.rings is None and not rec.open and rec.id not in known.ids()
+            if unknown and part is not None and part.series is not None and not len(part.series):
+                raise Refused(404, f"Unable to find typeinfo for pv {name}")
 
         def made() -> Iterator[Answer]:
-            for name, op, rec, _ in wanted:
-                yield self._answer(name, op, rec, since, until, latest)
+            for (name, op, rec, _), part in zip(wanted, parts, strict=True):
+                yield self._answer(name, op, rec, since, until, latest, part)
 
         pieces = {"json": answers.json_pieces, "raw": answers.raw_pieces,
                   "csv": answers.csv_pieces}[ext](made())  # fmt: skip
         media = _MEDIA[ext]
         chunked = params.get("donotchunk") in (None, "false")
+        missing = [(name, part.reason) for (name, *_), part in zip(wanted, parts, strict=True)
+                   if part is not None and part.series is None]  # fmt: skip
+        response: Response
         if chunked:
-            return Pieces(pieces, media, self.hub.settings.stall_timeout_s)
-        body = []
-        for piece in pieces:
-            body.append(piece)
-            await asyncio.sleep(0)
-        return Response(b"".join(body), media_type=media)
+            response = Pieces(pieces, media, self.hub.settings.stall_timeout_s)
+        else:
+            body = []
+            for piece in pieces:
+                body.append(piece)
+                await asyncio.sleep(0)
+            response = Response(b"".join(body), media_type=media)
+        if missing:
+            response.headers[ARCHIVE_HEADER] = _missing_header(missing, len(wanted))
+        return response
+
+    async def _archive_parts(self, wanted: list[tuple[str, Operator | None, Recorded, int]],
+                             since: int, until: int, identity: Identity,
+                             room: int) -> list[spanning.Part | None]:  # fmt: skip
+        """Each PV's part older than the server's rows, from its archiver (None: none needed
+        or none holds it), read together under one deadline; at most `room` samples."""
+        reach = self.hub.archive_reach(identity)
+        reach.samples_left = room
+        plans: list[tuple[int, spanning.Wanted]] = []
+        for i, (_, op, rec, _) in enumerate(wanted):
+            if not self.hub.archive_holds(rec.id) or _string(rec):
+                continue
+            if rec.rings is not None and rec.rings.raw().ring.ndim == 2:
+                continue  # an array channel: its past is not read from an archive
+            first, own = spanning.seam_of(rec.rings, until)
+            if since < first:
+                plans.append((i, spanning.plan(op, since, until, first, own)))
+        got = await asyncio.gather(
+            *(self.hub.read_archive(wanted[i][2].id, w.operator, w.start, w.end, reach)
+              for i, w in plans), return_exceptions=True,
+        )  # fmt: skip
+        parts: list[spanning.Part | None] = [None] * len(wanted)
+        for (i, w), one in zip(plans, got, strict=True):
+            if isinstance(one, ArchiveMissing):
+                parts[i] = spanning.Part(w.seam, None, str(one))
+            elif isinstance(one, BaseException):
+                raise one
+            else:
+                parts[i] = spanning.Part(w.seam, one)
+        return parts
 
     def _wanted(self, text: str, identity: Identity, known: _Known, since: int, until: int
                 ) -> tuple[str, Operator | None, Recorded, int]:  # fmt: skip
@@ -217,13 +260,24 @@ class AaEndpoint:
             raise Refused(403, str(exc)) from None
         except PvwireError as exc:
             raise Refused(400, str(exc)) from None
-        if rec.rings is None and not rec.open and rec.id not in known.ids():
+        held = rec.rings is not None or rec.open or rec.id in known.ids()
+        if not held and not self.hub.archive_holds(rec.id):  # its archiver may know it
             raise unknown
         return rec
 
     def _answer(self, name: str, op: Operator | None, rec: Recorded, since: int, until: int,
-                latest: bool) -> Answer:  # fmt: skip
+                latest: bool, part: spanning.Part | None = None) -> Answer:  # fmt: skip
         year = pb.seconds_into_year(until // NS)[0]
+        if part is not None:  # reaching into the archive (aa/spanning.py)
+            meta = headers(rec.meta, latest)
+            if part.series is None:
+                meta = [*meta, (ARCHIVE_META, f"missing: {part.reason}")]
+            if rec.rings is None:
+                rows, ptype = _NO_ROWS, part.series.ptype if part.series else _DOUBLE
+            else:
+                rows = rows_of(rec.rings, part.seam, until)
+                ptype = payload_type(rec, rows.vector)
+            return Answer(name, meta, spanning.join(op, part, rows, ptype, since, until), year)
         if rec.rings is None or _string(rec):
             return Answer(name, headers(rec.meta, latest), string_series(rec, until), year)
         rows = rows_of(rec.rings, since, until)
@@ -356,6 +410,22 @@ class _Known:
         if self._ids is None:
             self._ids = set(self._hub.known_ids(self._identity))
         return self._ids
+
+
+# A response whose archive part is missing for some PVs says so, with the first reason; each
+# such PV's `meta` (JSON) or PayloadInfo headers (PB) say so too.
+ARCHIVE_HEADER = "Pvwire-Archive"
+ARCHIVE_META = "pvwireArchive"
+_DOUBLE = PayloadType.SCALAR_DOUBLE
+_NO_ROWS = Rows(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0),
+                np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                np.zeros(0, np.bool_), 0)  # fmt: skip
+
+
+def _missing_header(missing: list[tuple[str, str]], of: int) -> str:
+    name, reason = missing[0]
+    text = f"missing for {len(missing)} of {of} PVs; {name}: {reason}"
+    return "".join(c if c.isprintable() and ord(c) < 128 else "?" for c in text)[:400]
 
 
 def _string(rec: Recorded) -> bool:

@@ -32,6 +32,7 @@ __all__ = [
     "Operator",
     "Rows",
     "Series",
+    "bin_seconds",
     "compute",
     "estimate",
     "parse_pv",
@@ -162,6 +163,13 @@ def estimate(op: Operator | None, rows: Rows, since: int, until: int) -> int:
         wide = 5 if op.name == "optimized" else 6
         return max(len(rows) + 1, (bins if op.fill else min(bins, len(rows) + 1)) * wide)
     return bins if op.fill else min(bins, len(rows) + 1)
+
+
+def bin_seconds(op: Operator, since: int, until: int) -> int:
+    """The width (s) of `op`'s bins over `since` to `until` (ns): its N, or for `optimized`
+    and `optimLastSample` the range divided by N (an archive behind the history is asked for
+    bins of the same width: core/archive/)."""
+    return _interval(op, since, until) if op.name in ("optimized", "optimLastSample") else op.n
 
 
 def _interval(op: Operator, since: int, until: int) -> int:

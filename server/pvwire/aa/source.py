@@ -19,7 +19,7 @@ from ..model import Metadata
 from .operators import Rows, Series
 from .pb import PayloadType
 
-__all__ = ["headers", "payload_type", "rows_of", "string_series"]
+__all__ = ["as_rows", "headers", "payload_type", "rows_of", "string_series"]
 
 NS = 1_000_000_000
 
@@ -84,6 +84,11 @@ def rows_of(held: Held, since: int, until: int) -> Rows:
         return _rows(raw[raw.t <= until].slice(0, False))
     tier, buckets = tier_for(held.tier, since)
     return _rows(buckets[buckets.t <= until].slice(tier.width, False, 0))
+
+
+def as_rows(s: HistorySlice) -> Rows:
+    """A history's rows (points or buckets) as the post-processors read them."""
+    return _rows(s)
 
 
 def _rows(s: HistorySlice) -> Rows:

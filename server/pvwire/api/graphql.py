@@ -23,6 +23,7 @@ from strawberry.types import Info
 
 from .. import __version__
 from ..access.identity import Identity
+from ..core.archive import Note
 from ..core.hub import Hub
 from ..core.stats import HubSnapshot
 from ..core.subscribe import StreamOptions
@@ -308,6 +309,45 @@ class History:
     )
     status: JSON = strawberry.field(description="EPICS alarm status code (buckets: 0)")
     gap: JSON
+    archive: HistoryArchive | None = strawberry.field(
+        default=None,
+        description="the part older than the server's own history, from the facility's "
+        "archive (--archiver; a bucket from it holds its mean as its value): null when no "
+        "archiver holds this channel",
+    )
+
+
+@strawberry.enum(
+    description="What became of a history's part older than the server's own (--archiver)"
+)
+class ArchivePart(Enum):
+    JOINED = strawberry.enum_value(
+        "JOINED",
+        description="the archive's rows come first, up to "
+        "`until`; the server's own from there on, none twice",
+    )
+    EMPTY = strawberry.enum_value(
+        "EMPTY", description="the archive holds nothing there: a gap row stands at `since`"
+    )
+    MISSING = strawberry.enum_value(
+        "MISSING",
+        description="the archive could not be read "
+        "(`reason` says why): a gap row stands at `since`, the "
+        "server's own rows follow",
+    )
+    NOT_NEEDED = strawberry.enum_value(
+        "NOT_NEEDED", description="the server's own history reaches back to `since`"
+    )
+
+
+@strawberry.type(description="The facility's archive behind a history (docs/ARCHIVER.md)")
+class HistoryArchive:
+    state: ArchivePart
+    reason: str | None = strawberry.field(description="why the archive part is missing or empty")
+    rows: int = strawberry.field(description="how many of the first rows came from the archive")
+    until: float | None = strawberry.field(
+        description="POSIX seconds of the seam: the archive's rows are older, the server's not"
+    )
 
 
 @strawberry.input
@@ -511,9 +551,12 @@ class Query:
         "seconds, IOC time; default: all that is held), as points or, when more than maxPoints, "
         "the finest buckets that fit; an array channel's rows count their elements against "
         "the response's element cap and are fewer when they would not fit it (down to one); "
+        "with an archiver holding the channel (--archiver) and a since, what is older than the "
+        "server's own history comes from the archive first, in the same resolution (`archive` "
+        "says how, and why when it could not); "
         "errors: NO_HISTORY, BAD_CHANNEL_ID, FORBIDDEN, TOO_LARGE"
     )
-    def history(
+    async def history(
         self,
         info: Info,
         id: str,
@@ -531,7 +574,13 @@ class Query:
         lo = 0 if since is None else _ns(since)
         hi = 2**62 if until is None else _ns(until)
         try:
-            cid, rows = hub.history(id, lo, hi, max_points, _identity(info))
+            # Every history of one request shares one deadline for its archive reads.
+            reach = info.context.get("archive_reach")
+            if reach is None:
+                reach = info.context["archive_reach"] = hub.archive_reach(_identity(info))
+            cid, rows, note = await hub.history_spanning(
+                id, lo, hi, max_points, _identity(info), reach
+            )
             per_row = HISTORY_COLUMNS
             if rows.value.ndim == 2:
                 # An array channel: value, min and max hold a frame per row. Fewer rows are
@@ -561,6 +610,7 @@ class Query:
             severity=_json(rows.severity),
             status=_json(rows.status),
             gap=_json(rows.gap),
+            archive=None if note is None else _archive(note),
         )
 
     @strawberry.field
@@ -581,6 +631,15 @@ class Query:
             worker=worker.worker,
             workers=worker.workers,
         )
+
+
+def _archive(note: Note) -> HistoryArchive:
+    return HistoryArchive(
+        state=ArchivePart(note.state),
+        reason=note.reason or None,
+        rows=note.rows,
+        until=note.seam / 1e9 if note.seam else None,
+    )
 
 
 # Columns of a `history` answer: each row costs this many elements of the response's cap.

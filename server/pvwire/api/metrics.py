@@ -17,6 +17,7 @@ from typing import Literal
 
 from .. import __version__
 from ..access.refusals import PUT_REASONS, REASONS
+from ..core.archive.fetch import OUTCOMES as ARCHIVE_OUTCOMES
 from ..core.mjpeg import MjpegStats
 from ..core.stats import FAILURE_UNITS, HubSnapshot
 from ..core.tick import TICK_BUCKETS_MS
@@ -159,6 +160,17 @@ METRICS: tuple[Metric, ...] = (
            lambda s: [("", (("scheme", scheme), ("reason", reason)), n)
                       for scheme, counts in s.snapshot.peer_refusals.items()
                       for reason, n in counts.items()]),
+    Metric("archive_reads_total", "counter",
+           "Reads of the facility's archive behind the history (--archiver), by outcome: read, "
+           "cached, shared (with a read under way), unknown (a PV the archiver lacks); missed: "
+           "timeout, down, http_error, malformed, too_large, refused (values pvwire cannot "
+           "use), busy (no turn in time), skipped (the archiver is left alone after a failure), "
+           "failed.",
+           lambda s: [("", (("outcome", o),), s.snapshot.archive_reads.get(o, 0))
+                      for o in ARCHIVE_OUTCOMES],
+           {"outcome": frozenset(ARCHIVE_OUTCOMES)}),
+    Metric("archive_cache_bytes", "gauge", "Archivers' answers held for repeated reads.",
+           _one(lambda s: s.archive_cache_bytes)),
     Metric("event_loop_lag_seconds", "gauge", "Worst event loop lag in the last 10 s.",
            _one(lambda s: s.loop_lag)),
     Metric("tick_duration_seconds", "histogram", "Time to process one tick.", _tick_histogram),

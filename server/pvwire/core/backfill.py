@@ -20,6 +20,10 @@ with walks that close it: each channel with rows not sent gets one gap row where
 a walk over the channels not closed yet that is made whole within one call is the last, and
 the snapshot follows it. Each channel knows what it lacks, and the reader never costs more
 than its budget.
+
+With an archiver behind the history (`archive`, core/archive/past.py), each channel's part older
+than the server's oldest kept row comes first, in the first pass; while it is being read the
+backfill waits (`fill` returns, the session resumes it when the read answers).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Sequence
 from ..limits import BACKFILL_PASSES, HISTORY_MESSAGE_ROWS, MAX_BACKFILL_S
 from ..wire import codec as wire
 from ..wire.codec import GapKind
+from .archive.past import WAIT, ArchivePast
 from .channel import Channel
 from .history import HistorySlice
 
@@ -40,8 +45,8 @@ log = logging.getLogger("pvwire.view")
 
 
 class Backfill:
-    __slots__ = ("_begun", "_closed", "_closing", "_failed", "_lower", "_sid", "att", "channels",
-                 "passes")  # fmt: skip
+    __slots__ = ("_begun", "_closed", "_closing", "_failed", "_lower", "_sid", "archive", "att",
+                 "channels", "passes")  # fmt: skip
 
     def __init__(
         self,
@@ -66,6 +71,12 @@ class Backfill:
         self.passes = 1
         self._closing = False  # the passes are over: walks give each channel its gap row
         self._closed: set[int] = set()  # sids whose gap row is sent: nothing more of them
+        self.archive: ArchivePast | None = None  # set to reach into an archive (`with_archive`)
+
+    @property
+    def cursors(self) -> list[int]:
+        """Per channel, the lowest time (ns) its next row may have."""
+        return self._lower
 
     def fill(self, room: int) -> tuple[list[bytes], bool]:
         """HISTORY messages until they hold `room` bytes (one more at most), and whether the
@@ -87,22 +98,33 @@ class Backfill:
             if size >= room:
                 return frames, False
             self._begun = True
+            more: bool | None
             if self._closing:
                 produced, more = self._left_out(self._sid), False
             else:
                 produced, more = self._next(self._sid)
+                if more is None:  # an archive part being read: resumed when it answers
+                    return frames, False
             if not more:
                 self._sid += 1
             frames += produced
             size += sum(len(f) for f in produced)
 
-    def _next(self, sid: int) -> tuple[list[bytes], bool]:
+    def _next(self, sid: int) -> tuple[list[bytes], bool | None]:
         """The next message(s) of channel `sid`'s rows from its cursor on (at most
         HISTORY_MESSAGE_ROWS values in all), moving the cursor past them, and whether it has
-        more. A failure skips that channel's past for good: counted, logged once."""
+        more (None: its archive part is being read). A failure skips that channel's past for
+        good: counted, logged once."""
         if sid in self._failed:
             return [], False
         ch = self.channels[sid]
+        if self.archive is not None and self.passes == 1:
+            past = self.archive.step(sid, self._lower[sid])
+            if past is WAIT:
+                return [], None
+            if past is not None:
+                self._lower[sid] = past.lower
+                return past.frames, True
         recorder = ch.recorder
         if recorder is None:
             return [], False

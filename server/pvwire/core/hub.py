@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from ..aa.operators import Series
 from ..access.audit import AuditLog
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
@@ -29,11 +30,12 @@ from ..wire.codes import BAD_TOKEN, INTERNAL, TOO_MANY_CHANNELS
 from ..wire.session import FORBIDDEN, AttachRefused
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
 from .address_channels import AddressChannels
+from .archive import Archive, ArchiveMissing, Note, Reach
 from .channel import FailureUnit
 from .clients import Client
 from .control import Control
 from .drain import Drain
-from .history import HistorySlice, HistoryStore
+from .history import HistorySlice, HistoryStore, NoHistory
 from .recorded import Recorded, recorded
 from .reduce import Reduction
 from .registry import Registry
@@ -57,7 +59,11 @@ class Hub:
             int(settings.history_mb * (1 << 20)), settings.history_array_max
         )
         self.ticker = Ticker(settings.tick_ms, records=bool(self.history_store.by_slot))
-        self.registry = Registry(backends, settings, self.ticker, history=self.history_store)
+        # The facility's archive behind the history (--archiver; core/archive/).
+        self.archive = Archive(settings)
+        self.registry = Registry(
+            backends, settings, self.ticker, history=self.history_store, archive=self.archive
+        )
         self.rules = RulesFile(settings.access_rules, settings.write_rules)
         self.audit = AuditLog(settings.audit_log)
         # Refused authentications, audited and counted (access/refusals.py): the bearer tokens
@@ -122,6 +128,7 @@ class Hub:
         self.refusals.close()
         self.control.put_refusals.close()
         self.audit.close()
+        await self.archive.close()
 
     # --- the drain (core/drain.py) ------------------------------------------------------------
 
@@ -197,6 +204,50 @@ class Hub:
         cid = self.registry.resolve(channel_id)[0]
         self.control.require_read(identity, [cid])
         return cid, self.history_store.query(cid, since, until, max_points)
+
+    def archive_reach(self, identity: Identity) -> Reach:
+        """The bounds of one request's archive reads (core/archive/fetch.py) for `identity`."""
+        return self.archive.reach(identity.user or identity.address)
+
+    async def history_spanning(
+        self,
+        channel_id: str,
+        since: int,
+        until: int,
+        max_points: int,
+        identity: Identity,
+        reach: Reach,
+    ) -> tuple[str, HistorySlice, Note | None]:
+        """`history`, reaching past the recent history into the channel's archive (when an
+        archiver holds it): the archive's part first, joined at the seam, and what became of
+        that part (None: no archiver holds the channel). Raises as `history` does, NoHistory
+        only when neither holds anything. Without `since` (0), the server's own history alone:
+        the archive is read for a span someone named, not from 1970."""
+        cid = self.registry.resolve(channel_id)[0]
+        self.control.require_read(identity, [cid])
+        if self.archive.route(cid) is None or since <= 0:
+            return cid, self.history_store.query(cid, since, until, max_points), None
+        try:
+            own: HistorySlice | None = self.history_store.query(cid, since, until, max_points)
+        except NoHistory:
+            own = None
+        rows, note = await self.archive.history(cid, own, since, until, max_points, reach)
+        assert rows is not None  # an archiver holds it: its rows, or a gap saying why not
+        return cid, rows, note
+
+    def archive_holds(self, canonical_id: str) -> bool:
+        """An archiver holds the channel's past (--archiver)."""
+        return self.archive.route(canonical_id) is not None
+
+    async def read_archive(
+        self, canonical_id: str, operator: str, start: int, end: int, reach: Reach
+    ) -> Series:
+        """The channel's archiver's `getData.raw` from `start` to `end` (ns) through `operator`
+        (core/archive/fetch.py); raises ArchiveMissing saying why it cannot be had."""
+        archiver = self.archive.route(canonical_id)
+        if archiver is None or self.archive.client is None:
+            raise ArchiveMissing(f"no archiver holds {canonical_id}")
+        return await self.archive.client.read(archiver, canonical_id, operator, start, end, reach)
 
     def recorded(self, channel_id: str, identity: Identity) -> Recorded:
         """What the Archiver Appliance API reads of a channel (core/recorded.py): its history
@@ -458,6 +509,8 @@ class Hub:
                 for scheme, backend in sorted(self.registry.backends.items())
                 if (counts := backend.peer_refusals())
             },
+            archive_reads=dict(client.outcomes) if (client := self.archive.client) else {},
+            archive_cache_bytes=client.cache.used if client else 0,
         )
 
 

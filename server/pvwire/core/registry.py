@@ -19,6 +19,7 @@ from ..config import Settings
 from ..ids import parse_id
 from ..model import ConnState
 from ..upstream.base import Backend
+from .archive import Archive
 from .channel import Channel, DirtyListener
 from .clients import Client
 from .history import HistoryStore
@@ -37,8 +38,10 @@ class Registry:
         listener: DirtyListener,
         loop: asyncio.AbstractEventLoop | None = None,
         history: HistoryStore | None = None,
+        archive: Archive | None = None,
     ) -> None:
         self.backends = dict(backends)
+        self.archive = archive  # behind the history: views' backfills reach into it
         self.settings = settings
         self._listener = listener
         self._loop = loop
@@ -153,6 +156,7 @@ class Registry:
                     self.release(ch)
                 raise
             view = View(key, channels)
+            view.archive = self.archive
             view.link()
             self.views[key] = view
         view.attachments[(session, att)] = None

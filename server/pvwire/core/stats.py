@@ -69,3 +69,7 @@ class HubSnapshot:
     put_refusals: dict[str, int]  # puts refused by pvwire by reason (refusals.PUT_REASONS)
     # What pvwire's own clients refused from upstream servers, by scheme then reason.
     peer_refusals: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Reads of the archive behind the history, by outcome (core/archive/fetch.py OUTCOMES),
+    # and the bytes its cache holds.
+    archive_reads: dict[str, int] = field(default_factory=dict)
+    archive_cache_bytes: int = 0

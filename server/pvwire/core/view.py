@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..limits import ALL_MODE_PER_VIEW
 from ..model import CONN, META
 from ..wire import codec as wire
+from .archive import Archive
+from .archive.past import ArchivePast
 from .backfill import Backfill
 from .channel import TICK_SLOTS as CHANNEL_TICK_SLOTS
 from .channel import Channel
@@ -69,6 +71,7 @@ class View:
     __slots__ = (
         "_all_sids",
         "all_mode",
+        "archive",
         "attachments",
         "channels",
         "key",
@@ -109,6 +112,8 @@ class View:
         self.tick_bodies: list[wire.EntryBody] | None = None  # ALL mode: the emitted bodies
         self._all_sids: list[int] = []
         self.tick_encoded: wire.Entries | None = wire.Entries(0, b"\x90", b"")
+        # The archive behind the channels' history, which a backfill reaches into (the hub's).
+        self.archive: Archive | None = None
 
     def link(self) -> None:
         """Be told of the channels' changes from now on."""
@@ -212,10 +217,22 @@ class View:
             list(masks), [channels[sid].body(m, True, r, w[sid] == 1) for sid, m in masks.items()]
         )
 
-    def backfill(self, att: int, seconds: float, held: Sequence[int] | None) -> Backfill:
+    def backfill(
+        self,
+        att: int,
+        seconds: float,
+        held: Sequence[int] | None,
+        who: str = "",
+        resume: Callable[[], None] | None = None,
+    ) -> Backfill:
         """This attachment's backfill (PROTOCOL.md section 2.8), which its session produces a
-        message at a time under its send budget, then the snapshot (core/backfill.py)."""
-        return Backfill(att, self.channels, seconds, held)
+        message at a time under its send budget, then the snapshot (core/backfill.py). With an
+        archive, `who` (a user, else an address) reads it, and `resume` goes on once it
+        answers."""
+        job = Backfill(att, self.channels, seconds, held)
+        if self.archive is not None and self.archive.client is not None and resume is not None:
+            job.archive = ArchivePast(self.archive, att, self.channels, job.cursors, who, resume)
+        return job
 
     def snapshot_entries(self) -> wire.Entries:
         r = self.reduction

@@ -414,14 +414,20 @@ class GapKind:
     AWAY = 0  # the channel went away here (disconnected, or no longer monitored)
     LEFT_OUT = 1  # the backfill left out this channel's rows from here to the snapshot
     SEAM = 2  # the updates from here to the next row are in no row (buckets, then points)
+    ARCHIVE = 3  # the archive's part from here to the next row could not be read (`reason`)
 
 
-def encode_history(att: int, sid: int, resolution: int, columns: Sequence[Any]) -> bytes:
+def encode_history(
+    att: int, sid: int, resolution: int, columns: Sequence[Any], reason: str | None = None
+) -> bytes:
     """HISTORY `[8, att, sid, resolution, columns]`: `columns` holds the 7 arrays of
     HISTORY_COLUMNS in order, each preceded by the nil items (0-7) that put its data on a
     multiple of 8 bytes from the message's start, as entries are padded (section 3). An array
-    channel's value, min and max are 2-D, [rows, elements], and go as they are (section 2.8)."""
-    head = b"\x95" + _pack(Kind.HISTORY) + _pack(att) + _pack(sid) + _pack(resolution)
+    channel's value, min and max are 2-D, [rows, elements], and go as they are (section 2.8).
+    `reason`: why the rows end in a gap (`[8, att, sid, resolution, columns, reason]`), when the
+    gap is a part that could not be had (the archive's)."""
+    head = (b"\x96" if reason is not None else b"\x95") + _pack(Kind.HISTORY) + _pack(att)
+    head += _pack(sid) + _pack(resolution)
     # Array 16 header: wide enough for the most items the padding can make (7 + 7 x 7).
     pos = len(head) + 3
     parts: list[bytes | memoryview] = [head, b""]
@@ -433,6 +439,8 @@ def encode_history(att: int, sid: int, resolution: int, columns: Sequence[Any]) 
         pos += pad + len(ext) + len(info) + len(data)
         count += pad + 1
     parts[1] = b"\xdc" + count.to_bytes(2, "big")
+    if reason is not None:
+        parts.append(_pack(reason))
     return b"".join(parts)
 
 

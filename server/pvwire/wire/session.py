@@ -68,7 +68,17 @@ class Source(Protocol):
 
     def snapshot_entries(self) -> wire.Entries: ...
     def entries_for(self, masks: dict[int, int]) -> wire.Entries: ...
-    def backfill(self, att: int, seconds: float, held: Sequence[int] | None) -> Backfill: ...
+    def backfill(
+        self,
+        att: int,
+        seconds: float,
+        held: Sequence[int] | None,
+        who: str = "",
+        resume: Callable[[], None] | None = None,
+    ) -> Backfill:
+        """`who` reads the archive behind the history, if any; `resume`: call when the
+        backfill can go on after it returned without being done and without filling."""
+        ...
 
 
 class Backfill(Protocol):
@@ -200,7 +210,10 @@ class Session(AttachedSession[bytes, _Attachment]):
         self._queue_frame(wire.encode_attached(req, att, view.ids))
         if claims.backfill > 0:
             # The past first, under the send budget, then the snapshot (`_backfill`).
-            self._backfills[att] = view.backfill(att, claims.backfill, since)
+            who = claims.user or claims.address
+            self._backfills[att] = view.backfill(
+                att, claims.backfill, since, who, self.resume_backfill
+            )
             self._backfill()
         else:
             self._queue_snapshot(att, view)
@@ -226,6 +239,11 @@ class Session(AttachedSession[bytes, _Attachment]):
                 return
             del self._backfills[att]
             self._queue_snapshot(att, self._records[att].view)
+
+    def resume_backfill(self) -> None:
+        """A backfill waiting for something outside (an archive's answer) can go on."""
+        if self._backfills and not self._flow.behind:
+            self._backfill()
 
     def end_attachment(self, att: int, code: int, message: str) -> None:
         """The server ends an attachment on its own (e.g. the rules changed): ERROR naming why,

@@ -15,7 +15,7 @@ from .layout import GAP_ALARM
 from .slices import BucketRows, HistorySlice, RawRows
 from .tiers import Buckets, tier_for
 
-__all__ = ["Held", "backfill", "backfills_from", "query", "take"]
+__all__ = ["Held", "backfill", "backfills_from", "oldest", "query", "take"]
 
 
 class Held(Protocol):
@@ -151,3 +151,19 @@ def take(t: npt.NDArray[np.int64], n: int) -> int:
     while k < len(t) and t[k] == last:
         k += 1
     return k
+
+
+def oldest(held: Held) -> tuple[int, int]:
+    """(ns, resolution) of the oldest data `held` keeps: its first point, as points while the
+    raw ring has dropped none, else as the finest tier still holding everything since it;
+    else the coarsest tier's oldest bucket; (0, 0) while it holds nothing. What is older is
+    the archive's (core/archive/); the readers above answer from that resolution there."""
+    if not held.wrapped:
+        return held.first, 0
+    tier: Buckets | None = held.tier
+    last = held.tier
+    while tier is not None:
+        if not tier.wrapped:
+            return held.first, tier.width
+        last, tier = tier, tier.next
+    return int(last.rows([]).t[0]), last.width
