@@ -36,8 +36,10 @@ class ServerProcess:
         token_key: str | None = TEST_TOKEN_KEY,
         module: str = "pvwire.cli",
         nofile: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.fixed_port = port is not None
+        self.host = host  # what it listens on: 127.0.0.1, or "::1" for IPv6 loopback
         self._use_port(port or free_port())
         # What `python -m` runs with `serve --loopback --port N` and `args`: the command line,
         # or a bench's module that prepares the app before it calls the command line's `serve`.
@@ -54,8 +56,9 @@ class ServerProcess:
 
     def _use_port(self, port: int) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.ws_url = f"ws://127.0.0.1:{port}/stream"
+        where = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{where}:{port}"
+        self.ws_url = f"ws://{where}:{port}/stream"
 
     def start(self, timeout: float = 30.0, keep_port: bool = False) -> None:
         """Start the server and wait until it answers on its port. A port it chose itself that
@@ -74,7 +77,7 @@ class ServerProcess:
     def _start(self, timeout: float) -> None:
         cmd = [
             sys.executable, "-m", self.module, "serve", "--loopback",
-            "--port", str(self.port), *self.args,
+            "--host", self.host, "--port", str(self.port), *self.args,
         ]  # fmt: skip
         if self.token_key is not None:
             cmd += ["--token-key", self.token_key]

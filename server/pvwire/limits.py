@@ -280,6 +280,11 @@ LIMITS: tuple[Limit, ...] = (
           "a `--trusted-proxy`", "the last one read is the client"),
     Limit("forwarded_entry_bytes", 256, "bytes", "one `X-Forwarded-For` (or `Forwarded`) entry",
           "the walk ends: the last trusted proxy is the client"),
+    # RFC 6177: an IPv6 site is given a /64 at least, and picks any of its 2^64 addresses.
+    Limit("ipv6_bound_prefix", 64, "bits",
+          "leading bits of an IPv6 client address that every bound kept per address counts it "
+          "under (access/bound_key.py; IPv4 by the whole address)",
+          "the addresses of one /64 share one address's bounds"),
     # --- the status PVs (status/, `--status-prefix`) ---
     Limit("status_period_s", 1.0, "s", "between two readings of the status PVs' figures",
           "they are read again; a PV is posted when its value or alarm changed"),
