@@ -1,6 +1,6 @@
 """The real server on IPv6 loopback (`--host ::1`): every bound kept per client address counts an
 IPv6 client by its /64 (access/bound_key.py), while the audit file and the access rules see its
-whole address.
+whole address; and the trusted proxy's own address opens no admin view.
 
 Loopback has one IPv6 address, `::1`, so the addresses of one /64 come as a trusted proxy in
 front of IPv6 clients forwards them: the test connects from `::1`, the server's only
@@ -250,3 +250,17 @@ async def test_a_hosts_rule_sees_the_whole_address(site: Site) -> None:
         assert await put(client, "sim://value/one_v6", 1, "2001:db8:7:1::5") == "ok"
         assert await put(client, "sim://value/one_v6", 2, "2001:db8:7:1::6") == "WRITE_DENIED"
 
+
+async def test_the_trusted_proxy_s_own_address_is_not_this_machine(site: Site) -> None:
+    """::1 is loopback, and the trusted proxy: a request from it that forwards nobody (a
+    frontend in TCP mode, its health check) or only itself opens no admin view."""
+    async with http(site) as client:
+        for headers in ({}, via(LOCAL), via("2001:db8:7:9::1")):
+            r = await client.get("/pvws/summary", headers=headers)
+            assert r.status_code == 403 and "not an administrator" in r.text, (headers, r.text)
+            r = await client.delete("/pvws/socket/1", headers=headers)
+            assert r.status_code == 403, (headers, r.text)
+        doc = (
+            await client.post("/graphql", json={"query": "{ server { clients { id } } }"})
+        ).json()
+        assert doc["errors"][0]["extensions"]["code"] == "FORBIDDEN", doc

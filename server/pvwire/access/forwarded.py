@@ -47,7 +47,10 @@ ENTRY_BYTES = integer("forwarded_entry_bytes")
 
 
 class TrustedProxies:
-    """The `--trusted-proxy` networks."""
+    """The `--trusted-proxy` networks. A client whose address is one of them is a proxy that
+    named nobody behind it (a frontend in TCP mode, a proxy that does not append, its own health
+    check): who sent the request is not known, so neither the loopback check of the admin views
+    nor a `hosts` rule takes it for an address of its own (core/hub.py, access/rules.py)."""
 
     def __init__(self, cidrs: Iterable[str] = ()) -> None:
         self.networks = tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)

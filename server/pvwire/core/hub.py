@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from ..access.audit import AuditLog
+from ..access.forwarded import TrustedProxies
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
 from ..access.refusals import RefusalLog
@@ -57,7 +58,10 @@ class Hub:
         )
         self.ticker = Ticker(settings.tick_ms, records=bool(self.history_store.by_slot))
         self.registry = Registry(backends, settings, self.ticker, history=self.history_store)
-        self.rules = RulesFile(settings.access_rules, settings.write_rules)
+        # A client known only as a trusted proxy is nobody's address: neither "this machine"
+        # for the admin views nor any rule's `hosts`.
+        self._proxies = TrustedProxies(settings.trusted_proxies)
+        self.rules = RulesFile(settings.access_rules, settings.write_rules, self._proxies)
         self.audit = AuditLog(settings.audit_log)
         # Refused authentications, audited and counted (access/refusals.py): the bearer tokens
         # the authenticator refuses, and the stream tokens refused here.
@@ -201,7 +205,7 @@ class Hub:
         admins = self.settings.admin_groups
         if admins:
             return bool(identity.groups & set(admins))
-        return _is_loopback(identity.address)
+        return _is_loopback(identity.address) and not self._proxies.lists(identity.address)
 
     def reload(self) -> None:
         """SIGHUP: read the access rules and the catalogue file again now, even when they look
