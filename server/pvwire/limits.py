@@ -374,6 +374,10 @@ LIMITS: tuple[Limit, ...] = (
     Limit("http_body_min_rate", 8_192, "bytes/s",
           "the rate a request body comes at, at least, past its first `http_body_timeout_s`",
           "HTTP 408, connection closed"),
+    Limit("http_write_timeout_s", 10.0, "s",
+          "an HTTP response the client does not read: its bytes waiting in the server making no "
+          "progress (a GraphQL, `/metrics` or `/retrieval/` answer, an MJPEG stream)",
+          "the connection is dropped, and what it held freed"),
     Limit("http_answered_linger_s", 2.0, "s",
           "a connection the server answered and is closing (refused, or too slow), still read "
           "so that what the client sent meanwhile does not reset the answer away",

@@ -44,7 +44,7 @@ STATE_KEY = "pvwire.connections"  # where the lifespan's state holds the table
 PROBES = (b"/healthz", b"/readyz")  # answered past the capacity too
 PROBE_CONNECTIONS = integer("probe_connections")
 REFUSAL_REASONS = ("per_address", "capacity")
-TIMEOUT_PHASES = ("headers", "body")
+TIMEOUT_PHASES = ("headers", "body", "response")
 
 
 def capacity(max_connections: int, reserved: int = integer("reserved_descriptors")) -> int:
