@@ -11,7 +11,6 @@ deadline" is the one figure checked, which load can only make larger.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 import urllib.error
@@ -24,7 +23,16 @@ import websockets
 from pvwire.limits import integer, number
 from pvwire_dev.ioc import IocProcess
 
-from tests.attacks import MIB, Bystander, SlowSender, metric, rss_bytes, slow_senders
+from tests.attacks import (
+    MIB,
+    Bystander,
+    SlowSender,
+    answer_request,
+    metric,
+    rss_bytes,
+    slow_readers,
+    slow_senders,
+)
 from tests.eventually import eventually, eventually_async
 from tests.server_process import ServerProcess, server_args_for_tests, stream_token
 
@@ -45,7 +53,7 @@ WRITE_S = number("http_write_timeout_s")
 # one (4 MiB here, tcp_wmem), so most of each waits in the server while nobody reads it.
 ELEMENTS = 1_000_000
 READERS = 4
-ANSWER_QUERY = f'{{ channel(id: "sim://waveform/unread?length={ELEMENTS}&rate=1") {{ value }} }}'
+UNREAD = answer_request(f"sim://waveform/unread?length={ELEMENTS}&rate=1")
 # What a server's heap moves by meanwhile (the bystander, the test's requests).
 RSS_SLACK = 16 * MIB
 
@@ -229,22 +237,6 @@ async def test_a_full_process_refuses_clients_and_still_answers_its_probes(
         assert refused_total['{reason="capacity"}'] >= 3, refused_total
 
 
-def _graphql_request(query: str) -> bytes:
-    body = json.dumps({"query": query}).encode()
-    return (b"POST /graphql HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s") % (len(body), body)  # fmt: skip
-
-
-def _reader_that_stops(port: int) -> socket.socket:
-    """A client that asks for the large answer and reads none of it: a receive buffer of a
-    few KiB, so that its kernel takes next to nothing either."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(_graphql_request(ANSWER_QUERY))
-    return sock
-
-
 def _read_to_the_end(sock: socket.socket) -> int:
     """Bytes the client gets once it reads again, until the server's close."""
     sock.settimeout(30)
@@ -265,7 +257,7 @@ def test_readers_that_stop_reading_are_dropped_by_the_write_deadline(
     pid = target.pid
     assert pid is not None
     with socket.create_connection(("127.0.0.1", target.port), timeout=60) as sock:
-        sock.sendall(_graphql_request(ANSWER_QUERY))
+        sock.sendall(UNREAD)
         sock.shutdown(socket.SHUT_WR)
         whole = _read_to_the_end(sock)  # the channel is monitored now: the answers come at once
     assert whole > RSS_SLACK, whole
@@ -277,7 +269,7 @@ def test_readers_that_stop_reading_are_dropped_by_the_write_deadline(
         base = rss_bytes(pid)
         start = bystander.mark()
         asked = time.monotonic()
-        readers = [_reader_that_stops(target.port) for _ in range(READERS)]
+        readers = slow_readers(target, "127.0.0.1", READERS, UNREAD, 1)
         # Held: at least half of what was asked for waits in the server.
         eventually(lambda: rss_bytes(pid) - base >= READERS * whole // 2,
                    lambda: f"the answers held: {(rss_bytes(pid) - base) / MIB:.0f} MiB",
