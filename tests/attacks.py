@@ -54,6 +54,7 @@ __all__ = [
     "Cost",
     "PvaPeers",
     "PvaSizes",
+    "Sockets",
     "Watch",
     "answer_request",
     "backfill_attack",

@@ -17,7 +17,7 @@ import json
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from tests.attacks import (
     Hoard,
     PvaPeers,
     PvaSizes,
+    Sockets,
     Watch,
     answer_request,
     attachments_of,
@@ -168,7 +169,6 @@ FLOOD_RSS_BOUND = SLACK
 # each WebSocket buys no more than one address's connections.
 IPV6_SOCKETS = 2 * limits.integer("max_connections_per_address")
 IPV6_NET = "2001:db8:a77a:1"
-IPV6_RSS_BOUND = FORGED_RSS_BOUND
 
 # (n) Readers that stop reading: connections of one address, each asking for the largest
 # GraphQL answer several times at once (pipelined) and reading none of them. What they cost is
@@ -442,27 +442,41 @@ async def test_f_a_reconnect_storm_costs_what_reconnects(
 # --- (g) -------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(240)
-async def test_g_a_forged_address_through_a_proxy_is_one_address(
-    target: ServerProcess, front: Proxy, bystander: Bystander
+async def _one_address_s_sockets(
+    target: ServerProcess,
+    bystander: Bystander,
+    opening: Awaitable[Sockets],
+    count: int,
+    named: str,
+    what: str,
 ) -> None:
-    url = front.url.replace("https://", "wss://") + "/stream"
+    """`count` sockets opened by `opening`, each claiming another address: one address's
+    connections admitted, the rest refused 429 naming `named`; within the bounds."""  # fmt: skip
     start = bystander.mark()
     with Watch(target) as watch:
-        opened = await forged_sockets(url, front.ssl_context(), FORGED_SOCKETS, FORGED_SOURCE)
+        opened = await opening
         try:
             admitted, refused = len(opened.admitted), opened.refused
         finally:
             await opened.close()
     end = bystander.mark()
-    print(f"{FORGED_SOCKETS} sockets with forged addresses: {admitted} admitted")
+    print(f"{count} {what}: {admitted} admitted")
     assert admitted == FORGED_ADMITTED, (
-        f"{admitted} of {FORGED_SOCKETS} sockets each forging its own X-Forwarded-For were "
-        f"admitted from one address (bound {FORGED_ADMITTED})"
+        f"{admitted} of {count} {what} were admitted (bound {FORGED_ADMITTED})"
     )
-    assert {(status, FORGED_SOURCE in text) for status, text in refused} == {(429, True)}
-    held(watch.cost, FORGED_RSS_BOUND, f"{FORGED_SOCKETS} forged sockets through haproxy")
+    assert {(status, named in text) for status, text in refused} == {(429, True)}
+    held(watch.cost, FORGED_RSS_BOUND, f"{count} {what}")
     bystander.check(start, end)
+
+
+@pytest.mark.timeout(240)
+async def test_g_a_forged_address_through_a_proxy_is_one_address(
+    target: ServerProcess, front: Proxy, bystander: Bystander
+) -> None:
+    url = front.url.replace("https://", "wss://") + "/stream"
+    opening = forged_sockets(url, front.ssl_context(), FORGED_SOCKETS, FORGED_SOURCE)
+    what = "sockets through haproxy, each forging its X-Forwarded-For"
+    await _one_address_s_sockets(target, bystander, opening, FORGED_SOCKETS, FORGED_SOURCE, what)
 
 
 # --- (h) -------------------------------------------------------------------------------------
@@ -753,23 +767,10 @@ async def test_l_a_pvget_flood_makes_few_upstream_gets(
 async def test_m_an_ipv6_client_rotating_through_its_64_behind_a_proxy_is_one_address(
     target: ServerProcess, bystander: Bystander
 ) -> None:
-    start = bystander.mark()
-    with Watch(target) as watch:
-        opened = await forged_sockets(target.ws_url, None, IPV6_SOCKETS, PROXY_SOURCE,
-                                      forwarded=lambda i: in_64(i, IPV6_NET))  # fmt: skip
-        try:
-            admitted, refused = len(opened.admitted), opened.refused
-        finally:
-            await opened.close()
-    end = bystander.mark()
-    print(f"{IPV6_SOCKETS} sockets from as many addresses of one /64: {admitted} admitted")
-    assert admitted == FORGED_ADMITTED, (
-        f"{admitted} of {IPV6_SOCKETS} sockets, each from another address of one /64, were "
-        f"admitted (bound {FORGED_ADMITTED})"
-    )
-    assert {(status, f"{IPV6_NET}::/64" in text) for status, text in refused} == {(429, True)}
-    held(watch.cost, IPV6_RSS_BOUND, f"{IPV6_SOCKETS} sockets from one /64 behind a proxy")
-    bystander.check(start, end)
+    opening = forged_sockets(target.ws_url, None, IPV6_SOCKETS, PROXY_SOURCE,
+                             forwarded=lambda i: in_64(i, IPV6_NET))  # fmt: skip
+    what = "sockets, each from another address of one /64 behind a proxy"
+    await _one_address_s_sockets(target, bystander, opening, IPV6_SOCKETS, f"{IPV6_NET}::/64", what)
 
 
 # --- (n) -------------------------------------------------------------------------------------
