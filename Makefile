@@ -232,6 +232,9 @@ unit: venv ext
 # against the newest Python's server and a real IOC.
 # What a backfill subscription holds of its channels' past (the Python client's held.py).
 UNIT_TESTS += $(patsubst %,tests/test_%.py,pyclient_held)
+# What every bound kept per client address counts a client under (an IPv6 client's /64); answers
+# handed to the server in pieces its flow control sees.
+UNIT_TESTS += $(patsubst %,tests/test_%.py,bound_key paced_bodies)
 MATRIX_PY_TESTS := $(UNIT_TESTS) tests/test_packaging.py tests/test_install_smoke.py
 MATRIX_TS_TESTS := $(patsubst %,test/%.test.ts,unit cases client closeCodes sessionFuzz \
 	storedToken subscription vectors integration)

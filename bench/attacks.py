@@ -16,9 +16,12 @@ nothing; one pvws `subscribe` of 20,000 names; 30 MJPEG viewers of a 1024 x 1024
 each forging an X-Forwarded-For of its own; 100,000 refused requests (a bad bearer token), each
 from a source address of its own in 127.0.0.0/8; 2,000 slow senders (headers, bodies, upgrades
 trickled, WebSockets silent after HELLO); 100,000 channels of names no IOC has asked for through
-`/stream`, pvws and GraphQL; 20,000 pvgets of such names over 100 connections. The last three
-come from an address of their own (all of 127/8 is loopback), so that the bystander and the
-scrapes are another client.
+`/stream`, pvws and GraphQL; 20,000 pvgets of such names over 100 connections; 1,000
+WebSockets, each from another address of one IPv6 /64, as a trusted proxy forwards them (a
+socket from the proxy's address writing `X-Forwarded-For`); 100 connections each asking for the
+largest GraphQL answer (100,000 float64, ~2 MB) three times at once, pipelined, and reading
+none. The slow senders, hoarders, pvget flood and slow readers come from an address of their
+own (all of 127/8 is loopback), so that the bystander and the scrapes are another client.
 
 The `pva-*` attacks are a hostile PVA server's against pvwire's own PVA client (a server with
 --forward-identity, olga putting, tests/hostile_pva.py on loopback beside a legitimate p4p
@@ -39,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pvwire.limits import PVA_IDENTITY_MESSAGE_BYTES, integer
+from pvwire.limits import PVA_IDENTITY_MESSAGE_BYTES, integer, number
 from pvwire.loopback import apply_loopback_env
 
 from tests.attacks import (
@@ -49,10 +52,12 @@ from tests.attacks import (
     PvaPeers,
     PvaSizes,
     Watch,
+    answer_request,
     backfill_attack,
     body_attack,
     forged_sockets,
     hoard_channels,
+    in_64,
     metric,
     mjpeg_viewers,
     peer_refusals,
@@ -66,7 +71,9 @@ from tests.attacks import (
     reconnect_storm,
     record_history,
     rotating_refusals,
+    rss_bytes,
     search_hijack,
+    slow_readers,
     slow_senders,
     stream_token,
 )
@@ -109,6 +116,9 @@ class Sizes:
     hoard_extra: int = 1_000  # through pvws and GraphQL, once the stream holds what it may
     pvgets: int = 20_000
     pvget_connections: int = 100
+    ipv6_sockets: int = 1_000
+    slow_readers: int = 100  # all the connections one address may have
+    readers_pipelined: int = 3
 
 
 FULL = Sizes()
@@ -119,7 +129,7 @@ TINY = Sizes(
     mjpeg_image="sim://image/bench?width=64&height=64&rate=10", mjpeg_frames=3, writes=30,
     storm_connections=2, storm_attachments=5, forged_sockets=3, rotating_refusals=50,
     pva=PVA_TINY, slow_senders=4, hoard_names=20, hoard_extra=0,
-    pvgets=30, pvget_connections=4,
+    pvgets=30, pvget_connections=4, ipv6_sockets=3, slow_readers=1, readers_pipelined=2,
 )  # fmt: skip
 
 ATTACKER = "127.0.0.99"  # the slow senders', hoarders' and pvget flood's own address
@@ -343,6 +353,52 @@ async def pvgets(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
     return {"pvgets": sizes.pvgets, "answers": codes, "upstream_gets": made, "s": round(seconds, 2)}
 
 
+async def ipv6_xff(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    t0 = time.monotonic()
+    opened = await forged_sockets(server.ws_url, None, sizes.ipv6_sockets, PROXY_SOURCE,
+                                  forwarded=in_64)  # fmt: skip
+    seconds = time.monotonic() - t0
+    await opened.close()
+    return {
+        "sockets": sizes.ipv6_sockets, "sources": "one /64", "admitted": len(opened.admitted),
+        "refused_429": sum(1 for status, _ in opened.refused if status == 429),
+        "s": round(seconds, 2),
+    }  # fmt: skip
+
+
+async def unread(server: ServerProcess, sizes: Sizes) -> dict[str, Any]:
+    assert server.pid is not None
+    elements = integer("max_graphql_elements")
+    request = answer_request(f"sim://waveform/bench_unread?length={elements}&rate=1")
+
+    def dropped() -> float:
+        return metric(server, "pvwire_request_timeouts_total").get('{phase="response"}', 0.0)
+
+    before, rss0 = dropped(), rss_bytes(server.pid)
+    t0 = time.monotonic()
+    readers = await asyncio.to_thread(
+        slow_readers, server, ATTACKER, sizes.slow_readers, request, sizes.readers_pipelined
+    )
+    try:
+        await eventually_async(
+            lambda: asyncio.to_thread(lambda: dropped() - before >= sizes.slow_readers),
+            "every unread answer dropped",
+            timeout=number("http_write_timeout_s") + 300,
+        )
+        seconds = time.monotonic() - t0
+        # What is left a second after the last was dropped (the peak: `rss_growth_mb`).
+        await asyncio.sleep(1)
+        left = rss_bytes(server.pid) - rss0
+    finally:
+        for sock in readers:
+            sock.close()
+    return {
+        "readers": sizes.slow_readers, "pipelined": sizes.readers_pipelined,
+        "elements": elements, "dropped_after_s": round(seconds, 2),
+        "rss_left_mb": round(left / MIB, 1),
+    }  # fmt: skip
+
+
 ATTACKS: dict[str, Attack] = {
     "body": body,
     "body-chunked": body_chunked,
@@ -356,6 +412,8 @@ ATTACKS: dict[str, Attack] = {
     "slow": slow,
     "hoard": hoard,
     "pvgets": pvgets,
+    "ipv6-xff": ipv6_xff,
+    "unread": unread,
 }
 
 

@@ -54,13 +54,16 @@ __all__ = [
     "Cost",
     "PvaPeers",
     "PvaSizes",
+    "Sockets",
     "Watch",
+    "answer_request",
     "backfill_attack",
     "body_attack",
     "bound_socket",
     "cpu_seconds",
     "forged_sockets",
     "hoard_channels",
+    "in_64",
     "metric",
     "mjpeg_viewers",
     "peer_refusals",
@@ -75,6 +78,7 @@ __all__ = [
     "rotating_source",
     "rss_bytes",
     "search_hijack",
+    "slow_readers",
     "slow_senders",
     "stream_token",
 ]
@@ -595,11 +599,16 @@ class Sockets:
 
 
 async def forged_sockets(
-    url: str, context: ssl.SSLContext, sockets: int, source: str, at_once: int = 20
+    url: str,
+    context: ssl.SSLContext | None,
+    sockets: int,
+    source: str,
+    at_once: int = 20,
+    forwarded: Callable[[int], str] = lambda i: rotating_source(i, 198, 51),
 ) -> Sockets:
-    """`sockets` WebSockets to `url` (`wss://` through a proxy) from `source`, each with an
-    `X-Forwarded-For` of its own (as if each were another client), `at_once` being opened at a
-    time; each waits for HELLO (admitted) or an HTTP refusal of its upgrade (refused)."""
+    """`sockets` WebSockets to `url` (`wss://` through a proxy) from `source`, the `i`-th with
+    `X-Forwarded-For: forwarded(i)` (as if each were another client), `at_once` being opened at
+    a time; each waits for HELLO (admitted) or an HTTP refusal of its upgrade (refused)."""
     out = Sockets()
     gate = asyncio.Semaphore(at_once)
 
@@ -608,7 +617,7 @@ async def forged_sockets(
             try:
                 ws = await websockets.connect(
                     url, ssl=context, local_addr=(source, 0), compression=None,
-                    additional_headers={"X-Forwarded-For": rotating_source(i, 198, 51)},
+                    additional_headers={"X-Forwarded-For": forwarded(i)},
                     subprotocols=[websockets.Subprotocol("pvwire.v1")],
                 )  # fmt: skip
             except websockets.InvalidStatus as exc:
@@ -620,6 +629,12 @@ async def forged_sockets(
 
     await asyncio.gather(*(one(i) for i in range(sockets)))
     return out
+
+
+def in_64(i: int, net: str = "2001:db8:a77a:1") -> str:
+    """The `i`-th address of the /64 `net::/64` (documentation space, never a source address
+    here): a client with a /64 may use any of its 2^64 addresses, a new one for each socket."""
+    return f"{net}:{i >> 48 & 0xFFFF:x}:{i >> 32 & 0xFFFF:x}:{i >> 16 & 0xFFFF:x}:{i & 0xFFFF:x}"
 
 
 # --- (h) refusals from rotating source addresses --------------------------------------------
@@ -882,6 +897,40 @@ async def slow_senders(
     senders = [SlowSender(kind, addresses[i % len(addresses)]) for i, (_, kind) in enumerate(order)]
     await asyncio.gather(*(_slow_one(server.port, s, interval, timeout) for s in senders))
     return senders
+
+
+# --- (n) readers that stop reading ------------------------------------------------------------
+
+
+def answer_request(channel: str) -> bytes:
+    """A GraphQL request for `channel`'s value: the largest answer an anonymous client may ask
+    for when the channel is an array of `max_graphql_elements` elements."""
+    body = json.dumps({"query": f'{{ channel(id: "{channel}") {{ value }} }}'}).encode()
+    return (b"POST /graphql HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s") % (len(body), body)  # fmt: skip
+
+
+def slow_readers(
+    server: ServerProcess, address: str, connections: int, request: bytes, pipelined: int
+) -> list[socket.socket]:
+    """`connections` connections from `address`, each sending `request` `pipelined` times at
+    once (HTTP/1.1 pipelining: each answer waits for the one before it) and reading nothing,
+    with a receive buffer of a few KiB so that its kernel takes next to nothing either. The
+    caller closes them."""
+    readers = []
+    try:
+        for _ in range(connections):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            readers.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.bind((address, 0))
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(request * pipelined)
+    except BaseException:
+        for sock in readers:
+            sock.close()
+        raise
+    return readers
 
 
 # --- (k) channel hoarding ---------------------------------------------------------------------

@@ -12,6 +12,10 @@ standing in for a client on another network. It adds `X-Forwarded-For: 192.0.2.1
 only ever a string in a header) as a load balancer in front would add a remote client's
 address, and connects from 127.0.0.3; a server that also trusts 127.0.0.3 sees a request through
 the edge as coming from 192.0.2.10, which no loopback check takes for this machine.
+
+haproxy also gets a frontend in TCP mode (`tcp_url`): it passes the client's bytes on as they
+are, from the proxy's address, adding no header, as a frontend for another protocol (or one
+configured so by mistake) does; a request through it names nobody behind the proxy.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def _changed(text: str, changes: Mapping[str, str]) -> str:
     return text
 
 
-def _haproxy(server_port: int, port: int, edge_port: int, pem: Path) -> str:
+def _haproxy(server_port: int, port: int, edge_port: int, tcp_port: int, pem: Path) -> str:
     doc = _changed(guide_config("haproxy"), {
         "bind :443 ssl crt /etc/haproxy/certs/pvwire.pem": f"bind 127.0.0.1:{port} ssl crt {pem}",
         "127.0.0.1:8080": f"127.0.0.1:{server_port}",
@@ -79,6 +83,15 @@ frontend edge
 
 backend through_tls
     server tls 127.0.0.1:{port} ssl verify none source {EDGE_SOURCE}
+
+frontend tcp_in
+    mode tcp
+    bind 127.0.0.1:{tcp_port}
+    default_backend pvwire_tcp
+
+backend pvwire_tcp
+    mode tcp
+    server pvwire 127.0.0.1:{server_port} source {PROXY_SOURCE}
 """
     )
 
@@ -131,21 +144,25 @@ http {{
 
 class Proxy:
     """One proxy process in front of the server on `server_port`: https on `port` (`url`),
-    the edge's plain http on `edge_port` (`edge_url`)."""
+    the edge's plain http on `edge_port` (`edge_url`); haproxy's TCP-mode frontend on
+    `tcp_port` (`tcp_url`)."""
 
     def __init__(self, kind: str, server_port: int, ca: TestCA) -> None:
         self.kind = kind
         self.port, self.edge_port = free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.edge_url = f"http://127.0.0.1:{self.edge_port}"
+        self.tcp_port = free_port() if kind == "haproxy" else None
+        self.tcp_url = f"http://127.0.0.1:{self.tcp_port}" if self.tcp_port else None
         self.ca = ca
         self._dir = tempfile.TemporaryDirectory(prefix=f"pvwire-{kind}-")
         run = Path(self._dir.name)
         cert = ca.issue(kind)
         if kind == "haproxy":
             self.config = run / "haproxy.cfg"
+            assert self.tcp_port is not None
             self.config.write_text(_haproxy(server_port, self.port, self.edge_port,
-                                            ca.combined(cert)))  # fmt: skip
+                                            self.tcp_port, ca.combined(cert)))  # fmt: skip
         else:
             os.chmod(run, 0o755)  # nginx's workers (nobody) make their temporary files there
             self.config = run / "nginx.conf"
@@ -192,8 +209,10 @@ class Proxy:
         return (
             listens(self._proc.pid, self.port)
             and listens(self._proc.pid, self.edge_port)
+            and (self.tcp_port is None or listens(self._proc.pid, self.tcp_port))
             and _healthy(self.url, context)
             and _healthy(self.edge_url, None)
+            and (self.tcp_url is None or _healthy(self.tcp_url, None))
         )
 
     def stop(self) -> None:

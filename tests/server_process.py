@@ -42,11 +42,13 @@ class ServerProcess:
         module: str = "pvwire.cli",
         nofile: int | None = None,
         tls: tuple[Path, Path, Path] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.fixed_port = port is not None
         # (certificate chain, key, the CA that signed it): https and wss, verified with the CA.
         self.tls = tls
         self.ssl_context = ssl.create_default_context(cafile=str(tls[2])) if tls else None
+        self.host = host  # what it listens on: 127.0.0.1, or "::1" for IPv6 loopback
         self._use_port(port or free_port())
         # What `python -m` runs with `serve --loopback --port N` and `args`: the command line,
         # or a bench's module that prepares the app before it calls the command line's `serve`.
@@ -64,8 +66,9 @@ class ServerProcess:
     def _use_port(self, port: int) -> None:
         self.port = port
         secure = "s" if self.tls else ""
-        self.url = f"http{secure}://127.0.0.1:{port}"
-        self.ws_url = f"ws{secure}://127.0.0.1:{port}/stream"
+        where = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http{secure}://{where}:{port}"
+        self.ws_url = f"ws{secure}://{where}:{port}/stream"
 
     def start(self, timeout: float = 30.0, keep_port: bool = False) -> None:
         """Start the server and wait until it answers on its port. A port it chose itself that
@@ -84,7 +87,7 @@ class ServerProcess:
     def _start(self, timeout: float) -> None:
         cmd = [
             sys.executable, "-m", self.module, "serve", "--loopback",
-            "--port", str(self.port), *self.args,
+            "--host", self.host, "--port", str(self.port), *self.args,
         ]  # fmt: skip
         if self.token_key is not None:
             cmd += ["--token-key", self.token_key]

@@ -6,8 +6,14 @@ import os
 from pathlib import Path
 
 import pytest
+from pvwire.access.forwarded import TrustedProxies
 from pvwire.access.identity import Identity
 from pvwire.access.rules import Access, AccessRules, RulesError, RulesFile, split_field
+from pvwire.config import Settings
+from pvwire.core.hub import Hub
+from pvwire.wire.tokens import TokenSigner
+
+from .hub_doubles import KEYS, FakeBackend
 
 RULES = """
 default = "READ"
@@ -112,3 +118,33 @@ def test_reload_on_change_keeps_old_rules_when_the_new_file_is_bad(tmp_path: Pat
     assert not rules.reload_if_changed()
     assert rules.rules.access(VIEWER, "ca://ANY") == Access.NONE  # the old rules stay
     assert not rules.reload_if_changed()  # a bad version is not retried until it changes
+
+
+def test_a_hosts_rule_matches_no_client_known_only_as_a_trusted_proxy(tmp_path: Path) -> None:
+    """A request from a trusted proxy that names nobody behind it (a TCP-mode frontend, a proxy
+    that does not append) has the proxy's address: a rule for the network the proxy sits in
+    does not take it for a client there; the proxy's neighbours (an IPv4-mapped one too) are
+    matched as ever, and so is the proxy's address where it is listed as no proxy."""
+    proxy, neighbour = Identity("", address="10.9.9.9"), Identity("", address="10.9.9.8")
+    proxies = TrustedProxies(["10.9.9.9/32"])
+    rules = AccessRules.parse(RULES, proxies=proxies)
+    assert rules.access(proxy, "ca://LAB:X") == Access.READ
+    assert rules.access(neighbour, "ca://LAB:X") == Access.WRITE
+    assert rules.access(Identity("", address="::ffff:10.9.9.8"), "ca://LAB:X") == Access.WRITE
+    assert AccessRules.parse(RULES).access(proxy, "ca://LAB:X") == Access.WRITE
+    path = tmp_path / "rules.toml"
+    path.write_text(RULES)  # and so from a file, as the hub reads them
+    assert RulesFile(str(path), (), proxies).rules.access(proxy, "ca://LAB:X") == Access.READ
+
+
+@pytest.mark.parametrize(
+    ("address", "admin"),
+    [("127.0.0.1", True), ("::1", True), ("127.0.0.2", False), ("10.0.0.1", False)],
+)
+def test_the_admin_views_take_no_trusted_proxy_for_this_machine(address: str, admin: bool) -> None:
+    """Without an admin group, a request from this machine sees who is connected; one whose
+    client is a trusted proxy's own address (on this machine too) came from whoever the proxy
+    did not name."""
+    settings = Settings(default_scheme="fake", trusted_proxies=["127.0.0.2/32"])
+    hub = Hub({"fake": FakeBackend()}, settings, TokenSigner(KEYS, "k1"))
+    assert hub.is_admin(Identity("", address=address)) is admin

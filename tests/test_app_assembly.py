@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from pvwire.api.body_limit import BodyLimit
+from pvwire.api.paced_bodies import PacedBodies
 from pvwire.app import GC_THRESHOLDS, create_app
 from pvwire.config import Settings
 from pvwire.upstream.loc import LocBackend
@@ -43,7 +44,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 def test_the_body_limit_is_outermost_and_the_page_last() -> None:
     app = assembled()
     classes: list[object] = [m.cls for m in app.user_middleware]
-    assert classes == [BodyLimit, CORSMiddleware]
+    assert classes == [BodyLimit, PacedBodies, CORSMiddleware]
     assert getattr(app.router.routes[-1], "name", None) in ("page", "no_page")
 
 

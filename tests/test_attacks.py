@@ -17,7 +17,7 @@ import json
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +31,16 @@ from tests.attacks import (
     Hoard,
     PvaPeers,
     PvaSizes,
+    Sockets,
     Watch,
+    answer_request,
     attachments_of,
     backfill_attack,
     body_attack,
     cpu_seconds,
     forged_sockets,
     hoard_channels,
+    in_64,
     metric,
     mjpeg_viewers,
     peer_refusals,
@@ -51,7 +54,9 @@ from tests.attacks import (
     reconnect_storm,
     record_history,
     rotating_refusals,
+    rss_bytes,
     search_hijack,
+    slow_readers,
     slow_senders,
     stream_token,
 )
@@ -158,6 +163,24 @@ FLOOD_GETS = 2_000
 FLOOD_CONNECTIONS = 50
 PVGET_PER_S = limits.number("pvget_per_s")
 FLOOD_RSS_BOUND = SLACK
+
+# (m) A client with an IPv6 /64 behind a trusted proxy (a load balancer forwarding its IPv6
+# clients, stood in for by a socket from the proxy's address): a new address of the /64 for
+# each WebSocket buys no more than one address's connections.
+IPV6_SOCKETS = 2 * limits.integer("max_connections_per_address")
+IPV6_NET = "2001:db8:a77a:1"
+
+# (n) Readers that stop reading: connections of one address, each asking for the largest
+# GraphQL answer several times at once (pipelined) and reading none of them. What they cost is
+# what they asked for, at most, until http_write_timeout_s without progress drops them.
+READERS_ADDRESS = "127.0.0.74"
+READERS = 20
+PIPELINED = 3
+ANSWER_ELEMENTS = limits.integer("max_graphql_elements")
+ANSWER = answer_request(f"sim://waveform/attack_unread?length={ANSWER_ELEMENTS}&rate=1")
+ANSWER_BYTES = 25 * ANSWER_ELEMENTS  # a float64 in its longest JSON form, and its comma
+WRITE_S = limits.number("http_write_timeout_s")
+READERS_RSS_BOUND = READERS * PIPELINED * ANSWER_BYTES + SLACK
 
 
 @pytest.fixture(scope="module")
@@ -419,27 +442,41 @@ async def test_f_a_reconnect_storm_costs_what_reconnects(
 # --- (g) -------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(240)
-async def test_g_a_forged_address_through_a_proxy_is_one_address(
-    target: ServerProcess, front: Proxy, bystander: Bystander
+async def _one_address_s_sockets(
+    target: ServerProcess,
+    bystander: Bystander,
+    opening: Awaitable[Sockets],
+    count: int,
+    named: str,
+    what: str,
 ) -> None:
-    url = front.url.replace("https://", "wss://") + "/stream"
+    """`count` sockets opened by `opening`, each claiming another address: one address's
+    connections admitted, the rest refused 429 naming `named`; within the bounds."""  # fmt: skip
     start = bystander.mark()
     with Watch(target) as watch:
-        opened = await forged_sockets(url, front.ssl_context(), FORGED_SOCKETS, FORGED_SOURCE)
+        opened = await opening
         try:
             admitted, refused = len(opened.admitted), opened.refused
         finally:
             await opened.close()
     end = bystander.mark()
-    print(f"{FORGED_SOCKETS} sockets with forged addresses: {admitted} admitted")
+    print(f"{count} {what}: {admitted} admitted")
     assert admitted == FORGED_ADMITTED, (
-        f"{admitted} of {FORGED_SOCKETS} sockets each forging its own X-Forwarded-For were "
-        f"admitted from one address (bound {FORGED_ADMITTED})"
+        f"{admitted} of {count} {what} were admitted (bound {FORGED_ADMITTED})"
     )
-    assert {(status, FORGED_SOURCE in text) for status, text in refused} == {(429, True)}
-    held(watch.cost, FORGED_RSS_BOUND, f"{FORGED_SOCKETS} forged sockets through haproxy")
+    assert {(status, named in text) for status, text in refused} == {(429, True)}
+    held(watch.cost, FORGED_RSS_BOUND, f"{count} {what}")
     bystander.check(start, end)
+
+
+@pytest.mark.timeout(240)
+async def test_g_a_forged_address_through_a_proxy_is_one_address(
+    target: ServerProcess, front: Proxy, bystander: Bystander
+) -> None:
+    url = front.url.replace("https://", "wss://") + "/stream"
+    opening = forged_sockets(url, front.ssl_context(), FORGED_SOCKETS, FORGED_SOURCE)
+    what = "sockets through haproxy, each forging its X-Forwarded-For"
+    await _one_address_s_sockets(target, bystander, opening, FORGED_SOCKETS, FORGED_SOURCE, what)
 
 
 # --- (h) -------------------------------------------------------------------------------------
@@ -720,4 +757,58 @@ async def test_l_a_pvget_flood_makes_few_upstream_gets(
     assert codes.get("RATE_LIMITED", 0) + codes.get("TOO_MANY_REQUESTS", 0) >= FLOOD_GETS - allowed
     assert set(codes) <= {"RATE_LIMITED", "TOO_MANY_REQUESTS", "NOT_FOUND", "TIMEOUT"}, codes
     held(watch.cost, FLOOD_RSS_BOUND, f"{FLOOD_GETS} pvgets from one address")
+    bystander.check(start, end)
+
+
+# --- (m) -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+async def test_m_an_ipv6_client_rotating_through_its_64_behind_a_proxy_is_one_address(
+    target: ServerProcess, bystander: Bystander
+) -> None:
+    opening = forged_sockets(target.ws_url, None, IPV6_SOCKETS, PROXY_SOURCE,
+                             forwarded=lambda i: in_64(i, IPV6_NET))  # fmt: skip
+    what = "sockets, each from another address of one /64 behind a proxy"
+    await _one_address_s_sockets(target, bystander, opening, IPV6_SOCKETS, f"{IPV6_NET}::/64", what)
+
+
+# --- (n) -------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+async def test_n_readers_that_stop_reading_hold_their_answers_only_until_the_write_deadline(
+    target: ServerProcess, bystander: Bystander
+) -> None:
+    def dropped() -> float:
+        return metric(target, "pvwire_request_timeouts_total").get('{phase="response"}', 0.0)
+
+    before = dropped()
+    start = bystander.mark()
+    with Watch(target) as watch:
+        t0 = time.monotonic()
+        readers = await asyncio.to_thread(
+            slow_readers, target, READERS_ADDRESS, READERS, ANSWER, PIPELINED
+        )
+        try:
+            await eventually_async(
+                lambda: asyncio.to_thread(lambda: dropped() - before >= READERS),
+                lambda: f"unread answers dropped: {dropped() - before:g} of {READERS}",
+                timeout=WRITE_S + 120,
+            )
+            seconds = time.monotonic() - t0
+            # And what they held is freed.
+            await eventually_async(
+                lambda: rss_bytes(watch.pid) - watch.cost.rss_start <= SLACK,
+                lambda: f"RSS {(rss_bytes(watch.pid) - watch.cost.rss_start) / MIB:.0f} MiB up",
+                timeout=60,
+            )
+        finally:
+            for sock in readers:
+                sock.close()
+    end = bystander.mark()
+    print(f"{READERS} x {PIPELINED} unread answers: peak +{watch.cost.rss_growth / MIB:.0f} "
+          f"MiB, dropped after {seconds:.1f} s")  # fmt: skip
+    assert seconds >= WRITE_S, f"dropped after {seconds:.2f} s, before {WRITE_S:g} s"
+    held(watch.cost, READERS_RSS_BOUND, f"{READERS} x {PIPELINED} unread GraphQL answers")
     bystander.check(start, end)

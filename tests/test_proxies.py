@@ -33,7 +33,7 @@ from pvwire_client import Client
 
 from tests.certs import TestCA
 from tests.eventually import eventually
-from tests.proxies import KINDS, REMOTE_CLIENT, TRUSTED, Proxy
+from tests.proxies import KINDS, PROXY_SOURCE, REMOTE_CLIENT, TRUSTED, Proxy
 from tests.pvws_client import PvwsClient
 from tests.server_process import ServerProcess
 
@@ -54,6 +54,11 @@ access = "WRITE"
 [[rule]]                      # writes from TEST-NET-3 alone
 channels = ["sim://value/far*"]
 hosts = ["203.0.113.0/24"]
+access = "WRITE"
+
+[[rule]]                      # writes from this machine, whichever of its addresses
+channels = ["sim://value/loop*"]
+hosts = ["127.0.0.0/8"]
 access = "WRITE"
 
 [[rule]]
@@ -200,6 +205,35 @@ def test_a_forged_address_opens_no_admin_view(site: Site, proxy: Proxy) -> None:
         code = put(remote, proxy.edge_url, "sim://value/local_e", 1, **forged())
         assert code == "WRITE_DENIED"
     assert [x["address"] for x in puts(site, before)] == [REMOTE_CLIENT]
+
+
+def _admin_answers(client: httpx.Client, url: str) -> tuple[int, int, str]:
+    """What `/pvws/summary`, `DELETE /pvws/socket/ID` and the `server` query's `clients` say to
+    `client` at `url`: two statuses and a GraphQL error code ("" for none)."""
+    summary = client.get(f"{url}/pvws/summary").status_code
+    delete = client.delete(f"{url}/pvws/socket/nobody").status_code
+    doc = client.post(f"{url}/graphql", json={"query": "{ server { clients { id } } }"}).json()
+    return summary, delete, str(doc["errors"][0]["extensions"]["code"]) if "errors" in doc else ""
+
+
+def test_a_request_naming_nobody_behind_the_proxy_is_not_this_machine(site: Site) -> None:
+    """Through haproxy's frontend in TCP mode, which adds no header, and straight from the
+    proxy's own address without one (its health check's way): the client is the proxy's
+    address, 127.0.0.2, loopback but a trusted proxy, so it came from whoever the proxy did not
+    name. Neither the admin views nor the rule for 127.0.0.0/8 take it for this machine, which
+    itself (127.0.0.1) is let in by both."""
+    haproxy = site.proxies["haproxy"]
+    assert haproxy.tcp_url is not None
+    before = len(site.lines())
+    with http(None) as through_tcp, http(None, PROXY_SOURCE) as from_proxy, http(None) as local:
+        for client, url in ((through_tcp, haproxy.tcp_url), (from_proxy, site.server.url)):
+            assert _admin_answers(client, url) == (403, 403, "FORBIDDEN"), url
+            assert put(client, url, "sim://value/loop_p", 1) == "WRITE_DENIED", url
+        assert _admin_answers(local, site.server.url) == (200, 404, "")
+        assert put(local, site.server.url, "sim://value/loop_p", 2) == "ok"
+    assert [(x["address"], x["result"] == "ok") for x in puts(site, before)] == [
+        (PROXY_SOURCE, False), (PROXY_SOURCE, False), ("127.0.0.1", True)
+    ]  # fmt: skip
 
 
 # --- the bounds per address ----------------------------------------------------------------------

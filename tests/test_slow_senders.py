@@ -1,6 +1,7 @@
 """Time and descriptors are resources (DESIGN.md section 7e): hundreds of real slow senders
 against the real server, each closed by the deadline meant for it, while a bystander is served;
-and a process whose descriptors are nearly all taken still answers its probes.
+readers that stop reading their answers, dropped by the write deadline; and a process whose
+descriptors are nearly all taken still answers its probes.
 
 What a deadline closes is told by its answer, not by timing: a 408 naming the limit, a close
 4000 naming it; the waits are generous bounds (the machine is shared), and "not before the
@@ -22,7 +23,16 @@ import websockets
 from pvwire.limits import integer, number
 from pvwire_dev.ioc import IocProcess
 
-from tests.attacks import Bystander, SlowSender, metric, slow_senders
+from tests.attacks import (
+    MIB,
+    Bystander,
+    SlowSender,
+    answer_request,
+    metric,
+    rss_bytes,
+    slow_readers,
+    slow_senders,
+)
 from tests.eventually import eventually, eventually_async
 from tests.server_process import ServerProcess, server_args_for_tests, stream_token
 
@@ -38,11 +48,20 @@ NOFILE = 512  # the small server's descriptor limit
 # What it takes: half of it, as the reserve of descriptors is larger than the other half.
 CAPACITY = max(NOFILE // 2, NOFILE - integer("reserved_descriptors"))
 PROBE_ROOM = integer("probe_connections")
+WRITE_S = number("http_write_timeout_s")
+# Answers of ~20 MB (a million float64 in JSON): past what the kernel's socket buffers take of
+# one (4 MiB here, tcp_wmem), so most of each waits in the server while nobody reads it.
+ELEMENTS = 1_000_000
+READERS = 4
+UNREAD = answer_request(f"sim://waveform/unread?length={ELEMENTS}&rate=1")
+# What a server's heap moves by meanwhile (the bystander, the test's requests).
+RSS_SLACK = 16 * MIB
 
 
 @pytest.fixture(scope="module")
 def target(epics_env: IocProcess) -> Iterator[ServerProcess]:
-    with ServerProcess(*server_args_for_tests()) as proc:
+    env = {"PVWIRE_MAX_GRAPHQL_ELEMENTS": str(ELEMENTS)}
+    with ServerProcess(*server_args_for_tests(), env=env) as proc:
         yield proc
 
 
@@ -216,3 +235,64 @@ async def test_a_full_process_refuses_clients_and_still_answers_its_probes(
         )
         refused_total = metric(server, "pvwire_connections_refused_total")
         assert refused_total['{reason="capacity"}'] >= 3, refused_total
+
+
+def _read_to_the_end(sock: socket.socket) -> int:
+    """Bytes the client gets once it reads again, until the server's close."""
+    sock.settimeout(30)
+    got = 0
+    while data := sock.recv(1 << 20):
+        got += len(data)
+    return got
+
+
+def test_readers_that_stop_reading_are_dropped_by_the_write_deadline(
+    target: ServerProcess,
+) -> None:
+    """Clients that ask for a ~20 MB GraphQL answer and never read it: the server holds what
+    its socket does not take while the answer makes progress, and drops the connection once it
+    has made none for http_write_timeout_s (counted, `phase="response"`); its memory returns,
+    and a bystander is served meanwhile. Without the deadline each answer was held for as long
+    as its client kept the connection open."""
+    pid = target.pid
+    assert pid is not None
+    with socket.create_connection(("127.0.0.1", target.port), timeout=60) as sock:
+        sock.sendall(UNREAD)
+        sock.shutdown(socket.SHUT_WR)
+        whole = _read_to_the_end(sock)  # the channel is monitored now: the answers come at once
+    assert whole > RSS_SLACK, whole
+    bystander = Bystander(target)
+    bystander.start()
+    readers: list[socket.socket] = []
+    try:
+        timeouts = metric(target, "pvwire_request_timeouts_total").get('{phase="response"}', 0.0)
+        base = rss_bytes(pid)
+        start = bystander.mark()
+        asked = time.monotonic()
+        readers = slow_readers(target, "127.0.0.1", READERS, UNREAD, 1)
+        # Held: at least half of what was asked for waits in the server.
+        eventually(lambda: rss_bytes(pid) - base >= READERS * whole // 2,
+                   lambda: f"the answers held: {(rss_bytes(pid) - base) / MIB:.0f} MiB",
+                   timeout=60)  # fmt: skip
+        # Meanwhile another client's request is answered.
+        assert target.graphql("{ server { version } }")["data"]["server"]["version"]
+
+        def dropped() -> bool:
+            now = metric(target, "pvwire_request_timeouts_total")['{phase="response"}']
+            return now - timeouts >= READERS
+
+        eventually(dropped, "the unread answers dropped", timeout=WRITE_S + 60)
+        seconds = time.monotonic() - asked
+        end = bystander.mark()
+        assert seconds >= WRITE_S - TIMER_SLACK_S, f"dropped after {seconds:.2f} s"
+        eventually(lambda: rss_bytes(pid) - base <= RSS_SLACK,
+                   lambda: f"RSS still {(rss_bytes(pid) - base) / MIB:.0f} MiB up",
+                   timeout=60)  # fmt: skip
+        # Reading again, each client gets what its kernel held, then the close: not the answer.
+        got = [_read_to_the_end(s) for s in readers]
+        assert all(0 < n < whole // 2 for n in got), (got, whole)
+        bystander.check(start, end)
+    finally:
+        bystander.stop()
+        for s in readers:
+            s.close()

@@ -24,6 +24,7 @@ from .api.body_limit import BodyLimit
 from .api.connections import STATE_KEY, Connections, capacity
 from .api.graphql_http import auth_refused, graphql_router, mount_graphiql_assets
 from .api.mjpeg import MjpegEndpoint
+from .api.paced_bodies import PacedBodies
 from .api.routes import mount_page, pages, probes, readiness
 from .config import Settings
 from .core.hub import Hub
@@ -119,6 +120,8 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
         )
+    # Answers over TLS in pieces the server's flow control sees (its write deadline).
+    app.add_middleware(PacedBodies)
     # Added last, so outermost: no body beyond the bound reaches CORS, authentication or a route.
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 

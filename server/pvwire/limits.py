@@ -288,6 +288,11 @@ LIMITS: tuple[Limit, ...] = (
           "a `--trusted-proxy`", "the last one read is the client"),
     Limit("forwarded_entry_bytes", 256, "bytes", "one `X-Forwarded-For` (or `Forwarded`) entry",
           "the walk ends: the last trusted proxy is the client"),
+    # RFC 6177: an IPv6 site is given a /64 at least, and picks any of its 2^64 addresses.
+    Limit("ipv6_bound_prefix", 64, "bits",
+          "leading bits of an IPv6 client address that every bound kept per address counts it "
+          "under (access/bound_key.py; IPv4 by the whole address)",
+          "the addresses of one /64 share one address's bounds"),
     # --- the status PVs (status/, `--status-prefix`) ---
     Limit("status_period_s", 1.0, "s", "between two readings of the status PVs' figures",
           "they are read again; a PV is posted when its value or alarm changed"),
@@ -377,6 +382,10 @@ LIMITS: tuple[Limit, ...] = (
     Limit("http_body_min_rate", 8_192, "bytes/s",
           "the rate a request body comes at, at least, past its first `http_body_timeout_s`",
           "HTTP 408, connection closed"),
+    Limit("http_write_timeout_s", 10.0, "s",
+          "an HTTP response the client does not read: its bytes waiting in the server making no "
+          "progress (a GraphQL, `/metrics` or `/retrieval/` answer, an MJPEG stream)",
+          "the connection is dropped, and what it held freed"),
     Limit("http_answered_linger_s", 2.0, "s",
           "a connection the server answered and is closing (refused, or too slow), still read "
           "so that what the client sent meanwhile does not reset the answer away",

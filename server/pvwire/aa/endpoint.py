@@ -139,7 +139,7 @@ class AaEndpoint:
             raise Refused(401, str(exc)) from None
 
     def _spend(self, identity: Identity, cost: int) -> None:
-        if not self.limiter.take(identity.user or identity.address, cost):
+        if not self.limiter.take(identity.rate_key, cost):
             raise Refused(
                 429,
                 f"more than {self.limiter.rate:,.0f} samples per second for this identity "

@@ -27,16 +27,46 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..limits import integer
 
-__all__ = ["Address", "client_address", "forwarded_nodes", "parse_node", "xff_entries"]
+__all__ = [
+    "Address",
+    "TrustedProxies",
+    "client_address",
+    "forwarded_nodes",
+    "parse_node",
+    "xff_entries",
+]
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 HOPS = integer("forwarded_hops")
 ENTRY_BYTES = integer("forwarded_entry_bytes")
+
+
+class TrustedProxies:
+    """The `--trusted-proxy` networks. A client whose address is one of them is a proxy that
+    named nobody behind it (a frontend in TCP mode, a proxy that does not append, its own health
+    check): who sent the request is not known, so neither the loopback check of the admin views
+    nor a `hosts` rule takes it for an address of its own (core/hub.py, access/rules.py)."""
+
+    def __init__(self, cidrs: Iterable[str] = ()) -> None:
+        self.networks = tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+
+    def __bool__(self) -> bool:
+        return bool(self.networks)
+
+    def holds(self, ip: Address) -> bool:
+        return any(ip in net for net in self.networks)
+
+    def lists(self, address: str) -> bool:
+        """`address` (a TCP peer, a client's address) is in one of the networks."""
+        if not self.networks:
+            return False
+        ip = parse_node(address)
+        return ip is not None and self.holds(ip)
 
 
 def client_address(

@@ -18,7 +18,6 @@ Every refusal, and a user header from an address that is no trusted proxy, goes 
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ import jwt
 
 from ..limits import number
 from . import forwarded
+from .bound_key import bound_key
 from .oidc import (
     ALGORITHMS,
     IssuerKeys,
@@ -39,8 +39,6 @@ from .oidc import (
 from .refusals import RefusalLog
 
 __all__ = ["ANONYMOUS", "AuthError", "Authenticator", "Identity", "JwtSettings"]
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class AuthError(Exception):
@@ -67,6 +65,16 @@ class Identity:
 
     def describe(self) -> str:
         return self.user or "anonymous"
+
+    @property
+    def bound_key(self) -> str:
+        """What the bounds kept per address count this client under (its IPv6 /64)."""
+        return bound_key(self.address)
+
+    @property
+    def rate_key(self) -> str:
+        """Whose budget a rate-limited request spends: the user's, else its address's."""
+        return self.user or bound_key(self.address)
 
 
 ANONYMOUS = Identity("")
@@ -111,9 +119,7 @@ class Authenticator:
     refusals: RefusalLog = field(default_factory=RefusalLog)
 
     def __post_init__(self) -> None:
-        self._proxies: list[Network] = [
-            ipaddress.ip_network(c, strict=False) for c in self.trusted_proxies
-        ]
+        self._proxies = forwarded.TrustedProxies(self.trusted_proxies)
         self._secret: str | None = None  # HS256
         self._jwks: dict[str, jwt.PyJWK] = {}  # key id ("" when the JWKS has none) -> key
         self._algorithms: list[str] = []
@@ -194,11 +200,14 @@ class Authenticator:
     def client_address(self, headers: Mapping[str, str], peer: str) -> str:
         """The real client's address: the TCP peer, or when that is a trusted proxy, the
         right-most `X-Forwarded-For` entry (all its lines, in order) that is no trusted proxy
-        (`Forwarded`'s `for=` when there is no `X-Forwarded-For`; access/forwarded.py)."""
-        if not self._trusted(peer):
-            return peer
+        (`Forwarded`'s `for=` when there is no `X-Forwarded-For`; access/forwarded.py). An
+        IPv4-mapped IPv6 peer (a dual-stack socket's IPv4 client) is its IPv4 address."""
+        ip = forwarded.parse_node(peer)
+        plain = peer if ip is None else str(ip)
+        if ip is None or not self._proxies.holds(ip):
+            return plain
         return forwarded.client_address(
-            peer, _lines(headers, "x-forwarded-for"), _lines(headers, "forwarded"), self._is_proxy
+            plain, _lines(headers, "x-forwarded-for"), _lines(headers, "forwarded"), self._is_proxy
         )
 
     def identify(
@@ -246,13 +255,10 @@ class Authenticator:
         self.refusals.refused(reason, address, op, detail, user)
 
     def _trusted(self, peer: str) -> bool:
-        if not self._proxies:
-            return False
-        ip = forwarded.parse_node(peer)
-        return ip is not None and self._is_proxy(ip)
+        return self._proxies.lists(peer)
 
     def _is_proxy(self, ip: forwarded.Address) -> bool:
-        return any(ip in net for net in self._proxies)
+        return self._proxies.holds(ip)
 
     def _from_jwt(self, token: str, address: str) -> Identity:
         if not self._algorithms:

@@ -3,7 +3,8 @@
 A forged, expired or misaddressed token, or a proxy's user header from an address that is not a
 trusted proxy, is what an attacker's probing looks like; it must leave a trace. But whoever can
 reach the server can send bad tokens as fast as it answers them, so what is written is
-bounded: a token bucket per reason and source (the client's address, or the user for puts)
+bounded: a token bucket per reason and source (the client's address, an IPv6 client's /64 by
+access/bound_key.py, or the user for puts)
 lets `burst` lines through, then `rate` per second; past that, refusals are only counted, and
 one summary line per reason and `interval` says how many were left out. A bucket per source, so
 that one client's flood does not hide another's refusals; at most `refusal_log_sources` of them
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..limits import integer, number
+from .bound_key import bound_key
 
 __all__ = ["PUT_REASONS", "REASONS", "RefusalLog"]
 
@@ -111,7 +113,7 @@ class RefusalLog:
     def refused(
         self, reason: str, address: str, operation: str, detail: str = "", user: str = ""
     ) -> None:
-        if self.admit(reason, address):
+        if self.admit(reason, bound_key(address)):
             self._emit(
                 {"event": self.event, "reason": reason, "address": address,
                  "operation": operation, "user": user or None, "detail": detail[:200]}

@@ -21,6 +21,10 @@ that lists the field in `fields` (or `"*"`), or a glob naming the field (`ca://B
 WRITE rule that matches the record but not the field makes it readable, and a later WRITE rule
 naming the field may still grant it. Empty `users`, `groups` and `hosts` match everyone.
 `--write-rule GLOB` flags are a shorthand for WRITE rules for everyone, after the file's rules.
+
+A rule with `hosts` matches no client whose address is a `--trusted-proxy`'s own: such a
+request came through the proxy from someone it did not name (a frontend in TCP mode, a proxy
+that does not append to `X-Forwarded-For`), so its address says nothing of where it came from.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .forwarded import Address, TrustedProxies, parse_node
 from .identity import Identity
 
 __all__ = ["Access", "AccessRules", "Rule", "RulesError", "RulesFile", "split_field"]
@@ -75,14 +80,17 @@ class Rule:
     hosts: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()  # client networks
     fields: frozenset[str] = frozenset()  # field writes this rule grants; "*" = all
 
-    def matches(self, identity: Identity, base_id: str, full_id: str) -> tuple[bool, bool]:
+    def matches(
+        self, identity: Identity, base_id: str, full_id: str, host: Address | None = None
+    ) -> tuple[bool, bool]:
         """(whether the rule applies, whether a glob named the field itself: a glob such as
-        `ca://BL01:*.PROC` matches the field's id and grants writes to that field)."""
+        `ca://BL01:*.PROC` matches the field's id and grants writes to that field). `host` is
+        the client's address for `hosts` (None: it matches none)."""
         if self.users and identity.user not in self.users:
             return False, False
         if self.groups and not self.groups & identity.groups:
             return False, False
-        if self.hosts and not _in_networks(identity.address, self.hosts):
+        if self.hosts and (host is None or not any(host in n for n in self.hosts)):
             return False, False
         if full_id != base_id and any(
             _FIELD_GLOB.search(g) and fnmatch.fnmatchcase(full_id, g) for g in self.channels
@@ -92,16 +100,30 @@ class Rule:
 
 
 class AccessRules:
-    def __init__(self, rules: Sequence[Rule], default: Access = Access.READ) -> None:
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        default: Access = Access.READ,
+        proxies: TrustedProxies | None = None,
+    ) -> None:
         self.rules = tuple(rules)
         self.default = default
+        self.proxies = proxies or TrustedProxies()
+        self._hosts = any(r.hosts for r in self.rules)
+
+    def host(self, address: str) -> Address | None:
+        """The address `hosts` rules see of a client at `address`: None for no address or a
+        trusted proxy's own."""
+        ip = parse_node(address)
+        return None if ip is None or self.proxies.holds(ip) else ip
 
     def access(self, identity: Identity, channel_id: str) -> Access:
         """What `identity` may do with `channel_id` (a canonical id, maybe with a field)."""
         base, field = split_field(channel_id)
         capped: Access | None = None  # a WRITE rule matched the record but not this field
+        host = self.host(identity.address) if self._hosts else None
         for rule in self.rules:
-            applies, names_field = rule.matches(identity, base, channel_id)
+            applies, names_field = rule.matches(identity, base, channel_id, host)
             if not applies:
                 continue
             grants = rule.access == Access.WRITE and (names_field or _grants_field(rule, field))
@@ -123,7 +145,11 @@ class AccessRules:
 
     @classmethod
     def parse(
-        cls, text: str, extra_write_globs: Iterable[str] = (), where: str = "rules"
+        cls,
+        text: str,
+        extra_write_globs: Iterable[str] = (),
+        where: str = "rules",
+        proxies: TrustedProxies | None = None,
     ) -> AccessRules:
         try:
             doc = tomllib.loads(text)
@@ -138,21 +164,11 @@ class AccessRules:
             raise RulesError(f"{where}: `rule` must be an array of tables ([[rule]])")
         rules = [_rule(r, f"{where}: rule {i + 1}") for i, r in enumerate(raw)]
         rules += [Rule(channels=(g,), access=Access.WRITE) for g in extra_write_globs]
-        return cls(rules, default)
+        return cls(rules, default, proxies)
 
 
 def _grants_field(rule: Rule, field: str) -> bool:
     return "*" in rule.fields or field in rule.fields
-
-
-def _in_networks(
-    address: str, networks: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]
-) -> bool:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return any(ip in n for n in networks)
 
 
 def _access(value: object, where: str) -> Access:
@@ -198,17 +214,24 @@ class RulesFile:
     """The rules in force, reloaded when the file changes (checked once a second by the hub) or
     on SIGHUP. A reload that fails keeps the old rules and logs why; connections stay."""
 
-    def __init__(self, path: str, write_globs: Sequence[str] = ()) -> None:
+    def __init__(
+        self, path: str, write_globs: Sequence[str] = (), proxies: TrustedProxies | None = None
+    ) -> None:
         self.path = Path(path) if path else None
         self._write_globs = tuple(write_globs)
+        self._proxies = proxies
         self._stamp: tuple[float, int] | None = None
-        self.rules = self._load() if self.path else AccessRules.parse("", self._write_globs)
+        self.rules = (
+            self._load() if self.path else AccessRules.parse("", self._write_globs, proxies=proxies)
+        )
 
     def _load(self) -> AccessRules:
         assert self.path is not None
         stat = self.path.stat()
         self._stamp = (stat.st_mtime, stat.st_size)
-        return AccessRules.parse(self.path.read_text(), self._write_globs, str(self.path))
+        return AccessRules.parse(
+            self.path.read_text(), self._write_globs, str(self.path), self._proxies
+        )
 
     def reload_if_changed(self, force: bool = False) -> bool:
         """True if new rules took effect. A version that fails is reported once and not tried

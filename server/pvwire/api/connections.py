@@ -12,8 +12,9 @@ is accepted, before one byte of it is read:
 Behind a trusted proxy the TCP peer is the proxy: its connections count in the process's total
 but under no address at accept. Once a request's headers are in, the connection counts under the
 address the proxy forwards (`Authenticator.client_address`, the one rule that says who a client
-is) until that request is answered, or for its life once it became a WebSocket. The table is
-made by the application (app.py) and handed to the protocols in the lifespan's state.
+is) until that request is answered, or for its life once it became a WebSocket. An address
+counts by its bound key (access/bound_key.py): an IPv6 client's /64. The table is made by the
+application (app.py) and handed to the protocols in the lifespan's state.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..access.bound_key import bound_key
 from ..limits import integer
 
 __all__ = [
@@ -42,7 +44,7 @@ STATE_KEY = "pvwire.connections"  # where the lifespan's state holds the table
 PROBES = (b"/healthz", b"/readyz")  # answered past the capacity too
 PROBE_CONNECTIONS = integer("probe_connections")
 REFUSAL_REASONS = ("per_address", "capacity")
-TIMEOUT_PHASES = ("headers", "body")
+TIMEOUT_PHASES = ("headers", "body", "response")
 
 
 def capacity(max_connections: int, reserved: int = integer("reserved_descriptors")) -> int:
@@ -75,7 +77,7 @@ class Ticket:
 
     peer: str
     proxied: bool  # the peer is a trusted proxy: counted under what it forwards
-    address: str | None = None  # the address it counts under now (None: none)
+    address: str | None = None  # the address's bound key it counts under now (None: none)
     overflow: bool = False  # past the capacity: probes only
     closed: bool = False
 
@@ -163,22 +165,23 @@ class Connections:
         self._timeouts[phase] = self._timeouts.get(phase, 0) + 1
 
     def from_address(self, address: str) -> int:
-        """Connections counted under `address` now."""
-        return self._by_address.get(address, 0)
+        """Connections counted under `address` (its bound key) now."""
+        return self._by_address.get(bound_key(address), 0)
 
     def stats(self) -> ConnectionStats:
         return ConnectionStats(self.open, dict(self._refused), dict(self._timeouts))
 
     def _count(self, ticket: Ticket, address: str) -> Refusal | None:
-        held = self._by_address.get(address, 0) + 1
-        self._by_address[address] = held
-        ticket.address = address
+        key = bound_key(address)
+        held = self._by_address.get(key, 0) + 1
+        self._by_address[key] = held
+        ticket.address = key
         if held > self.per_address:
             self._refused["per_address"] += 1
             return Refusal(
                 429,
                 "per_address",
-                f"{self.per_address} connections from {address} already "
+                f"{self.per_address} connections from {key} already "
                 "(max_connections_per_address); close one, or try again later",
             )
         return None

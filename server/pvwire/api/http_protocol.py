@@ -11,6 +11,13 @@ task, for ever. Here (limits.py):
   `http_body_min_rate` bytes of it received; the clock starts again while the application has
   not read what came (uvicorn then stops reading: the delay is not the client's);
 - past either, the client is answered 408 naming the limit, and the connection is closed;
+- a response's bytes waiting in the server (uvicorn's flow control has paused its writer: more
+  than the transport's high-water mark is unsent) must make progress within
+  `http_write_timeout_s`, or the connection is dropped and the bytes freed. uvicorn writes a
+  body it is given whole into the transport, so a client that never read a GraphQL answer held
+  the answer's memory (and an MJPEG or `/retrieval/` stream its task) for as long as it kept the
+  connection open; every endpoint's answer is bounded so, not only the streams that watch their
+  own sends;
 - every connection is counted at accept in the connection table (api/connections.py): one past
   its address's bound is answered 429, one past the process's capacity 503 (but `/healthz` and
   `/readyz`, for a few more), before anything of it is read.
@@ -45,6 +52,7 @@ HEADER_TIMEOUT = number("http_header_timeout_s")
 BODY_TIMEOUT = number("http_body_timeout_s")
 BODY_MIN_RATE = number("http_body_min_rate")
 ANSWERED_LINGER = number("http_answered_linger_s")
+WRITE_TIMEOUT = number("http_write_timeout_s")
 
 
 class HttpProtocol(HttpToolsProtocol):
@@ -65,6 +73,8 @@ class HttpProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         self._answered = False  # this protocol answered and closes: the rest is dropped
         self._linger: asyncio.TimerHandle | None = None
+        self._write_deadline: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes waiting in the transport when the write deadline was set
 
     # --- the connection -----------------------------------------------------------------------
 
@@ -80,6 +90,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_deadline()
+        self._stop_write_deadline()
         if self._linger is not None:
             self._linger.cancel()
         if self.ticket is not None and self.table is not None:
@@ -89,6 +100,14 @@ class HttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if not self._answered:
             super().data_received(data)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._expect_writes()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_deadline()
 
     # --- the parser's callbacks ---------------------------------------------------------------
 
@@ -134,6 +153,7 @@ class HttpProtocol(HttpToolsProtocol):
         if self.ticket is not None and self.table is not None:
             self.table.hand_over(self.transport, self.ticket)
             self.ticket = None  # the WebSocket protocol releases it
+        self._stop_write_deadline()  # the WebSocket's own flow control and stall check take over
         super().handle_websocket_upgrade()
 
     # --- deadlines and refusals ---------------------------------------------------------------
@@ -188,6 +208,28 @@ class HttpProtocol(HttpToolsProtocol):
             self.transport.close()  # a response is under way: it cannot say why
             return
         self._answer(408, what)
+
+    def _expect_writes(self) -> None:
+        """Paused: what waits must shrink within `WRITE_TIMEOUT`, and then again."""
+        self._stop_write_deadline()
+        self._unsent = self.transport.get_write_buffer_size()
+        self._write_deadline = self.loop.call_later(WRITE_TIMEOUT, self._check_writes)
+
+    def _stop_write_deadline(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _check_writes(self) -> None:
+        self._write_deadline = None
+        if not self.flow.write_paused:
+            return
+        if self.transport.get_write_buffer_size() < self._unsent:  # the client took some
+            self._expect_writes()
+            return
+        if self.table is not None:
+            self.table.timed_out("response")
+        self.transport.abort()  # close() would wait for the client to read it all
 
     def _refuse(self, refusal: Refusal) -> None:
         self._answer(refusal.status, refusal.message)

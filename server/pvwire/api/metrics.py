@@ -213,7 +213,8 @@ METRICS: tuple[Metric, ...] = (
                       for r in REFUSAL_REASONS],
            {"reason": frozenset(REFUSAL_REASONS)}),
     Metric("request_timeouts_total", "counter",
-           "HTTP requests answered 408 and closed: headers or body too slow.",
+           "HTTP requests answered 408 and closed: headers or body too slow; or dropped: "
+           "the client read nothing of the response (response).",
            lambda s: [("", (("phase", p),), s.connections.timeouts.get(p, 0))
                       for p in TIMEOUT_PHASES],
            {"phase": frozenset(TIMEOUT_PHASES)}),

@@ -18,9 +18,10 @@ Options: `maxPixels` (frames subsampled by a whole factor to at most this many p
 1,048,576), `quality` (JPEG quality 1-95, default 75), `fps` (frames per second at most, default
 10), each rounded to a few levels (core/mjpeg.py). Viewers with the same channel and rounded
 options share one feed: one JPEG per frame for all of them; feeds are bounded per channel and
-per opening address (limits.py). Read access is checked as for a subscription, for each viewer,
-and again at least every second (rules can change). A viewer whose connection takes no frame for
-`stall_timeout_s` is closed; until then it only ever gets the newest frame.
+per opening address (limits.py; an IPv6 client's /64 counts as one). Read access is checked as
+for a subscription, for each viewer, and again at least every second (rules can change). A
+viewer whose connection takes no frame for `stall_timeout_s` is closed; until then it only ever
+gets the newest frame.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
+from ..access.bound_key import bound_key
 from ..access.identity import Authenticator, AuthError, Identity
 from ..core.mjpeg import Frame, MjpegFeed, MjpegOptions, MjpegStats
 from ..errors import PvwireError
@@ -121,7 +123,7 @@ class MjpegEndpoint:
             integer("mjpeg_encode_threads"), thread_name_prefix="pvwire-mjpeg"
         )
         self.feeds: dict[tuple[str, MjpegOptions], MjpegFeed] = {}
-        self.viewers: dict[str, int] = {}  # client address -> viewers open
+        self.viewers: dict[str, int] = {}  # client address's bound key -> viewers open
         self._closed = MjpegStats()  # the counters of feeds closed so far
 
     def router(self) -> APIRouter:
@@ -165,7 +167,7 @@ class MjpegEndpoint:
         readable = [c for c in candidates if hub.may_read(identity, c)]
         if not readable:
             return _text(403, f"{identity.describe()} may not read {candidates[-1]}")
-        address = identity.address
+        address = identity.bound_key
         per_address = hub.settings.mjpeg_viewers_per_address
         if sum(self.viewers.values()) >= self.max_viewers:
             return _text(503, f"this server serves {self.max_viewers} MJPEG viewers at most")
@@ -232,7 +234,7 @@ class MjpegEndpoint:
         key = (canonical, options)
         feed = self.feeds.get(key)
         if feed is None or feed.close_request is not None:
-            self._check_room(canonical, identity.address)
+            self._check_room(canonical, identity.bound_key)
             feed = MjpegFeed(self.hub.client_number(), canonical, options, self.hub, self.executor)
             feed.open(identity)  # raises AttachRefused before anything is kept
             self.feeds[key] = feed
@@ -240,7 +242,8 @@ class MjpegEndpoint:
         return feed
 
     def _check_room(self, canonical: str, address: str) -> None:
-        """Room for one more feed of `canonical`, opened from `address`, or _Refused saying why."""
+        """Room for one more feed of `canonical`, opened from `address` (a bound key), or
+        _Refused saying why."""
         same = [o for (c, o), f in self.feeds.items() if c == canonical and f.close_request is None]
         if len(same) >= self.feeds_per_channel:
             used = "; ".join(sorted(o.query() for o in same))
@@ -249,7 +252,7 @@ class MjpegEndpoint:
                 f"{canonical} is already served with {len(same)} option sets "
                 f"(at most {self.feeds_per_channel}); ask for one of: {used}",
             )
-        mine = sum(1 for f in self.feeds.values() if f.address == address)
+        mine = sum(1 for f in self.feeds.values() if bound_key(f.address) == address)
         if mine >= self.feeds_per_address:
             raise _Refused(
                 429,
@@ -258,7 +261,8 @@ class MjpegEndpoint:
             )
 
     def leave(self, feed: MjpegFeed, address: str | None) -> None:
-        """A viewer of `feed` is gone (`address` None: one of its candidates, never counted)."""
+        """A viewer of `feed` from `address` (a bound key) is gone (None: one of its
+        candidates, never counted)."""
         if address is not None:
             self._uncount(address)
         feed.viewers -= 1
@@ -322,7 +326,7 @@ class _Stream(Response):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             gone.cancel()
-            endpoint.leave(feed, self._identity.address)
+            endpoint.leave(feed, self._identity.bound_key)
 
     async def _send(self, send: Send, part: bytes) -> bool:
         """Send one part; False when the viewer took nothing for `stall_timeout_s`."""

@@ -129,7 +129,7 @@ class QueryCost(SchemaExtension):
         identity = context.get("identity") if isinstance(context, dict) else None
         if limiter is None or not isinstance(identity, Identity):
             return True
-        return limiter.take(identity.user or identity.address, cost)
+        return limiter.take(identity.rate_key, cost)
 
 
 def _cost(

@@ -148,7 +148,7 @@ class Control:
             canonical, backend, name = registry.resolve(channel_id)
             ch = registry.channels.get(canonical)
             old = ch.value if ch is not None and ch.state == ConnState.CONNECTED else None
-            if not self._puts.take(identity.user or identity.address):
+            if not self._puts.take(identity.rate_key):
                 raise RateLimited(
                     f"{identity.describe()} sent more than {self._puts.rate:g} puts per second"
                 )
@@ -180,7 +180,7 @@ class Control:
             # A refusal by pvwire is what a flood of writes makes (the rate limiter refuses
             # all but a few): its line is written only while its kind is not flooding.
             bounded = refused_by == "pvwire" and code.lower() in self.put_refusals.counts
-            if not bounded or self.put_refusals.admit(code.lower(), _source(identity)):
+            if not bounded or self.put_refusals.admit(code.lower(), identity.rate_key):
                 self._audit.put(
                     identity,
                     canonical,
@@ -199,7 +199,7 @@ class Control:
     ) -> None:
         """A put refused before it was tried (one of refusals.PUT_REASONS): counted, and audited
         as the others pvwire refuses, bounded under a flood."""
-        if self.put_refusals.admit(reason, _source(identity)):
+        if self.put_refusals.admit(reason, identity.rate_key):
             with contextlib.suppress(PvwireError):  # else audited under the id as given
                 channel_id = self._registry.resolve(channel_id)[0]
             self._audit.put(
@@ -259,8 +259,3 @@ class Control:
             if fnmatch.fnmatchcase(cid, pattern)
             or (not has_scheme and fnmatch.fnmatchcase(cid.partition("://")[2], pattern))
         )
-
-
-def _source(identity: Identity) -> str:
-    """Whose flood a refused put belongs to: the user, or an anonymous client's address."""
-    return identity.user or identity.address

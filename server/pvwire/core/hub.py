@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from ..aa.operators import Series
 from ..access.audit import AuditLog
+from ..access.forwarded import TrustedProxies
 from ..access.identity import Identity
 from ..access.ratelimit import RateLimiter
 from ..access.refusals import RefusalLog
@@ -64,7 +65,10 @@ class Hub:
         self.registry = Registry(
             backends, settings, self.ticker, history=self.history_store, archive=self.archive
         )
-        self.rules = RulesFile(settings.access_rules, settings.write_rules)
+        # A client known only as a trusted proxy is nobody's address: neither "this machine"
+        # for the admin views nor any rule's `hosts`.
+        self._proxies = TrustedProxies(settings.trusted_proxies)
+        self.rules = RulesFile(settings.access_rules, settings.write_rules, self._proxies)
         self.audit = AuditLog(settings.audit_log)
         # Refused authentications, audited and counted (access/refusals.py): the bearer tokens
         # the authenticator refuses, and the stream tokens refused here.
@@ -275,7 +279,7 @@ class Hub:
         admins = self.settings.admin_groups
         if admins:
             return bool(identity.groups & set(admins))
-        return _is_loopback(identity.address)
+        return _is_loopback(identity.address) and not self._proxies.lists(identity.address)
 
     def reload(self) -> None:
         """SIGHUP: read the access rules and the catalogue file again now, even when they look

@@ -221,7 +221,7 @@ class PvwsEndpoint:
         # pvget, as GraphQL's gets: a rate per identity, and few at once per address (each get
         # of a channel not monitored is an upstream search, for up to get_timeout_s).
         self._pvget_rate = RateLimiter(PVGET_PER_S, 2 * PVGET_PER_S)
-        self._pvgets: dict[str, int] = {}  # client address -> pvgets not answered yet
+        self._pvgets: dict[str, int] = {}  # client address's bound key -> pvgets not answered
 
     # --- the WebSocket ------------------------------------------------------------------------
 
@@ -373,10 +373,10 @@ class PvwsEndpoint:
             return error(401, exc.code, str(exc))
         if not name:
             return error(400, "BAD_REQUEST", "pvget needs a PV name: /pvws/pvget?name=PV")
-        if not self._pvget_rate.take(identity.user or identity.address):
+        if not self._pvget_rate.take(identity.rate_key):
             why = f"{identity.describe()} sent more than {PVGET_PER_S:g} pvgets per second"
             return error(429, "RATE_LIMITED", f"{why} (pvget_per_s); slow down")
-        address = identity.address
+        address = identity.bound_key
         waiting = self._pvgets.get(address, 0)
         if waiting >= PVGET_IN_FLIGHT:
             why = f"{waiting} pvgets from {address} are not answered yet, the most one address"
