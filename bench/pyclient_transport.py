@@ -76,7 +76,12 @@ def _closed(e: websockets.ConnectionClosed) -> transport.ConnectionClosed:
 
 
 async def _websockets_connect(
-    url: str, *, subprotocols: list[str], max_size: int, open_timeout: float = 10.0
+    url: str,
+    *,
+    subprotocols: list[str],
+    max_size: int,
+    open_timeout: float = 10.0,
+    ssl: Any = None,
 ) -> Any:
     ws = await websockets.connect(
         url,
@@ -84,6 +89,7 @@ async def _websockets_connect(
         compression=None,
         max_size=max_size,
         open_timeout=open_timeout,
+        **({"ssl": ssl} if url.startswith("wss:") else {}),  # as transport.connect reads it
     )
     return _Websockets(ws)
 
