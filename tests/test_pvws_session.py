@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -401,20 +402,95 @@ def test_a_catch_up_queues_within_the_send_budget_too() -> None:
     assert sent == 100
 
 
-def test_first_image_frames_are_paced_to_the_image_budget() -> None:
+def test_first_image_frames_go_within_a_second_s_budget_then_one_per_payoff() -> None:
     meta = Metadata("uint16", 64, "")
     ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
     s = image_session(ch, clock, rate=1000.0)
-    names = [f"img{i}" for i in range(5)]
+    names = [f"img{i}" for i in range(6)]
     s.receive(json.dumps({"type": "subscribe", "pvs": names}))
     size = len(s._encoder.text("img0", ch, True, True, True).encode())
-    assert [json.loads(t)["pv"] for t in drain(s)] == ["img0"]  # one frame: the budget owes
+    at_once = math.ceil(1000 / size)  # while the connection owes less than 1 s of budget
+    assert 1 < at_once < len(names) - 1
+    assert [json.loads(t)["pv"] for t in drain(s)] == names[:at_once]
     got: list[str] = []
-    for _ in names[1:]:
-        clock.now += size / 1000.0  # paid off: the next first frame goes, one at a time
+    for _ in names[at_once:]:
+        clock.now += size / 1000.0  # one frame's bytes paid: the next first frame goes
         s.housekeeping(clock.now)
         got += [json.loads(t)["pv"] for t in drain(s)]
-    assert got == names[1:] and s.images_held == 0
+    assert got == names[at_once:] and s.images_held == 0
+
+
+class Channels:
+    """A host of one FakeChannel per name."""
+
+    def __init__(self, channels: dict[str, FakeChannel]) -> None:
+        self.channels = channels
+
+    def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened:
+        view: PvSource = FakeView([self.channels[name]])
+        return Opened(view, Claims((name,), "LATEST", 0.0, 0, 0), may_write=False)
+
+    def close(self, view: PvSource, session: PvwsSession, att: int) -> None:
+        pass
+
+
+def images_at_10_hz(shapes: dict[str, tuple[int, int]], seconds: float) -> dict[str, int]:
+    """Images of `shapes` (uint16), each changed at every 0.1 s tick on one connection with the
+    default budget (1.5 MB/s): frames each got, after the first."""
+    clock = Clock()
+    channels = {
+        name: FakeChannel(value=np.zeros(shape, np.uint16), meta=Metadata("uint16", 64, ""))
+        for name, shape in shapes.items()
+    }
+    s = PvwsSession(
+        1, "", Channels(channels), PvwsEncoder(), SessionLimits(send_budget=1 << 30),
+        lambda: None, clock=clock, image_bytes_per_s=1.5e6,
+    )  # fmt: skip
+    s.receive(json.dumps({"type": "subscribe", "pvs": list(shapes)}))
+    drain(s)
+    got = dict.fromkeys(shapes, 0)
+    for k in range(round(seconds * 10)):
+        clock.now += 0.1
+        for att, (name, ch) in enumerate(channels.items(), 1):
+            ch.set(np.full(shapes[name], k + 1, np.uint16))
+            s.collect(att, object())
+        s.flush_tick()
+        for t in drain(s):
+            got[json.loads(t)["pv"]] += 1
+    return got
+
+
+def test_small_images_within_the_budget_are_never_held() -> None:
+    # Three 8 x 4 images, ~1 kB/s together against 1.5 MB/s: every frame of each goes.
+    got = images_at_10_hz({"a": (4, 8), "b": (4, 8), "c": (4, 8)}, seconds=3.0)
+    assert got == {"a": 30, "b": 30, "c": 30}
+
+
+def test_a_small_image_beside_a_camera_keeps_its_rate() -> None:
+    # A 512 x 512 uint16 camera (1.4 MB a frame, ~14 MB/s) takes the budget; an 8 x 4 image
+    # beside it still gets every frame, and the camera what is left: about one a second.
+    got = images_at_10_hz({"camera": (512, 512), "small": (4, 8)}, seconds=5.0)
+    assert got["small"] == 50
+    assert 3 <= got["camera"] <= 6
+
+
+def test_thousands_of_held_images_each_go_in_turn() -> None:
+    """5,000 images subscribed at once on a tiny budget: held in subscription order, each sent
+    once as the budget allows, none twice, none lost."""
+    meta = Metadata("uint16", 64, "")
+    ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
+    s = image_session(ch, clock, rate=1000.0)
+    names = [f"img{i}" for i in range(5000)]
+    s.receive(json.dumps({"type": "subscribe", "pvs": names}))
+    got = [json.loads(t)["pv"] for t in drain(s)]
+    while len(got) < len(names):
+        clock.now += 10.0  # 10 s of budget: ~25 frames
+        s.collect(1, object())  # a change of the first image: one more held frame each time
+        s.flush_tick()
+        sent = [json.loads(t)["pv"] for t in drain(s)]
+        assert 0 < len(sent) < 100
+        got += [pv for pv in sent if pv != "img0"]
+    assert got == names
 
 
 def test_every_update_queued_is_a_delivery_and_a_merged_one_is_not() -> None:

@@ -114,13 +114,17 @@ class PvwsSession(AttachedSession[str, Pv]):
         self._opening: dict[str, None] = {}
         self._opener = opener
         self._popped = 0  # UTF-8 bytes of the text `next_text` gave last
-        # Images cost what a client can use: their frames are paced to `image_bytes_per_s`
-        # (each frame's bytes owed, then paid off at that rate before the next goes; no burst).
-        # A frame that comes while owing waits, and newer ones replace it.
+        # Images cost what a client can use: their frames are paced to `image_bytes_per_s`.
+        # Each frame sent is owed by its PV, in bytes; the connection pays at that rate, shared
+        # by the PVs that owe (the smallest debts first, the rest alike), so a small image
+        # beside a camera is not held by the camera's debt. A PV's next frame goes once its
+        # own is paid and the connection owes less than a second's budget: within the budget
+        # nothing is held. A frame that must wait is held, and newer ones replace it.
         self.image_bytes_per_s = image_bytes_per_s
-        self._image_tokens = 0.0  # bytes owed, as a negative number; 0: a frame may go
         self._image_at = clock()
-        self._images_waiting: dict[int, None] = {}  # atts of images held back
+        self._owed: dict[int, float] = {}  # att -> bytes its PV still owes
+        self._owed_total = 0.0
+        self._images_waiting: dict[int, None] = {}  # atts of images held back, oldest first
         self.images_held = 0  # image frames replaced while held back (never sent)
         self._pending: dict[int, None] = {}  # atts changed while behind
         self._tick: list[int] = []
@@ -260,6 +264,7 @@ class PvwsSession(AttachedSession[str, Pv]):
     def _release(self, pv: Pv) -> None:
         self.pvs.remove(pv)
         self._images_waiting.pop(pv.att, None)
+        self._owed_total -= self._owed.pop(pv.att, 0.0)
         self._pending.pop(pv.att, None)
         self._encoder.release(pv.name)
         self._host.close(pv.view, self, pv.att)
@@ -293,10 +298,6 @@ class PvwsSession(AttachedSession[str, Pv]):
         atts, self._tick = self._tick, []
         if self.close_request:
             return
-        if self._images_waiting and not self._flow.merging() and self._image_room():
-            # Images held back go first, in their current state, now that there is room.
-            waiting, self._images_waiting = list(self._images_waiting), {}
-            atts = waiting + [a for a in atts if a not in waiting]
         if self._flow.merging():
             pending = self._pending
             for att in atts:
@@ -318,15 +319,14 @@ class PvwsSession(AttachedSession[str, Pv]):
         value_text = self._encoder.value_text
         texts: list[str] = []
         append = texts.append
+        images: list[int] = []  # paced, after the rest (`_paced`)
         for att in atts:
             pv = by_att.get(att)
             if pv is None:
                 continue
             ch = pv.ch
             if pv.image and self.image_bytes_per_s > 0:
-                image = self._image_text(pv)
-                if image is not None:
-                    append(image)
+                images.append(att)
                 continue
             if (
                 pv.shown
@@ -347,37 +347,71 @@ class PvwsSession(AttachedSession[str, Pv]):
                 append(value_text(pv.name, ch))
             elif self.image_bytes_per_s > 0 and _is_image(ch):
                 # An image's first frame (or one after a type change): paced as the next ones.
-                image = self._image_text(pv)
-                if image is not None:
-                    append(image)
+                images.append(att)
             else:
                 update = self._update(pv)
                 if update is not None:
                     append(update)
+        if images or self._images_waiting:
+            texts += self._paced(images)
         if texts:
             self._flow.extend(texts, sum(map(utf8_size, texts)))
             self.deliveries += len(texts)
 
-    def _image_room(self) -> bool:
-        """Whether the image budget lets a frame out now: nothing is owed for earlier ones."""
-        now = self._clock()
-        rate = self.image_bytes_per_s
-        self._image_tokens = min(0.0, self._image_tokens + (now - self._image_at) * rate)
-        self._image_at = now
-        return self._image_tokens >= 0.0
+    def _paced(self, atts: list[int]) -> list[str]:
+        """The updates of the images `atts` and of those held before, oldest first, that the
+        image budget lets out now; the others are held (their newest state goes later)."""
+        held = self._images_waiting
+        for att in atts:
+            if att in held:
+                self.images_held += 1  # a held frame replaced by a newer one: never sent
+            held[att] = None
+        self._pay()
+        owed, cap = self._owed, self.image_bytes_per_s  # a second's budget
+        out: list[str] = []
+        gone: list[int] = []
+        by_att = self.pvs.by_att
+        for att in held:  # dict order: held longest first, so every image gets its turn
+            if self._owed_total >= cap:
+                break
+            if att in owed:
+                continue
+            gone.append(att)
+            pv = by_att.get(att)
+            text = self._update(pv) if pv is not None else None
+            if text is not None:
+                size = utf8_size(text)
+                owed[att] = size
+                self._owed_total += size
+                out.append(text)
+        for att in gone:
+            del held[att]
+        return out
 
-    def _image_text(self, pv: Pv) -> str | None:
-        """`pv`'s update now if the image budget has room, else held back (its newest state is
-        sent once there is room: `flush_tick`, `housekeeping`)."""
-        if not self._image_room():
-            if pv.att in self._images_waiting:
-                self.images_held += 1
-            self._images_waiting[pv.att] = None
-            return None
-        text = self._update(pv)
-        if text is not None:
-            self._image_tokens -= utf8_size(text)
-        return text
+    def _pay(self) -> None:
+        """Pay the images' debts for the time since the last payment, at `image_bytes_per_s`:
+        the smallest first, the rest alike (what a PV owes past its share waits)."""
+        now = self._clock()
+        budget = (now - self._image_at) * self.image_bytes_per_s
+        self._image_at = now
+        owed = self._owed
+        if not owed or budget <= 0.0:
+            return
+        if budget >= self._owed_total:
+            owed.clear()
+            self._owed_total = 0.0
+            return
+        left = len(owed)
+        for att, debt in sorted(owed.items(), key=_debt):
+            share = budget / left
+            left -= 1
+            if debt <= share:
+                del owed[att]
+                budget -= debt
+            else:
+                owed[att] = debt - share
+                budget -= share
+        self._owed_total = sum(owed.values())
 
     def _update(self, pv: Pv) -> str | None:
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
@@ -476,10 +510,9 @@ class PvwsSession(AttachedSession[str, Pv]):
             self._send_updates((att,))
 
     def _idle(self, now: float) -> None:
-        if self._images_waiting and not self._flow.merging() and self._image_room():
+        if self._images_waiting and not self._flow.merging():
             # An image that stopped changing still gets its newest frame out.
-            waiting, self._images_waiting = list(self._images_waiting), {}
-            self._send_updates(waiting)
+            self._send_updates(())
 
     def close(self) -> None:
         self._opening.clear()
@@ -487,6 +520,10 @@ class PvwsSession(AttachedSession[str, Pv]):
 
     def _queue_text(self, text: str) -> None:
         self._flow.push(text)
+
+
+def _debt(item: tuple[int, float]) -> float:
+    return item[1]
 
 
 def _is_image(ch: ChannelState) -> bool:
