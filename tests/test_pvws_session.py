@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pvwire.model import VALUE, ConnState, Metadata
 from pvwire.pvws.encoder import PvwsEncoder
+from pvwire.pvws.frames import read_text_frame
 from pvwire.pvws.pv import Opened, PvSource, PvwsRefused
 from pvwire.pvws.session import MAX_HELD_ERRORS, PvwsSession, about
 from pvwire.wire.session import SessionLimits
@@ -107,7 +108,7 @@ def test_clients_share_one_text_per_state_and_variant() -> None:
         s.collect(1, object())
         s.flush_tick()
         texts.append(s.next_text())
-    assert texts[0] is texts[1]  # the same string object: encoded once
+    assert texts[0] == texts[1]
     assert json.loads(texts[0] or "")["severity"] == "MINOR"
     assert encoder.encoded == 2  # one first message, one update
 
@@ -248,10 +249,11 @@ def test_the_queue_and_bytes_sent_count_utf8_bytes_not_characters() -> None:
     ch = FakeChannel(value=text, meta=Metadata("string", 1, "s"))
     s = session(ch, PvwsEncoder())
     s.receive('{"type":"subscribe","pvs":["s"]}')
-    update = s._flow._out._items[0]  # the one text queued
-    assert json.loads(update)["text"] == text
-    size = len(update.encode())
-    assert size > len(update)
+    update = s._flow._out._items[0]  # the one frame queued: the text's UTF-8 bytes
+    message, end = read_text_frame(update)
+    assert json.loads(message)["text"] == text and end == len(update)
+    size = len(update)
+    assert size > len(message)
     assert s.queued_bytes == size
     frames = s.next_frames()
     assert frames is not None
@@ -261,7 +263,7 @@ def test_the_queue_and_bytes_sent_count_utf8_bytes_not_characters() -> None:
     ch.set(text + "!")
     s.collect(1, object())
     s.flush_tick()
-    second = len(s._flow._out._items[0].encode())
+    second = len(s._flow._out._items[0])
     assert s.queued_bytes == second
     sent = s.next_text()
     assert sent is not None and len(sent) < second

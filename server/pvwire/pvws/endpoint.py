@@ -34,6 +34,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ..access.identity import Authenticator, AuthError, Identity
 from ..api.connection import Message, Wakeup, admission_refusal, refuse, run_connection
+from ..core import fanout
+from ..core.channel import Channel
 from ..core.hub import Hub
 from ..errors import BadChannelId, ChannelNotFound, ChannelTimeout, Forbidden, PvwireError
 from ..limits import integer, number
@@ -41,10 +43,10 @@ from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import INTERNAL, NORMAL, POLICY
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
-from .encoder import PvwsEncoder
+from .encoder import Entry, PvwsEncoder
 from .messages import Write
-from .pv import Opened, PvSource, PvwsRefused
-from .session import PvwsSession
+from .pv import Opened, Pv, PvSource, PvwsRefused
+from .session import PvwsSession, Splicer
 from .snapshot import PvwsSocketSnapshot, snapshot
 from .wsprotocol import FRAMES
 
@@ -58,6 +60,11 @@ WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
 # PVs one connection opens before the next connection's turn within a pass: a subscribe of
 # thousands does not make a smaller one wait for all of it.
 _OPEN_TURN = 10
+# Every client's plain updates spliced compiled where built (core/_fanout.c), reading the slots
+# of these classes (a TypeError here names one that a class does not declare).
+SPLICER: Splicer | None = None
+if fanout.SPLICER is not None:
+    SPLICER = fanout.SPLICER(Pv, Channel, Entry, ConnState.CONNECTED, VALUE)
 # pvget's answer to each error, by HTTP status.
 _STATUS = {BadChannelId: 400, Forbidden: 403, ChannelNotFound: 404, ChannelTimeout: 504}
 
@@ -237,6 +244,7 @@ class PvwsEndpoint:
             max_per_subscribe=settings.max_channels_per_subscription,
             opener=self.opener,
             image_bytes_per_s=settings.pvws_image_bytes_per_s,
+            splicer=SPLICER,
         )
 
         def handle(message: Message) -> None:

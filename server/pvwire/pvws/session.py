@@ -28,7 +28,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -46,11 +47,11 @@ from .encoder import (
     json_text,
     severity_name,
 )
-from .frames import utf8_size
+from .frames import read_text_frame, text_frames, utf8_size
 from .messages import BadMessage, Ping, Write, may_read_errors, parse, pv_names, shorten, write_of
 from .pv import Opened, Pv, PvSource, PvTable, PvwsRefused
 
-__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession", "about"]
+__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession", "Splicer", "about"]
 
 log = logging.getLogger("pvwire.pvws")
 
@@ -73,13 +74,28 @@ def about(name: str, why: str) -> str:
     return f"{name}: {why[named.end() if named else 0 :]}"
 
 
+class Splicer(Protocol):
+    """What makes a tick's frames of one client (core/fanout.py's, bound to `Pv`, the hub's
+    channels and the encoder's `Entry` by the endpoint): `_splice`, compiled."""
+
+    def splice(
+        self,
+        atts: list[int],
+        records: Mapping[int, Pv],
+        paced: bool,
+        slow: Callable[[int], bytes | str | None],
+    ) -> tuple[bytes, int]: ...
+
+
 class PvwsHost(Protocol):
     def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened: ...
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None: ...
 
 
-class PvwsSession(AttachedSession[str, Pv]):
+class PvwsSession(AttachedSession[bytes, Pv]):
     endpoint = "pvws"
+    # The atts of this tick's changes, which the compiled tick appends to (core/fanout.py).
+    __slots__ = ("collected",)
 
     def __init__(
         self,
@@ -95,8 +111,9 @@ class PvwsSession(AttachedSession[str, Pv]):
         max_per_subscribe: int = integer("max_channels_per_subscription"),
         opener: Callable[[PvwsSession], None] | None = None,
         image_bytes_per_s: float = 0.0,
+        splicer: Splicer | None = None,
     ) -> None:
-        super().__init__(number, address, limits, wake, clock, utf8_size)
+        super().__init__(number, address, limits, wake, clock)
         self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
         self.rates = rates  # (scalar, array) maxRate in Hz; 0 = every tick
         self._host = host
@@ -113,7 +130,12 @@ class PvwsSession(AttachedSession[str, Pv]):
         # (`open_pending`), so a subscribe of thousands holds nobody; None opens them at once.
         self._opening: dict[str, None] = {}
         self._opener = opener
-        self._popped = 0  # UTF-8 bytes of the text `next_text` gave last
+        # What is queued is WebSocket frames, each item one or more messages (`_counts`, in
+        # step); `next_text` gives them a message at a time (`_reading`: the item it reads).
+        self._counts: deque[int] = deque()
+        self._reading = b""
+        self._read_at = 0
+        self._popped = 0  # bytes of the frame `next_text` gave last
         # Images cost what a client can use: their frames are paced to `image_bytes_per_s`.
         # Each frame sent is owed by its PV, in bytes; the connection pays at that rate, shared
         # by the PVs that owe (the smallest debts first, the rest alike), so a small image
@@ -127,7 +149,9 @@ class PvwsSession(AttachedSession[str, Pv]):
         self._images_waiting: dict[int, None] = {}  # atts of images held back, oldest first
         self.images_held = 0  # image frames replaced while held back (never sent)
         self._pending: dict[int, None] = {}  # atts changed while behind
-        self._tick: list[int] = []
+        self.collected: list[int] = []
+        self._splicer = splicer  # None: `_splice`, in Python
+        self._images: list[int] = []  # images of the updates being queued (`_one`)
         self._reopen: list[Pv] = []
         self.bad_messages = 0
         self._messages = 0  # valid client messages received
@@ -290,12 +314,12 @@ class PvwsSession(AttachedSession[str, Pv]):
     # --- the tick -----------------------------------------------------------------------------
 
     def collect(self, att: int, view: object) -> bool:
-        first = not self._tick
-        self._tick.append(att)
+        first = not self.collected
+        self.collected.append(att)
         return first
 
     def flush_tick(self) -> None:
-        atts, self._tick = self._tick, []
+        atts, self.collected = self.collected, []
         if self.close_request:
             return
         if self._flow.merging():
@@ -310,53 +334,67 @@ class PvwsSession(AttachedSession[str, Pv]):
             self._reopen_arrays()
 
     def _send_updates(self, atts: Sequence[int]) -> None:
-        """Queue the updates of `atts`, all at once (one wake-up of the writer per tick).
+        """Queue the updates of `atts`, all at once (one wake-up of the writer per tick), as
+        WebSocket frames.
 
-        Per update and client this is the whole cost of a pvws client beside `/stream`'s, so
-        the common case (a new value of a PV already shown, nothing else changed) is decided
-        first, from fields compared without building anything."""
-        by_att = self.pvs.by_att
-        value_text = self._encoder.value_text
-        texts: list[str] = []
-        append = texts.append
-        images: list[int] = []  # paced, after the rest (`_paced`)
-        for att in atts:
-            pv = by_att.get(att)
-            if pv is None:
-                continue
-            ch = pv.ch
-            if pv.image and self.image_bytes_per_s > 0:
-                images.append(att)
-                continue
-            if (
-                pv.shown
-                and ch.meta is pv.meta
-                and ch.severity == pv.level
-                and ch.state == _CONNECTED
-                and not ch.fault
-                and ch.known & VALUE
-            ):
-                # Connected (shown implies a value), same metadata (so same readonly), same
-                # severity: the value alone, which another client may have had made already.
-                entry = pv.entry
-                if entry is not None:
-                    updates, meta, text = entry.plain
-                    if updates == ch.updates and meta is ch.meta:
-                        append(text)
-                        continue
-                append(value_text(pv.name, ch))
-            elif self.image_bytes_per_s > 0 and _is_image(ch):
-                # An image's first frame (or one after a type change): paced as the next ones.
-                images.append(att)
-            else:
-                update = self._update(pv)
-                if update is not None:
-                    append(update)
+        Per update and client this is the whole cost of a pvws client beside `/stream`'s: the
+        common case (a new value of a PV already shown, nothing else changed) copies the frame
+        its channel's state was encoded into once, compiled where built (core/fanout.py); the
+        rest, and everything without it, is `_one`."""
+        images = self._images = []
+        splicer = self._splicer
+        if splicer is not None:
+            listed = atts if isinstance(atts, list) else list(atts)
+            paced = self.image_bytes_per_s > 0
+            data, count = splicer.splice(listed, self.pvs.by_att, paced, self._one)
+        else:
+            data, count = self._splice(atts)
         if images or self._images_waiting:
-            texts += self._paced(images)
-        if texts:
-            self._flow.extend(texts, sum(map(utf8_size, texts)))
-            self.deliveries += len(texts)
+            texts = self._paced(images)
+            if texts:
+                data += text_frames(texts)
+                count += len(texts)
+        if count:
+            self._push(data, count)
+            self.deliveries += count
+
+    def _splice(self, atts: Sequence[int]) -> tuple[bytes, int]:
+        """What the compiled splice makes of `atts`, in Python: their frames and how many."""
+        parts: list[bytes] = []
+        for att in atts:
+            got = self._one(att)
+            if got is not None:
+                parts.append(got if isinstance(got, bytes) else text_frames((got,)))
+        return b"".join(parts), len(parts)
+
+    def _one(self, att: int) -> bytes | str | None:
+        """The update of `att` now: its plain value's shared frame, another text, or None (none
+        to send, or an image left to `_paced`). The checks before the plain value compare
+        fields without building anything; core/_fanout.c makes the same ones."""
+        pv = self.pvs.by_att.get(att)
+        if pv is None:
+            return None
+        ch = pv.ch
+        paced = self.image_bytes_per_s > 0
+        if pv.image and paced:
+            self._images.append(att)
+            return None
+        if (
+            pv.shown
+            and ch.meta is pv.meta
+            and ch.severity == pv.level
+            and ch.state == _CONNECTED
+            and not ch.fault
+            and ch.known & VALUE
+        ):
+            # Connected (shown implies a value), same metadata (so same readonly), same
+            # severity: the value alone, which another client may have had made already.
+            return self._encoder.value_frame(pv.name, ch)
+        if paced and _is_image(ch):
+            # An image's first frame (or one after a type change): paced as the next ones.
+            self._images.append(att)
+            return None
+        return self._update(pv)
 
     def _paced(self, atts: list[int]) -> list[str]:
         """The updates of the images `atts` and of those held before, oldest first, that the
@@ -466,34 +504,50 @@ class PvwsSession(AttachedSession[str, Pv]):
 
     # --- outgoing -----------------------------------------------------------------------------
 
+    def _push(self, frames: bytes, count: int) -> None:
+        self._counts.append(count)
+        self._flow.push(frames)
+
     def next_text(self) -> str | None:
-        text = self._flow.pop()
-        self._popped = utf8_size(text) if text is not None else 0
+        """The next message, for a socket that sends one text at a time (a server without
+        the frames extension, wsprotocol.py); `sent` follows."""
+        data, at = self._reading, self._read_at
+        if at >= len(data):
+            item = self._flow.pop()
+            if item is None:
+                return None
+            self._counts.popleft()
+            data, at = self._reading, self._read_at = item, 0
+        text, end = read_text_frame(data, at)
+        self._read_at = end
+        self._popped = end - at
         return text
 
     def sent(self, nbytes: int) -> None:
         """The text of the last `next_text` is sent (`nbytes` is its length in characters, as
-        the socket pump measures a `str`: the queue counts its UTF-8 bytes)."""
+        the socket pump measures a `str`: the queue counts its frame's bytes)."""
         self.last_message_sent_ms = round(self._wall() * 1000)
         self._flow.sent(self._popped)
         self._popped = 0
+        if self._read_at >= len(self._reading):
+            self._reading, self._read_at = b"", 0
 
     def next_frames(self, limit: int = WRITE_BATCH) -> bytes | None:
-        """What `next_text` would give one by one, up to about `limit` bytes, as WebSocket text
-        frames for one socket write (wsprotocol.py), or None; `frames_written` follows.
+        """The frames queued, up to about `limit` bytes, for one socket write (wsprotocol.py),
+        or None; `frames_written` follows.
 
         A message per PV update is pvws' protocol; a write per message is not: with one
         `send()` system call per message, writing was 51 % of the server's CPU (py-spy, 10
         clients x 200 PVs at 10 Hz)."""
-        texts, size = self._flow.pop_many(limit)
-        if not texts:
+        items, size = self._flow.pop_many(limit)
+        if not items:
             return None
-        self._writing = (len(texts), size)
-        return self._encoder.frames(texts)
+        counts = self._counts
+        self._writing = (sum(counts.popleft() for _ in items), size)
+        return items[0] if len(items) == 1 else b"".join(items)
 
     def frames_written(self, nbytes: int) -> None:
-        """The frames of the last `next_frames` are written (`nbytes` of frames: the queue
-        counted their texts, so that is what is taken off it)."""
+        """The frames of the last `next_frames` are written."""
         count, size = self._writing
         self._writing = (0, 0)
         self.last_message_sent_ms = round(self._wall() * 1000)
@@ -517,9 +571,10 @@ class PvwsSession(AttachedSession[str, Pv]):
     def close(self) -> None:
         self._opening.clear()
         super().close()
+        self._counts.clear()
 
     def _queue_text(self, text: str) -> None:
-        self._flow.push(text)
+        self._push(text_frames((text,)), 1)
 
 
 def _debt(item: tuple[int, float]) -> float:
