@@ -107,10 +107,11 @@ def measure(screens: int, per_screen: int, pvs: int, rounds: int) -> dict[str, A
     loop = asyncio.new_event_loop()
     collect = fanout.COLLECT
     worlds = {c: build(loop, screens, per_screen, pvs, c) for c in (True, False)}
-    for _, _, sessions in worlds.values():
+    for ticker, channels, sessions in worlds.values():
         for s in sessions:  # the first values
             while (data := s.next_frames(1 << 30)) is not None:
                 s.frames_written(len(data))
+        one_round(ticker, channels, sessions, 0)  # every channel changed at its start
     spent = {True: 0.0, False: 0.0}
     delivered = {True: 0, False: 0}
     try:
