@@ -340,10 +340,11 @@ def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
             assert len(tick(s)) == 1
 
 
-def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
+def test_the_opener_opens_for_a_time_per_pass_taking_turns() -> None:
     from pvwire.pvws.endpoint import _Opener
 
-    opener = _Opener(per_pass=20, turn=10)
+    ticks = iter(range(1_000_000))  # each reading of the clock a unit later
+    opener = _Opener(budget_s=2.5, turn=10, clock=lambda: float(next(ticks)))
     ch = FakeChannel()
     big, small = (
         PvwsSession(n, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
@@ -354,11 +355,21 @@ def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
     small.receive(json.dumps({"type": "subscribe", "pvs": [f"s{i}" for i in range(5)]}))
     opener._waiting.extend((big, small))
     opener._queued.update((1, 2))
-    opener.one_pass()
-    assert (len(big.pvs), len(small.pvs)) == (15, 5)  # 10, then the small one's 5, then 5
+    opener.one_pass()  # three turns fit: 10 of the big one, the small one's 5, 10 more
+    assert (len(big.pvs), len(small.pvs)) == (20, 5)
+    passes = 1
     while big.opening:
         opener.one_pass()
-    assert len(big.pvs) == 100 and not opener._waiting
+        passes += 1
+    assert len(big.pvs) == 100 and not opener._waiting and passes == 4  # 30 a pass alone
+    stalled = _Opener(budget_s=0.0, turn=10, clock=lambda: 0.0)  # no time: still one turn
+    late = PvwsSession(3, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
+                       opener=lambda _: None)  # fmt: skip
+    late.receive(json.dumps({"type": "subscribe", "pvs": [f"l{i}" for i in range(15)]}))
+    stalled._waiting.append(late)
+    stalled._queued.add(3)
+    stalled.one_pass()
+    assert len(late.pvs) == 10
 
 
 def test_a_failure_names_the_pv_once_as_the_client_asked_for_it() -> None:

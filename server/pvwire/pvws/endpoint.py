@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -55,7 +56,7 @@ __all__ = ["PvwsEndpoint", "throttle_rates"]
 log = logging.getLogger("pvwire.pvws")
 
 PUT_TIMEOUT = number("pvws_put_timeout_s")
-OPENS_PER_PASS = integer("pvws_opens_per_pass")
+OPEN_S_PER_PASS = number("pvws_open_ms_per_pass") / 1000.0
 WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
 # PVs one connection opens before the next connection's turn within a pass: a subscribe of
 # thousands does not make a smaller one wait for all of it.
@@ -126,12 +127,19 @@ class _Host:
 
 
 class _Opener:
-    """Opens the PVs that `/pvws/pv` clients subscribe to, at most `per_pass` per event-loop
-    pass over all connections, taking turns: each open resolves a name and opens a view, and
-    a subscribe of 20,000 names opened at once held the loop for seconds, for every client."""
+    """Opens the PVs that `/pvws/pv` clients subscribe to, for at most `budget_s` of each
+    event-loop pass over all connections, taking turns of `turn` PVs: each open resolves a name
+    and opens a view, and a subscribe of 20,000 names opened at once held the loop for seconds,
+    for every client. A time, not a count: when many screens open at once (after a restart),
+    a count of 50 a pass made them wait for hundreds of passes of everything else."""
 
-    def __init__(self, per_pass: int = OPENS_PER_PASS, turn: int = _OPEN_TURN) -> None:
-        self.per_pass, self.turn = per_pass, turn
+    def __init__(
+        self,
+        budget_s: float = OPEN_S_PER_PASS,
+        turn: int = _OPEN_TURN,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.budget_s, self.turn, self._clock = budget_s, turn, clock
         self._waiting: deque[PvwsSession] = deque()
         self._queued: set[int] = set()  # session numbers in `_waiting`
         self._task: asyncio.Task[None] | None = None
@@ -153,11 +161,14 @@ class _Opener:
             self._task = None
 
     def one_pass(self) -> None:
-        budget = self.per_pass
-        while budget > 0 and self._waiting:
+        clock = self._clock
+        deadline = clock() + self.budget_s
+        turns = 0  # one at least, whatever the clock says: every pass makes progress
+        while self._waiting and (turns == 0 or clock() < deadline):
+            turns += 1
             session = self._waiting.popleft()
             try:
-                budget -= max(1, session.open_pending(min(budget, self.turn)))
+                session.open_pending(self.turn)
             except Exception:
                 # One connection's fault is its own: it is closed, the others go on opening.
                 log.exception("pvws client %s: opening its PVs failed", session.number)
