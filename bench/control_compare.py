@@ -34,6 +34,7 @@ def row(label: str, r: dict[str, Any]) -> str:
         f"{f('server_cpu', '{:.0f}')} | {f('server_us_per_update', '{:.2f}')} | "
         f"{f('lat_p50_ms', '{:.0f}')} | {f('lat_p99_ms', '{:.0f}')} | "
         f"{f('open_p50_ms', '{:.0f}')} | {f('open_p99_ms', '{:.0f}')} | "
+        f"{f('initial_open_p99_ms', '{:.0f}')} | {f('initial_open_max_ms', '{:.0f}')} | "
         f"{f('rss_per_client_kb', '{:.0f}')} | {f('missing_share', '{:.1%}')} | "
         f"{f('loadavg_1m', '{:.1f}')} |"
     )
@@ -41,8 +42,8 @@ def row(label: str, r: dict[str, Any]) -> str:
 
 HEAD = (
     "| scenario | server | delivered/s | server CPU % | µs/update | p50 ms | p99 ms | "
-    "open p50 ms | open p99 ms | RSS/client kB | missing | load |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "open p50 ms | open p99 ms | first open p99 ms | last ms | RSS/client kB | missing | load |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
