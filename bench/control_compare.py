@@ -51,6 +51,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("names", nargs="+", help="control-* scenarios (python -m bench.scenario)")
     p.add_argument("--base", required=True, help="the other revision's server/ directory")
+    p.add_argument("--after", default="", help="a copy of this tree's server/ to run instead "
+                   "(the tree may change while a long comparison runs)")  # fmt: skip
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--append", action="store_true", help="add to the saved results")
     p.add_argument("--out", type=Path, default=OUT, help=f"results file (default {OUT.name})")
@@ -63,7 +65,8 @@ def main() -> None:
         saved = json.loads(out.read_text())
     for name in a.names:
         sc = replace(rooms[name], duration=a.duration)
-        for label, tree in (("before", base), ("after", "")):
+        after = os.path.abspath(a.after) if a.after else ""
+        for label, tree in (("before", base), ("after", after)):
             try:
                 r = control.run(sc, server_tree=tree)
             except Exception as exc:  # a failed run is a row that says so
