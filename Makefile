@@ -74,6 +74,7 @@ ext: venv
 SANITIZE_DIR := build/sanitize
 SANITIZE_TESTS := tests/test_pva_ingest.py tests/test_pva_fast_path.py tests/test_backend_pva.py \
 	tests/test_journal.py tests/test_history.py tests/test_tick_compiled.py
+SANITIZE_TESTS += tests/test_fanout_compiled.py tests/test_pvws_session.py tests/test_pvws_frames.py
 SANITIZE_REPORT := $(abspath $(SANITIZE_DIR))/report
 SANITIZE_ENV = PYTHONPATH=$(abspath $(SANITIZE_DIR)) PYTHONMALLOC=malloc \
 	LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
@@ -83,7 +84,7 @@ sanitize: venv
 	@command -v g++ >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }
 	$(PY) scripts/build_ext.py --sanitize $(SANITIZE_DIR)
 	$(SANITIZE_ENV) $(PY) -c 'import pvwire.upstream._pvaingest as m, pvwire.core._journal as j, \
-		pvwire.core._tick as t, sys; sys.exit(next((x.__file__ for x in (m, j, t) \
+		pvwire.core._tick as t, pvwire.core._fanout as f, sys; sys.exit(next((x.__file__ for x in (m, j, t, f) \
 		if not x.__file__.startswith("$(abspath $(SANITIZE_DIR))/")), 0))'
 	$(SANITIZE_ENV) $(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(SANITIZE_TESTS); \
 		status=$$?; if ls $(SANITIZE_REPORT).* >/dev/null 2>&1; then \
@@ -221,6 +222,8 @@ UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
 # The facility's archive behind the history (core/archive/): its reads against a test archiver
 # in the test process, and its join.
 UNIT_TESTS += $(patsubst %,tests/test_%.py,archive_fetch archive_join)
+# The pvws fan-out compiled against the same in Python (core/_fanout.c).
+UNIT_TESTS += tests/test_fanout_compiled.py
 unit: venv ext
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 

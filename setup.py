@@ -25,6 +25,7 @@ MODULES = {
     "pvwire.upstream._pvaingest": "server/pvwire/upstream/_pvaingest.cpp",
     "pvwire.core._journal": "server/pvwire/core/_journal.c",
     "pvwire.core._tick": "server/pvwire/core/_tick.c",
+    "pvwire.core._fanout": "server/pvwire/core/_fanout.c",
 }
 
 

@@ -34,6 +34,7 @@ def row(label: str, r: dict[str, Any]) -> str:
         f"{f('server_cpu', '{:.0f}')} | {f('server_us_per_update', '{:.2f}')} | "
         f"{f('lat_p50_ms', '{:.0f}')} | {f('lat_p99_ms', '{:.0f}')} | "
         f"{f('open_p50_ms', '{:.0f}')} | {f('open_p99_ms', '{:.0f}')} | "
+        f"{f('initial_open_p99_ms', '{:.0f}')} | {f('initial_open_max_ms', '{:.0f}')} | "
         f"{f('rss_per_client_kb', '{:.0f}')} | {f('missing_share', '{:.1%}')} | "
         f"{f('loadavg_1m', '{:.1f}')} |"
     )
@@ -41,8 +42,8 @@ def row(label: str, r: dict[str, Any]) -> str:
 
 HEAD = (
     "| scenario | server | delivered/s | server CPU % | µs/update | p50 ms | p99 ms | "
-    "open p50 ms | open p99 ms | RSS/client kB | missing | load |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "open p50 ms | open p99 ms | first open p99 ms | last ms | RSS/client kB | missing | load |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -50,6 +51,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("names", nargs="+", help="control-* scenarios (python -m bench.scenario)")
     p.add_argument("--base", required=True, help="the other revision's server/ directory")
+    p.add_argument("--after", default="", help="a copy of this tree's server/ to run instead "
+                   "(the tree may change while a long comparison runs)")  # fmt: skip
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--append", action="store_true", help="add to the saved results")
     p.add_argument("--out", type=Path, default=OUT, help=f"results file (default {OUT.name})")
@@ -62,7 +65,8 @@ def main() -> None:
         saved = json.loads(out.read_text())
     for name in a.names:
         sc = replace(rooms[name], duration=a.duration)
-        for label, tree in (("before", base), ("after", "")):
+        after = os.path.abspath(a.after) if a.after else ""
+        for label, tree in (("before", base), ("after", after)):
             try:
                 r = control.run(sc, server_tree=tree)
             except Exception as exc:  # a failed run is a row that says so

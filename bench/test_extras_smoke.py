@@ -24,6 +24,7 @@ from bench import (
     history,
     history_http,
     identity_puts,
+    pvws_fanout,
     tick_route,
 )
 from bench.bench_extras import own_environ
@@ -119,6 +120,12 @@ def test_history_http_tiny() -> None:
     assert got["last60s"]["rows"] == 600 and got["last60s"]["resolution_s"] == 0, got
     for case in ("hour_max1000", "hour_max20", "last60s"):
         assert got[case]["response_bytes"] > 0 and got[case]["http_ms_best"] > 0, got
+
+
+def test_pvws_fanout_tiny() -> None:
+    """Both paths timed, and their writes the same bytes (checked inside)."""
+    out = pvws_fanout.measure(screens=5, per_screen=10, pvs=40, rounds=3)
+    assert out["deliveries_per_round"] > 0 and out["compiled_ns"] > 0 and out["python_ns"] > 0
 
 
 def test_tick_route_tiny() -> None:

@@ -85,3 +85,14 @@ def test_control_tiny(name: str) -> None:
         assert key in res and not math.isnan(res[key]), key
     if sc.endpoint == "mix":
         assert res["stream_delivered_per_s"] > 0 and res["pvws_delivered_per_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["open-ca-pvws", "control-pvws-w2"])
+def test_opening_at_once_and_workers_tiny(name: str) -> None:
+    """Every screen opening together over CA; distinct screens on `--workers 2`."""
+    sc = replace(control.scenarios()[name], clients=4, per_client=10, pvs=40, duration=2.0,
+                 warmup=1.0)  # fmt: skip
+    res = control.run(sc, verbose=False)
+    assert not res["errors"], res["errors"]
+    assert res["received"] > 0 and res["server_cpu"] > 0
+    assert res["initial_open_max_ms"] >= res["initial_open_p50_ms"] > 0

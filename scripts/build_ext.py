@@ -9,8 +9,9 @@ against the pvxs and EPICS headers that the installed `pvxslibs` and `epicscorel
 with their compiler settings (`epicscorelibs.config`: pvxs is built with the pre-C++11 string
 ABI, which our code must share), and linked to their libraries; setuptools' build_ext supplies
 Python's own flags and file name. `pvwire.core._journal` (the history journal's writer,
-server/pvwire/core/_journal.c) and `pvwire.core._tick` (the tick's routing and splicing,
-server/pvwire/core/_tick.c) need nothing but Python. Nothing is done for a module newer than
+server/pvwire/core/_journal.c), `pvwire.core._tick` (the tick's routing and splicing,
+server/pvwire/core/_tick.c) and `pvwire.core._fanout` (the tick's fan-out to pvws clients,
+server/pvwire/core/_fanout.c) need nothing but Python. Nothing is done for a module newer than
 its source, this script and the libraries it links (replaced wheels bring newer library files).
 """
 
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "server" / "pvwire" / "upstream" / "_pvaingest.cpp"
 JOURNAL_SOURCE = ROOT / "server" / "pvwire" / "core" / "_journal.c"
 TICK_SOURCE = ROOT / "server" / "pvwire" / "core" / "_tick.c"
+FANOUT_SOURCE = ROOT / "server" / "pvwire" / "core" / "_fanout.c"
 SLOTS_HEADER = ROOT / "server" / "pvwire" / "core" / "_slots.h"
 
 
@@ -90,6 +92,7 @@ def extensions(sanitize: bool = False) -> list[Extension]:
         extension(sanitize),
         c_extension("pvwire.core._journal", JOURNAL_SOURCE, sanitize),
         c_extension("pvwire.core._tick", TICK_SOURCE, sanitize),
+        c_extension("pvwire.core._fanout", FANOUT_SOURCE, sanitize),
     ]
 
 
@@ -114,7 +117,9 @@ def build(ext: Extension, into: Path | None) -> None:
 def sanitized(into: Path) -> None:
     """A copy of the package in `into`, its modules built with the sanitizers (every time)."""
     shutil.rmtree(into, ignore_errors=True)
-    ignore = shutil.ignore_patterns("_pvaingest*.so", "_journal*.so", "_tick*.so", "__pycache__")
+    ignore = shutil.ignore_patterns(
+        "_pvaingest*.so", "_journal*.so", "_tick*.so", "_fanout*.so", "__pycache__"
+    )
     shutil.copytree(ROOT / "server" / "pvwire", into / "pvwire", ignore=ignore)
     for ext in extensions(sanitize=True):
         build(ext, into)

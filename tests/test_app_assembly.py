@@ -5,6 +5,8 @@ same way on every route. In process, over httpx's ASGI transport (no socket need
 from __future__ import annotations
 
 import gc
+import re
+import urllib.parse
 from collections.abc import AsyncIterator
 
 import httpx
@@ -124,3 +126,21 @@ async def test_serving_sets_the_collector_s_thresholds() -> None:
     finally:
         gc.set_threshold(*before)
         gc.unfreeze()  # what serving froze: this process goes on testing
+
+
+async def test_the_status_page_loads_what_it_needs_from_under_its_own_path(
+    client: httpx.AsyncClient,
+) -> None:
+    """A proxy that routes only pvwire's paths (`/status*`, not the demo page at `/`) serves the
+    whole status page."""
+    page = await client.get("/status")
+    assert page.status_code == 200, page.text
+    found = re.findall(r'(?:href|src)="([^"]+)"', page.text)
+    refs = [r for r in found if not r.startswith("data:")]
+    assert len(refs) == 3, refs  # two style sheets and the script
+    for ref in refs:
+        url = urllib.parse.urljoin("http://pvwire/status", ref)
+        assert urllib.parse.urlsplit(url).path.startswith("/status/"), ref
+        got = await client.get(url)
+        assert got.status_code == 200 and got.content, (ref, got.status_code)
+    assert (await client.get("/status/index.html")).status_code == 404  # its own files only

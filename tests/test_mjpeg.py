@@ -26,11 +26,11 @@ import websockets
 from p4p.nt import NTNDArray
 from p4p.server.thread import SharedPV
 from PIL import Image
-from pvwire.api.mjpeg import MjpegEndpoint, image_ids, parse_options
+from pvwire.api.mjpeg import MjpegEndpoint, image_ids, padded, parse_options
 from pvwire.app import create_app
 from pvwire.config import Settings
 from pvwire.core.mjpeg import QUALITY_LEVELS, MjpegOptions, NotAnImage, to_8bit
-from pvwire.limits import integer
+from pvwire.limits import integer, number
 from pvwire.upstream.loc import LocBackend
 from pvwire.upstream.sim import SimBackend
 from pvwire_client import wire
@@ -180,10 +180,23 @@ def test_options_bounds_are_named() -> None:
         ({"maxPixels": str((1 << 24) + 1)}, "maxPixels must be an integer in [1024, 16777216]"),
         ({"maxPixels": "12.5"}, "maxPixels must be an integer"),
         ({"fps": "fast"}, "is not a number"),
-        ({"size": "1"}, "unknown option 'size'"),
     ]:
         with pytest.raises(ValueError, match=why.replace("[", r"\[").replace("]", r"\]")):
             parse_options(query)
+    # A page's own parameters are not options: a cache-busting `?t=` loads the same stream.
+    assert parse_options({"t": "1733300000", "fps": "2"}) == MjpegOptions(1 << 20, 75, 2.0)
+
+
+def test_a_short_jpeg_is_padded_by_a_comment_every_decoder_skips() -> None:
+    out = io.BytesIO()
+    Image.fromarray(RGB[..., 0]).save(out, "JPEG", quality=50)
+    jpeg = out.getvalue()
+    assert len(jpeg) < 1024
+    longer = padded(jpeg, 1024)
+    assert len(longer) == 1024 and longer[:2] == b"\xff\xd8"
+    assert longer[2:4] == b"\xff\xe0"  # the JFIF header still follows the start of image
+    assert np.array_equal(np.asarray(decode(longer)), np.asarray(decode(jpeg)))
+    assert padded(longer, 1024) is longer and padded(jpeg, 10) is jpeg
 
 
 # --- the real server process ----------------------------------------------------------------
@@ -303,7 +316,29 @@ async def test_a_still_image_is_complete_without_a_next_frame(pva_server: Server
                 if body.count(BOUNDARY + PART_HEAD) == 2:
                     break
     assert body.startswith(BOUNDARY + PART_HEAD) and body.endswith(b"\r\n" + BOUNDARY + PART_HEAD)
+    # Chromium shows a cross-origin picture only past 1,024 bytes: this one's JPEG is shorter.
+    assert len(body) >= 1024
     decode(body[len(BOUNDARY + PART_HEAD) : -len(b"\r\n" + BOUNDARY + PART_HEAD)])
+
+
+async def test_a_cache_busting_parameter_is_not_an_option(server: ServerProcess) -> None:
+    channel = "sim://image?width=64&height=48&rate=10"
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("GET", url(server.url, channel, t=1733300000)) as r,
+    ):
+        assert r.status_code == 200, await r.aread()
+        _, jpeg = await Parts(r).next()
+    assert decode(jpeg).size == (64, 48)
+
+
+async def test_a_missing_channel_s_answer_names_the_wait_it_came_after(
+    server: ServerProcess,
+) -> None:
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.get(url(server.url, "pva://MJ:NOSUCH"))
+    assert r.status_code == 504, r.text
+    assert f"within {number('mjpeg_first_frame_s'):g} s" in r.text.splitlines()[0], r.text
 
 
 @pytest.mark.parametrize(

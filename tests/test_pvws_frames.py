@@ -81,7 +81,7 @@ def test_next_frames_carries_what_next_text_gives_in_one_write() -> None:
     assert by_frames.bytes_sent == by_text.bytes_sent
 
 
-def test_clients_of_the_same_pvs_share_one_write_per_tick() -> None:
+def test_clients_of_the_same_pvs_write_the_same_frames_encoded_once() -> None:
     ch = FakeChannel()
     encoder = PvwsEncoder()
     a, b = session(ch, encoder), session(ch, encoder)
@@ -89,6 +89,7 @@ def test_clients_of_the_same_pvs_share_one_write_per_tick() -> None:
         s.receive('{"type":"subscribe","pvs":["x","y"]}')
         drain_frames(s)
     ch.set(2.5, severity=2)
+    encoded = encoder.encoded
     writes = []
     for s in (a, b):
         s.collect(1, object())
@@ -98,7 +99,8 @@ def test_clients_of_the_same_pvs_share_one_write_per_tick() -> None:
         assert [json.loads(t)["value"] for t in texts] == [2.5, 2.5]
         assert all(json.loads(t)["severity"] == "MAJOR" for t in texts)
         writes.extend(data)
-    assert len(writes) == 2 and writes[0] is writes[1]  # framed once for both clients
+    assert len(writes) == 2 and writes[0] == writes[1]
+    assert encoder.encoded == encoded + 2  # one text per PV for both clients
 
 
 def test_a_write_is_bounded_but_never_splits_a_message() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from pvwire.model import VALUE, ConnState, Metadata
 from pvwire.pvws.encoder import PvwsEncoder
+from pvwire.pvws.frames import read_text_frame
 from pvwire.pvws.pv import Opened, PvSource, PvwsRefused
 from pvwire.pvws.session import MAX_HELD_ERRORS, PvwsSession, about
 from pvwire.wire.session import SessionLimits
@@ -106,7 +108,7 @@ def test_clients_share_one_text_per_state_and_variant() -> None:
         s.collect(1, object())
         s.flush_tick()
         texts.append(s.next_text())
-    assert texts[0] is texts[1]  # the same string object: encoded once
+    assert texts[0] == texts[1]
     assert json.loads(texts[0] or "")["severity"] == "MINOR"
     assert encoder.encoded == 2  # one first message, one update
 
@@ -247,10 +249,11 @@ def test_the_queue_and_bytes_sent_count_utf8_bytes_not_characters() -> None:
     ch = FakeChannel(value=text, meta=Metadata("string", 1, "s"))
     s = session(ch, PvwsEncoder())
     s.receive('{"type":"subscribe","pvs":["s"]}')
-    update = s._flow._out._items[0]  # the one text queued
-    assert json.loads(update)["text"] == text
-    size = len(update.encode())
-    assert size > len(update)
+    update = s._flow._out._items[0]  # the one frame queued: the text's UTF-8 bytes
+    message, end = read_text_frame(update)
+    assert json.loads(message)["text"] == text and end == len(update)
+    size = len(update)
+    assert size > len(message)
     assert s.queued_bytes == size
     frames = s.next_frames()
     assert frames is not None
@@ -260,7 +263,7 @@ def test_the_queue_and_bytes_sent_count_utf8_bytes_not_characters() -> None:
     ch.set(text + "!")
     s.collect(1, object())
     s.flush_tick()
-    second = len(s._flow._out._items[0].encode())
+    second = len(s._flow._out._items[0])
     assert s.queued_bytes == second
     sent = s.next_text()
     assert sent is not None and len(sent) < second
@@ -337,10 +340,11 @@ def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
             assert len(tick(s)) == 1
 
 
-def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
+def test_the_opener_opens_for_a_time_per_pass_taking_turns() -> None:
     from pvwire.pvws.endpoint import _Opener
 
-    opener = _Opener(per_pass=20, turn=10)
+    ticks = iter(range(1_000_000))  # each reading of the clock a unit later
+    opener = _Opener(budget_s=2.5, turn=10, clock=lambda: float(next(ticks)))
     ch = FakeChannel()
     big, small = (
         PvwsSession(n, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
@@ -351,11 +355,21 @@ def test_the_opener_opens_a_bounded_number_per_pass_taking_turns() -> None:
     small.receive(json.dumps({"type": "subscribe", "pvs": [f"s{i}" for i in range(5)]}))
     opener._waiting.extend((big, small))
     opener._queued.update((1, 2))
-    opener.one_pass()
-    assert (len(big.pvs), len(small.pvs)) == (15, 5)  # 10, then the small one's 5, then 5
+    opener.one_pass()  # three turns fit: 10 of the big one, the small one's 5, 10 more
+    assert (len(big.pvs), len(small.pvs)) == (20, 5)
+    passes = 1
     while big.opening:
         opener.one_pass()
-    assert len(big.pvs) == 100 and not opener._waiting
+        passes += 1
+    assert len(big.pvs) == 100 and not opener._waiting and passes == 4  # 30 a pass alone
+    stalled = _Opener(budget_s=0.0, turn=10, clock=lambda: 0.0)  # no time: still one turn
+    late = PvwsSession(3, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
+                       opener=lambda _: None)  # fmt: skip
+    late.receive(json.dumps({"type": "subscribe", "pvs": [f"l{i}" for i in range(15)]}))
+    stalled._waiting.append(late)
+    stalled._queued.add(3)
+    stalled.one_pass()
+    assert len(late.pvs) == 10
 
 
 def test_a_failure_names_the_pv_once_as_the_client_asked_for_it() -> None:
@@ -401,20 +415,95 @@ def test_a_catch_up_queues_within_the_send_budget_too() -> None:
     assert sent == 100
 
 
-def test_first_image_frames_are_paced_to_the_image_budget() -> None:
+def test_first_image_frames_go_within_a_second_s_budget_then_one_per_payoff() -> None:
     meta = Metadata("uint16", 64, "")
     ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
     s = image_session(ch, clock, rate=1000.0)
-    names = [f"img{i}" for i in range(5)]
+    names = [f"img{i}" for i in range(6)]
     s.receive(json.dumps({"type": "subscribe", "pvs": names}))
     size = len(s._encoder.text("img0", ch, True, True, True).encode())
-    assert [json.loads(t)["pv"] for t in drain(s)] == ["img0"]  # one frame: the budget owes
+    at_once = math.ceil(1000 / size)  # while the connection owes less than 1 s of budget
+    assert 1 < at_once < len(names) - 1
+    assert [json.loads(t)["pv"] for t in drain(s)] == names[:at_once]
     got: list[str] = []
-    for _ in names[1:]:
-        clock.now += size / 1000.0  # paid off: the next first frame goes, one at a time
+    for _ in names[at_once:]:
+        clock.now += size / 1000.0  # one frame's bytes paid: the next first frame goes
         s.housekeeping(clock.now)
         got += [json.loads(t)["pv"] for t in drain(s)]
-    assert got == names[1:] and s.images_held == 0
+    assert got == names[at_once:] and s.images_held == 0
+
+
+class Channels:
+    """A host of one FakeChannel per name."""
+
+    def __init__(self, channels: dict[str, FakeChannel]) -> None:
+        self.channels = channels
+
+    def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened:
+        view: PvSource = FakeView([self.channels[name]])
+        return Opened(view, Claims((name,), "LATEST", 0.0, 0, 0), may_write=False)
+
+    def close(self, view: PvSource, session: PvwsSession, att: int) -> None:
+        pass
+
+
+def images_at_10_hz(shapes: dict[str, tuple[int, int]], seconds: float) -> dict[str, int]:
+    """Images of `shapes` (uint16), each changed at every 0.1 s tick on one connection with the
+    default budget (1.5 MB/s): frames each got, after the first."""
+    clock = Clock()
+    channels = {
+        name: FakeChannel(value=np.zeros(shape, np.uint16), meta=Metadata("uint16", 64, ""))
+        for name, shape in shapes.items()
+    }
+    s = PvwsSession(
+        1, "", Channels(channels), PvwsEncoder(), SessionLimits(send_budget=1 << 30),
+        lambda: None, clock=clock, image_bytes_per_s=1.5e6,
+    )  # fmt: skip
+    s.receive(json.dumps({"type": "subscribe", "pvs": list(shapes)}))
+    drain(s)
+    got = dict.fromkeys(shapes, 0)
+    for k in range(round(seconds * 10)):
+        clock.now += 0.1
+        for att, (name, ch) in enumerate(channels.items(), 1):
+            ch.set(np.full(shapes[name], k + 1, np.uint16))
+            s.collect(att, object())
+        s.flush_tick()
+        for t in drain(s):
+            got[json.loads(t)["pv"]] += 1
+    return got
+
+
+def test_small_images_within_the_budget_are_never_held() -> None:
+    # Three 8 x 4 images, ~1 kB/s together against 1.5 MB/s: every frame of each goes.
+    got = images_at_10_hz({"a": (4, 8), "b": (4, 8), "c": (4, 8)}, seconds=3.0)
+    assert got == {"a": 30, "b": 30, "c": 30}
+
+
+def test_a_small_image_beside_a_camera_keeps_its_rate() -> None:
+    # A 512 x 512 uint16 camera (1.4 MB a frame, ~14 MB/s) takes the budget; an 8 x 4 image
+    # beside it still gets every frame, and the camera what is left: about one a second.
+    got = images_at_10_hz({"camera": (512, 512), "small": (4, 8)}, seconds=5.0)
+    assert got["small"] == 50
+    assert 3 <= got["camera"] <= 6
+
+
+def test_thousands_of_held_images_each_go_in_turn() -> None:
+    """5,000 images subscribed at once on a tiny budget: held in subscription order, each sent
+    once as the budget allows, none twice, none lost."""
+    meta = Metadata("uint16", 64, "")
+    ch, clock = FakeChannel(value=np.zeros((8, 8), np.uint16), meta=meta), Clock()
+    s = image_session(ch, clock, rate=1000.0)
+    names = [f"img{i}" for i in range(5000)]
+    s.receive(json.dumps({"type": "subscribe", "pvs": names}))
+    got = [json.loads(t)["pv"] for t in drain(s)]
+    while len(got) < len(names):
+        clock.now += 10.0  # 10 s of budget: ~25 frames
+        s.collect(1, object())  # a change of the first image: one more held frame each time
+        s.flush_tick()
+        sent = [json.loads(t)["pv"] for t in drain(s)]
+        assert 0 < len(sent) < 100
+        got += [pv for pv in sent if pv != "img0"]
+    assert got == names
 
 
 def test_every_update_queued_is_a_delivery_and_a_merged_one_is_not() -> None:

@@ -317,8 +317,9 @@ LIMITS: tuple[Limit, ...] = (
     Limit("mjpeg_max_pixels", 1 << 24, "pixels", "MJPEG option `maxPixels`", "HTTP 400"),
     Limit("mjpeg_max_fps", 50.0, "frames/s", "MJPEG option `fps`", "HTTP 400"),
     # --- pvws (/pvws/pv) per connection ---
-    Limit("pvws_opens_per_pass", 50, "PVs",
-          "PVs of `/pvws/pv` subscribes opened per event-loop pass, over all connections",
+    Limit("pvws_open_ms_per_pass", 5.0, "ms",
+          "time spent opening the PVs of `/pvws/pv` subscribes per event-loop pass, over all "
+          "connections (each in turns of a few PVs)",
           "the rest open at the next passes (each PV answered as it opens)"),
     Limit("pvws_writes_in_flight", 64, "writes",
           "`write`s of one `/pvws/pv` connection not yet done",

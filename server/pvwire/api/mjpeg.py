@@ -7,7 +7,8 @@ block is sent right after the JPEG before it, not with the next frame: Chromium 
 once the next part's header block has come, so a still image would otherwise never appear and a
 live one would always be a frame late. The parts therefore carry no `Content-Length` (the next
 JPEG's size is not known yet): readers find a part's end by the boundary, as Chromium does, and
-ffmpeg's `mpjpeg` reader for a part without a length.
+ffmpeg's `mpjpeg` reader for a part without a length. A first part under 1 KiB carries a JPEG
+comment that makes it 1 KiB: Chromium shows a cross-origin `<img>` only once it has that much.
 
 The name is what cs-web-lib 0.10's Image widget puts in its URL (`ENDPOINT/NAME`, `pva://` cut
 off and a trailing `:ARRAY` renamed `:OUTPUT`): a name without a scheme is an image channel of
@@ -16,12 +17,12 @@ picture (else `NAME:OUTPUT` itself). A full id (`sim://image?...`, URL-encoded) 
 
 Options: `maxPixels` (frames subsampled by a whole factor to at most this many pixels; default
 1,048,576), `quality` (JPEG quality 1-95, default 75), `fps` (frames per second at most, default
-10), each rounded to a few levels (core/mjpeg.py). Viewers with the same channel and rounded
-options share one feed: one JPEG per frame for all of them; feeds are bounded per channel and
-per opening address (limits.py; an IPv6 client's /64 counts as one). Read access is checked as
-for a subscription, for each viewer, and again at least every second (rules can change). A
-viewer whose connection takes no frame for `stall_timeout_s` is closed; until then it only ever
-gets the newest frame.
+10), each rounded to a few levels (core/mjpeg.py); other query parameters are ignored. Viewers
+with the same channel and rounded options share one feed: one JPEG per frame for all of them;
+feeds are bounded per channel and per opening address (limits.py; an IPv6 client's /64 counts as
+one). Read access is checked as for a subscription, for each viewer, and again at least every
+second (rules can change). A viewer whose connection takes no frame for `stall_timeout_s` is
+closed; until then it only ever gets the newest frame.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..wire.session import AttachRefused
 if TYPE_CHECKING:
     from ..core.hub import Hub
 
-__all__ = ["MjpegEndpoint", "image_ids", "parse_options"]
+__all__ = ["MjpegEndpoint", "image_ids", "padded", "parse_options"]
 
 log = logging.getLogger("pvwire.mjpeg")
 
@@ -56,6 +57,9 @@ BOUNDARY = b"BOUNDARY"  # ffmpegServer's
 PART_HEAD = b"Content-Type: image/jpeg\r\n\r\n"
 NEXT_PART = b"\r\n--" + BOUNDARY + b"\r\n" + PART_HEAD
 RECHECK_S = 1.0  # a viewer waiting for a frame checks its read access again this often
+# Chromium holds a cross-origin `<img>`'s response until it has this many bytes (its opaque-
+# response blocking sniffs them): a still picture whose first part is shorter never showed.
+SNIFFED = 1024
 
 # (default, low, high) per option; pixels from core/reduce.py's least to a 4096 x 4096 frame,
 # which Pillow encodes in about a tenth of a second.
@@ -78,10 +82,8 @@ class _Refused(Exception):
 
 def parse_options(query: Mapping[str, str]) -> MjpegOptions:
     """The options of a request as asked (not yet rounded); BadOptions naming the first one out
-    of bounds."""
-    unknown = sorted(set(query) - set(_BOUNDS))
-    if unknown:
-        raise BadOptions(f"unknown option {unknown[0]!r} (known: {', '.join(_BOUNDS)})")
+    of bounds. Other parameters are not options and are ignored: a page adds its own (a
+    cache-busting `?t=...`) to an `<img src>` it wants loaded again."""
     values: dict[str, float] = {}
     for name, (default, low, high) in _BOUNDS.items():
         text = query.get(name)
@@ -206,8 +208,11 @@ class MjpegEndpoint:
                 self.leave(feed, None)
         if first is None:
             self._uncount(address)
-            why = feeds[-1].error or f"no image from {readable[-1]} within {self.first_frame_s:g} s"
-            return _text(504, why)
+            # The wait is what the answer names; the channel's own reason (its search gave up
+            # after not_found_s, say) follows it.
+            why = f"no image from {readable[-1]} within {self.first_frame_s:g} s"
+            error = feeds[-1].error
+            return _text(504, f"{why}: {error}" if error else why)
         feed, frame = first
         return _Stream(self, feed, frame, identity)
 
@@ -289,6 +294,19 @@ class MjpegEndpoint:
         return self.hub.may_read(identity, canonical)
 
 
+def padded(jpeg: bytes, size: int) -> bytes:
+    """`jpeg` made at least `size` bytes long by a comment (a COM segment, which every JPEG
+    decoder skips), put after the JFIF header (which must follow the start of image)."""
+    short = size - len(jpeg)
+    if short <= 0 or not jpeg.startswith(b"\xff\xd8"):
+        return jpeg
+    at = 2
+    if jpeg[2:4] == b"\xff\xe0" and len(jpeg) >= 6:  # APP0: JFIF
+        at = 4 + int.from_bytes(jpeg[4:6], "big")
+    n = max(0, short - 4)  # the marker and the length take 4 bytes; a short JPEG: n < 1,024
+    return jpeg[:at] + b"\xff\xfe" + (n + 2).to_bytes(2, "big") + b" " * n + jpeg[at:]
+
+
 def _text(status: int, message: str) -> PlainTextResponse:
     return PlainTextResponse(message + "\n", status_code=status)
 
@@ -316,12 +334,14 @@ class _Stream(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             opening = b"--" + BOUNDARY + b"\r\n" + PART_HEAD
+            jpeg = padded(self._first.jpeg, SNIFFED - len(opening) - len(NEXT_PART))
             frame: Frame | None = self._first
             while frame is not None:
-                if not await self._send(send, opening + frame.jpeg + NEXT_PART):
+                if not await self._send(send, opening + jpeg + NEXT_PART):
                     return
                 opening = b""
                 frame = await self._next(frame, gone)
+                jpeg = frame.jpeg if frame is not None else b""
             if not gone.done():
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

@@ -22,6 +22,8 @@ from .metrics import render_metrics
 __all__ = ["STATIC", "mount_page", "pages", "probes", "readiness"]
 
 STATIC = Path(__file__).parent.parent / "static"
+# The files of the status page (clients/ts/scripts/build-page.mjs), the only ones `/status/` serves.
+STATUS_ASSETS = frozenset({"app.css", "status.css", "status.js", "status.js.map"})
 # A loop this late cannot serve anyone (DESIGN.md section 9).
 MAX_LOOP_LAG_READY = number("ready_max_loop_lag_s")
 
@@ -81,6 +83,14 @@ def pages(settings: Settings) -> APIRouter:
         if page.is_file():
             return FileResponse(page)
         return PlainTextResponse("the status page is not built (run `make tsbuild`)", 404)
+
+    @router.get("/status/{asset}", response_model=None)
+    async def status_asset(asset: str) -> FileResponse | PlainTextResponse:
+        """What the status page loads, under its own path (status.html names them so): a
+        proxy that routes only pvwire's paths (`/status*`, not `/`) serves the whole page."""
+        if asset not in STATUS_ASSETS or not (STATIC / asset).is_file():
+            return PlainTextResponse(f"no status page asset {asset!r}", 404)
+        return FileResponse(STATIC / asset)
 
     @router.get("/auth.json")
     async def auth_config() -> dict[str, str]:

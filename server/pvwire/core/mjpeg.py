@@ -173,7 +173,7 @@ class MjpegFeed:
         self.connected_at = time.monotonic()
         self.encodes = 0
         self.frame: Frame | None = None
-        self.error = "no image yet"  # why there is no (new) frame, for a viewer waiting for one
+        self.error = ""  # why there is no (new) frame, for a viewer waiting ("": none known)
         self.viewers = 0
         self._host = host
         self._executor = executor

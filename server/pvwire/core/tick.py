@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ..limits import integer
 from ..wire.codes import INTERNAL
+from . import fanout
 from . import view as view_module
 from .channel import Channel, FailureUnit, write_all_pending
 from .clients import Client
@@ -206,14 +207,27 @@ class Ticker:
         except Exception as exc:
             self._fail_view(view, exc)
             return
-        # Per attachment and tick: `collect` called here, not through `_guard` (one call less
-        # for each PV of each pvws client), with the same containment.
-        for session, att in view.attachments:
+        collect = fanout.COLLECT  # read at each tick: a test may run both paths
+        if collect is not None:
+            # Compiled: a pvws session is handed the att with no Python call (core/fanout.py).
             try:
-                if session.collect(att, view):
-                    touched.append(session)
-            except Exception as exc:
-                self._session_failed(session, exc)
+                collect(view.attachments, touched, view, self._collect)
+            except Exception as exc:  # memory: the clients not handed it miss this change
+                self._once("collect", "handing a view's change to its clients failed: %r", exc)
+                self.count_failure("session")
+            return
+        for session, att in view.attachments:
+            if self._collect(session, att, view):
+                touched.append(session)
+
+    def _collect(self, session: Client, att: int, view: View) -> bool:
+        """Per attachment and tick: `collect` called here, not through `_guard` (one call less
+        for each PV of each pvws client), with the same containment."""
+        try:
+            return session.collect(att, view)
+        except Exception as exc:
+            self._session_failed(session, exc)
+            return False
 
     def _guard(self, session: Client, call: Callable[..., bool | None], *args: object) -> bool:
         """Run one session's part of the tick; a failure closes that session only."""

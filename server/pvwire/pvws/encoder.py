@@ -180,7 +180,17 @@ def _json_safe(value: object) -> str:
 class Entry:
     """The texts of one PV name for its channel's current state, shared by its clients."""
 
-    __slots__ = ("disconnected_at", "head", "plain", "refs", "texts", "version")
+    __slots__ = (
+        "disconnected_at",
+        "head",
+        "plain_frame",
+        "plain_meta",
+        "plain_text",
+        "plain_updates",
+        "refs",
+        "texts",
+        "version",
+    )
 
     def __init__(self, name: str) -> None:
         self.head = '{"type":"update","pv":' + json_text(name)
@@ -188,8 +198,13 @@ class Entry:
         self.version: tuple[object, ...] = ()
         self.texts: dict[tuple[bool, bool, bool | None], str] = {}
         self.disconnected_at: tuple[int, int] = (0, 0)
-        # (updates, meta, text) of the last value-only text of a connected state (`value_text`)
-        self.plain: tuple[int, Metadata | None, str] = (-1, None, "")
+        # The last value-only text of a connected state (`value_text`), what it was made from
+        # (the channel's update count and metadata) and its WebSocket frame, which the compiled
+        # splice copies for every client (core/_fanout.c reads these four slots).
+        self.plain_updates = -1
+        self.plain_meta: Metadata | None = None
+        self.plain_text = ""
+        self.plain_frame = b""
 
 
 class PvwsEncoder:
@@ -200,10 +215,6 @@ class PvwsEncoder:
         self._entries: dict[str, Entry] = {}
         self._wall = wall
         self.encoded = 0  # texts made, for tests and benchmarks: once per state and variant
-        # The last write's messages and their frames: clients watching the same PVs get the
-        # same texts in the same order at a tick, so the first client's frames serve the rest.
-        self._last_texts: list[str] = []
-        self._last_frames = b""
 
     def acquire(self, name: str) -> Entry:
         """Count a client of `name`; its entry, where the texts of `name` are kept."""
@@ -220,28 +231,39 @@ class PvwsEncoder:
             if entry.refs <= 0:
                 del self._entries[name]
 
-    def frames(self, texts: list[str]) -> bytes:
-        """`texts` as WebSocket text frames for one write (frames.text_frames), made once for
-        every client sent the same texts at a tick."""
-        # A list compares its items by identity first: the texts shared by every client compare
-        # without reading their characters.
-        if texts != self._last_texts:
-            self._last_texts = texts
-            self._last_frames = text_frames(texts)
-        return self._last_frames
-
     def value_text(self, name: str, ch: ChannelState) -> str:
         """`text(name, ch, False, False, None)` of a connected `ch`: the update most sent, looked
         up by what it depends on (the value's update count and the metadata that types it)."""
         entry = self._entries.get(name)
-        if entry is not None:
-            updates, meta, text = entry.plain
-            if updates == ch.updates and meta is ch.meta:
-                return text
+        if entry is None:
+            return self.text(name, ch, False, False, None)
+        if entry.plain_updates != ch.updates or entry.plain_meta is not ch.meta:
+            self._plain(entry, name, ch)
+        return entry.plain_text
+
+    def value_frame(self, name: str, ch: ChannelState) -> bytes:
+        """`value_text` as one WebSocket text frame, made once per state for every client."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return text_frames((self.text(name, ch, False, False, None),))
+        if entry.plain_updates != ch.updates or entry.plain_meta is not ch.meta:
+            self._plain(entry, name, ch)
+        return entry.plain_frame
+
+    def _plain(self, entry: Entry, name: str, ch: ChannelState) -> None:
+        value = ch.value
+        if (isinstance(value, float) and math.isfinite(value)) or (
+            type(value) is int and ch.meta.type != "enum"
+        ):
+            # A number, the value most sent: what `_encode` makes of it, without its steps.
+            text = (
+                f'{entry.head},"value":{value!r},"seconds":{ch.seconds},"nanos":{ch.nanoseconds}}}'
+            )
+            self.encoded += 1
+        else:
             text = self.text(name, ch, False, False, None)
-            entry.plain = (ch.updates, ch.meta, text)
-            return text
-        return self.text(name, ch, False, False, None)
+        entry.plain_updates, entry.plain_meta = ch.updates, ch.meta
+        entry.plain_text, entry.plain_frame = text, text_frames((text,))
 
     def text(
         self, name: str, ch: ChannelState, meta: bool, severity: bool, readonly: bool | None

@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -35,6 +36,8 @@ from fastapi.responses import JSONResponse, Response
 from ..access.identity import Authenticator, AuthError, Identity
 from ..access.ratelimit import RateLimiter
 from ..api.connection import Message, Wakeup, admission_refusal, refuse, run_connection
+from ..core import fanout
+from ..core.channel import Channel
 from ..core.hub import Hub
 from ..errors import (
     BadChannelId,
@@ -49,10 +52,10 @@ from ..model import VALUE, ConnState, Metadata, Reading, Value
 from ..wire.codes import INTERNAL, NORMAL, POLICY
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
-from .encoder import PvwsEncoder
+from .encoder import Entry, PvwsEncoder
 from .messages import Write
-from .pv import Opened, PvSource, PvwsRefused
-from .session import PvwsSession
+from .pv import Opened, Pv, PvSource, PvwsRefused
+from .session import PvwsSession, Splicer
 from .snapshot import PvwsSocketSnapshot, snapshot
 from .wsprotocol import FRAMES
 
@@ -61,13 +64,18 @@ __all__ = ["PvwsEndpoint", "throttle_rates"]
 log = logging.getLogger("pvwire.pvws")
 
 PUT_TIMEOUT = number("pvws_put_timeout_s")
-OPENS_PER_PASS = integer("pvws_opens_per_pass")
+OPEN_S_PER_PASS = number("pvws_open_ms_per_pass") / 1000.0
 WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
 PVGET_PER_S = number("pvget_per_s")
 PVGET_IN_FLIGHT = integer("pvget_in_flight")
 # PVs one connection opens before the next connection's turn within a pass: a subscribe of
 # thousands does not make a smaller one wait for all of it.
 _OPEN_TURN = 10
+# Every client's plain updates spliced compiled where built (core/_fanout.c), reading the slots
+# of these classes (a TypeError here names one that a class does not declare).
+SPLICER: Splicer | None = None
+if fanout.SPLICER is not None:
+    SPLICER = fanout.SPLICER(Pv, Channel, Entry, ConnState.CONNECTED, VALUE)
 # pvget's answer to each error, by HTTP status.
 _STATUS = {
     BadChannelId: 400,
@@ -135,12 +143,19 @@ class _Host:
 
 
 class _Opener:
-    """Opens the PVs that `/pvws/pv` clients subscribe to, at most `per_pass` per event-loop
-    pass over all connections, taking turns: each open resolves a name and opens a view, and
-    a subscribe of 20,000 names opened at once held the loop for seconds, for every client."""
+    """Opens the PVs that `/pvws/pv` clients subscribe to, for at most `budget_s` of each
+    event-loop pass over all connections, taking turns of `turn` PVs: each open resolves a name
+    and opens a view, and a subscribe of 20,000 names opened at once held the loop for seconds,
+    for every client. A time, not a count: when many screens open at once (after a restart),
+    a count of 50 a pass made them wait for hundreds of passes of everything else."""
 
-    def __init__(self, per_pass: int = OPENS_PER_PASS, turn: int = _OPEN_TURN) -> None:
-        self.per_pass, self.turn = per_pass, turn
+    def __init__(
+        self,
+        budget_s: float = OPEN_S_PER_PASS,
+        turn: int = _OPEN_TURN,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.budget_s, self.turn, self._clock = budget_s, turn, clock
         self._waiting: deque[PvwsSession] = deque()
         self._queued: set[int] = set()  # session numbers in `_waiting`
         self._task: asyncio.Task[None] | None = None
@@ -162,11 +177,14 @@ class _Opener:
             self._task = None
 
     def one_pass(self) -> None:
-        budget = self.per_pass
-        while budget > 0 and self._waiting:
+        clock = self._clock
+        deadline = clock() + self.budget_s
+        turns = 0  # one at least, whatever the clock says: every pass makes progress
+        while self._waiting and (turns == 0 or clock() < deadline):
+            turns += 1
             session = self._waiting.popleft()
             try:
-                budget -= max(1, session.open_pending(min(budget, self.turn)))
+                session.open_pending(self.turn)
             except Exception:
                 # One connection's fault is its own: it is closed, the others go on opening.
                 log.exception("pvws client %s: opening its PVs failed", session.number)
@@ -259,6 +277,7 @@ class PvwsEndpoint:
             max_per_subscribe=settings.max_channels_per_subscription,
             opener=self.opener,
             image_bytes_per_s=settings.pvws_image_bytes_per_s,
+            splicer=SPLICER,
         )
 
         def handle(message: Message) -> None:

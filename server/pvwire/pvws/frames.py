@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-__all__ = ["binary_frame", "text_frames", "utf8_size"]
+__all__ = ["binary_frame", "read_text_frame", "text_frames", "utf8_size"]
 
 _SHORT = [bytes((0x81, n)) for n in range(126)]  # a header of a payload under 126 bytes
 _MEDIUM = struct.Struct("!BBH")
@@ -41,6 +41,18 @@ def text_frames(texts: Iterable[str]) -> bytes:
             append(_LONG.pack(0x81, 127, n))
         append(data)
     return b"".join(parts)
+
+
+def read_text_frame(data: bytes, at: int = 0) -> tuple[str, int]:
+    """The text of the frame `text_frames` wrote at `at` in `data`, and where the next begins."""
+    n = data[at + 1]
+    if n == 126:
+        n, start = _MEDIUM.unpack_from(data, at)[2], at + 4
+    elif n == 127:
+        n, start = _LONG.unpack_from(data, at)[2], at + 10
+    else:
+        start = at + 2
+    return data[start : start + n].decode(), start + n
 
 
 def utf8_size(text: str) -> int:

@@ -28,7 +28,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -46,11 +47,11 @@ from .encoder import (
     json_text,
     severity_name,
 )
-from .frames import utf8_size
+from .frames import read_text_frame, text_frames, utf8_size
 from .messages import BadMessage, Ping, Write, may_read_errors, parse, pv_names, shorten, write_of
 from .pv import Opened, Pv, PvSource, PvTable, PvwsRefused
 
-__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession", "about"]
+__all__ = ["MAX_HELD_ERRORS", "WRITE_BATCH", "PvwsHost", "PvwsSession", "Splicer", "about"]
 
 log = logging.getLogger("pvwire.pvws")
 
@@ -73,13 +74,28 @@ def about(name: str, why: str) -> str:
     return f"{name}: {why[named.end() if named else 0 :]}"
 
 
+class Splicer(Protocol):
+    """What makes a tick's frames of one client (core/fanout.py's, bound to `Pv`, the hub's
+    channels and the encoder's `Entry` by the endpoint): `_splice`, compiled."""
+
+    def splice(
+        self,
+        atts: list[int],
+        records: Mapping[int, Pv],
+        paced: bool,
+        slow: Callable[[int], bytes | str | None],
+    ) -> tuple[bytes, int]: ...
+
+
 class PvwsHost(Protocol):
     def open(self, name: str, session: PvwsSession, att: int, array: bool) -> Opened: ...
     def close(self, view: PvSource, session: PvwsSession, att: int) -> None: ...
 
 
-class PvwsSession(AttachedSession[str, Pv]):
+class PvwsSession(AttachedSession[bytes, Pv]):
     endpoint = "pvws"
+    # The atts of this tick's changes, which the compiled tick appends to (core/fanout.py).
+    __slots__ = ("collected",)
 
     def __init__(
         self,
@@ -95,8 +111,9 @@ class PvwsSession(AttachedSession[str, Pv]):
         max_per_subscribe: int = integer("max_channels_per_subscription"),
         opener: Callable[[PvwsSession], None] | None = None,
         image_bytes_per_s: float = 0.0,
+        splicer: Splicer | None = None,
     ) -> None:
-        super().__init__(number, address, limits, wake, clock, utf8_size)
+        super().__init__(number, address, limits, wake, clock)
         self.id = str(number)  # pvws's socket id, as /pvws/socket lists it
         self.rates = rates  # (scalar, array) maxRate in Hz; 0 = every tick
         self._host = host
@@ -113,17 +130,28 @@ class PvwsSession(AttachedSession[str, Pv]):
         # (`open_pending`), so a subscribe of thousands holds nobody; None opens them at once.
         self._opening: dict[str, None] = {}
         self._opener = opener
-        self._popped = 0  # UTF-8 bytes of the text `next_text` gave last
-        # Images cost what a client can use: their frames are paced to `image_bytes_per_s`
-        # (each frame's bytes owed, then paid off at that rate before the next goes; no burst).
-        # A frame that comes while owing waits, and newer ones replace it.
+        # What is queued is WebSocket frames, each item one or more messages (`_counts`, in
+        # step); `next_text` gives them a message at a time (`_reading`: the item it reads).
+        self._counts: deque[int] = deque()
+        self._reading = b""
+        self._read_at = 0
+        self._popped = 0  # bytes of the frame `next_text` gave last
+        # Images cost what a client can use: their frames are paced to `image_bytes_per_s`.
+        # Each frame sent is owed by its PV, in bytes; the connection pays at that rate, shared
+        # by the PVs that owe (the smallest debts first, the rest alike), so a small image
+        # beside a camera is not held by the camera's debt. A PV's next frame goes once its
+        # own is paid and the connection owes less than a second's budget: within the budget
+        # nothing is held. A frame that must wait is held, and newer ones replace it.
         self.image_bytes_per_s = image_bytes_per_s
-        self._image_tokens = 0.0  # bytes owed, as a negative number; 0: a frame may go
         self._image_at = clock()
-        self._images_waiting: dict[int, None] = {}  # atts of images held back
+        self._owed: dict[int, float] = {}  # att -> bytes its PV still owes
+        self._owed_total = 0.0
+        self._images_waiting: dict[int, None] = {}  # atts of images held back, oldest first
         self.images_held = 0  # image frames replaced while held back (never sent)
         self._pending: dict[int, None] = {}  # atts changed while behind
-        self._tick: list[int] = []
+        self.collected: list[int] = []
+        self._splicer = splicer  # None: `_splice`, in Python
+        self._images: list[int] = []  # images of the updates being queued (`_one`)
         self._reopen: list[Pv] = []
         self.bad_messages = 0
         self._messages = 0  # valid client messages received
@@ -260,6 +288,7 @@ class PvwsSession(AttachedSession[str, Pv]):
     def _release(self, pv: Pv) -> None:
         self.pvs.remove(pv)
         self._images_waiting.pop(pv.att, None)
+        self._owed_total -= self._owed.pop(pv.att, 0.0)
         self._pending.pop(pv.att, None)
         self._encoder.release(pv.name)
         self._host.close(pv.view, self, pv.att)
@@ -285,18 +314,14 @@ class PvwsSession(AttachedSession[str, Pv]):
     # --- the tick -----------------------------------------------------------------------------
 
     def collect(self, att: int, view: object) -> bool:
-        first = not self._tick
-        self._tick.append(att)
+        first = not self.collected
+        self.collected.append(att)
         return first
 
     def flush_tick(self) -> None:
-        atts, self._tick = self._tick, []
+        atts, self.collected = self.collected, []
         if self.close_request:
             return
-        if self._images_waiting and not self._flow.merging() and self._image_room():
-            # Images held back go first, in their current state, now that there is room.
-            waiting, self._images_waiting = list(self._images_waiting), {}
-            atts = waiting + [a for a in atts if a not in waiting]
         if self._flow.merging():
             pending = self._pending
             for att in atts:
@@ -309,75 +334,122 @@ class PvwsSession(AttachedSession[str, Pv]):
             self._reopen_arrays()
 
     def _send_updates(self, atts: Sequence[int]) -> None:
-        """Queue the updates of `atts`, all at once (one wake-up of the writer per tick).
+        """Queue the updates of `atts`, all at once (one wake-up of the writer per tick), as
+        WebSocket frames.
 
-        Per update and client this is the whole cost of a pvws client beside `/stream`'s, so
-        the common case (a new value of a PV already shown, nothing else changed) is decided
-        first, from fields compared without building anything."""
-        by_att = self.pvs.by_att
-        value_text = self._encoder.value_text
-        texts: list[str] = []
-        append = texts.append
+        Per update and client this is the whole cost of a pvws client beside `/stream`'s: the
+        common case (a new value of a PV already shown, nothing else changed) copies the frame
+        its channel's state was encoded into once, compiled where built (core/fanout.py); the
+        rest, and everything without it, is `_one`."""
+        images = self._images = []
+        splicer = self._splicer
+        if splicer is not None:
+            listed = atts if isinstance(atts, list) else list(atts)
+            paced = self.image_bytes_per_s > 0
+            data, count = splicer.splice(listed, self.pvs.by_att, paced, self._one)
+        else:
+            data, count = self._splice(atts)
+        if images or self._images_waiting:
+            texts = self._paced(images)
+            if texts:
+                data += text_frames(texts)
+                count += len(texts)
+        if count:
+            self._push(data, count)
+            self.deliveries += count
+
+    def _splice(self, atts: Sequence[int]) -> tuple[bytes, int]:
+        """What the compiled splice makes of `atts`, in Python: their frames and how many."""
+        parts: list[bytes] = []
         for att in atts:
-            pv = by_att.get(att)
-            if pv is None:
-                continue
-            ch = pv.ch
-            if pv.image and self.image_bytes_per_s > 0:
-                image = self._image_text(pv)
-                if image is not None:
-                    append(image)
-                continue
-            if (
-                pv.shown
-                and ch.meta is pv.meta
-                and ch.severity == pv.level
-                and ch.state == _CONNECTED
-                and not ch.fault
-                and ch.known & VALUE
-            ):
-                # Connected (shown implies a value), same metadata (so same readonly), same
-                # severity: the value alone, which another client may have had made already.
-                entry = pv.entry
-                if entry is not None:
-                    updates, meta, text = entry.plain
-                    if updates == ch.updates and meta is ch.meta:
-                        append(text)
-                        continue
-                append(value_text(pv.name, ch))
-            elif self.image_bytes_per_s > 0 and _is_image(ch):
-                # An image's first frame (or one after a type change): paced as the next ones.
-                image = self._image_text(pv)
-                if image is not None:
-                    append(image)
-            else:
-                update = self._update(pv)
-                if update is not None:
-                    append(update)
-        if texts:
-            self._flow.extend(texts, sum(map(utf8_size, texts)))
-            self.deliveries += len(texts)
+            got = self._one(att)
+            if got is not None:
+                parts.append(got if isinstance(got, bytes) else text_frames((got,)))
+        return b"".join(parts), len(parts)
 
-    def _image_room(self) -> bool:
-        """Whether the image budget lets a frame out now: nothing is owed for earlier ones."""
-        now = self._clock()
-        rate = self.image_bytes_per_s
-        self._image_tokens = min(0.0, self._image_tokens + (now - self._image_at) * rate)
-        self._image_at = now
-        return self._image_tokens >= 0.0
-
-    def _image_text(self, pv: Pv) -> str | None:
-        """`pv`'s update now if the image budget has room, else held back (its newest state is
-        sent once there is room: `flush_tick`, `housekeeping`)."""
-        if not self._image_room():
-            if pv.att in self._images_waiting:
-                self.images_held += 1
-            self._images_waiting[pv.att] = None
+    def _one(self, att: int) -> bytes | str | None:
+        """The update of `att` now: its plain value's shared frame, another text, or None (none
+        to send, or an image left to `_paced`). The checks before the plain value compare
+        fields without building anything; core/_fanout.c makes the same ones."""
+        pv = self.pvs.by_att.get(att)
+        if pv is None:
             return None
-        text = self._update(pv)
-        if text is not None:
-            self._image_tokens -= utf8_size(text)
-        return text
+        ch = pv.ch
+        paced = self.image_bytes_per_s > 0
+        if pv.image and paced:
+            self._images.append(att)
+            return None
+        if (
+            pv.shown
+            and ch.meta is pv.meta
+            and ch.severity == pv.level
+            and ch.state == _CONNECTED
+            and not ch.fault
+            and ch.known & VALUE
+        ):
+            # Connected (shown implies a value), same metadata (so same readonly), same
+            # severity: the value alone, which another client may have had made already.
+            return self._encoder.value_frame(pv.name, ch)
+        if paced and _is_image(ch):
+            # An image's first frame (or one after a type change): paced as the next ones.
+            self._images.append(att)
+            return None
+        return self._update(pv)
+
+    def _paced(self, atts: list[int]) -> list[str]:
+        """The updates of the images `atts` and of those held before, oldest first, that the
+        image budget lets out now; the others are held (their newest state goes later)."""
+        held = self._images_waiting
+        for att in atts:
+            if att in held:
+                self.images_held += 1  # a held frame replaced by a newer one: never sent
+            held[att] = None
+        self._pay()
+        owed, cap = self._owed, self.image_bytes_per_s  # a second's budget
+        out: list[str] = []
+        gone: list[int] = []
+        by_att = self.pvs.by_att
+        for att in held:  # dict order: held longest first, so every image gets its turn
+            if self._owed_total >= cap:
+                break
+            if att in owed:
+                continue
+            gone.append(att)
+            pv = by_att.get(att)
+            text = self._update(pv) if pv is not None else None
+            if text is not None:
+                size = utf8_size(text)
+                owed[att] = size
+                self._owed_total += size
+                out.append(text)
+        for att in gone:
+            del held[att]
+        return out
+
+    def _pay(self) -> None:
+        """Pay the images' debts for the time since the last payment, at `image_bytes_per_s`:
+        the smallest first, the rest alike (what a PV owes past its share waits)."""
+        now = self._clock()
+        budget = (now - self._image_at) * self.image_bytes_per_s
+        self._image_at = now
+        owed = self._owed
+        if not owed or budget <= 0.0:
+            return
+        if budget >= self._owed_total:
+            owed.clear()
+            self._owed_total = 0.0
+            return
+        left = len(owed)
+        for att, debt in sorted(owed.items(), key=_debt):
+            share = budget / left
+            left -= 1
+            if debt <= share:
+                del owed[att]
+                budget -= debt
+            else:
+                owed[att] = debt - share
+                budget -= share
+        self._owed_total = sum(owed.values())
 
     def _update(self, pv: Pv) -> str | None:
         """The text this client needs for `pv`'s channel now, or None; records what it sent."""
@@ -432,34 +504,50 @@ class PvwsSession(AttachedSession[str, Pv]):
 
     # --- outgoing -----------------------------------------------------------------------------
 
+    def _push(self, frames: bytes, count: int) -> None:
+        self._counts.append(count)
+        self._flow.push(frames)
+
     def next_text(self) -> str | None:
-        text = self._flow.pop()
-        self._popped = utf8_size(text) if text is not None else 0
+        """The next message, for a socket that sends one text at a time (a server without
+        the frames extension, wsprotocol.py); `sent` follows."""
+        data, at = self._reading, self._read_at
+        if at >= len(data):
+            item = self._flow.pop()
+            if item is None:
+                return None
+            self._counts.popleft()
+            data, at = self._reading, self._read_at = item, 0
+        text, end = read_text_frame(data, at)
+        self._read_at = end
+        self._popped = end - at
         return text
 
     def sent(self, nbytes: int) -> None:
         """The text of the last `next_text` is sent (`nbytes` is its length in characters, as
-        the socket pump measures a `str`: the queue counts its UTF-8 bytes)."""
+        the socket pump measures a `str`: the queue counts its frame's bytes)."""
         self.last_message_sent_ms = round(self._wall() * 1000)
         self._flow.sent(self._popped)
         self._popped = 0
+        if self._read_at >= len(self._reading):
+            self._reading, self._read_at = b"", 0
 
     def next_frames(self, limit: int = WRITE_BATCH) -> bytes | None:
-        """What `next_text` would give one by one, up to about `limit` bytes, as WebSocket text
-        frames for one socket write (wsprotocol.py), or None; `frames_written` follows.
+        """The frames queued, up to about `limit` bytes, for one socket write (wsprotocol.py),
+        or None; `frames_written` follows.
 
         A message per PV update is pvws' protocol; a write per message is not: with one
         `send()` system call per message, writing was 51 % of the server's CPU (py-spy, 10
         clients x 200 PVs at 10 Hz)."""
-        texts, size = self._flow.pop_many(limit)
-        if not texts:
+        items, size = self._flow.pop_many(limit)
+        if not items:
             return None
-        self._writing = (len(texts), size)
-        return self._encoder.frames(texts)
+        counts = self._counts
+        self._writing = (sum(counts.popleft() for _ in items), size)
+        return items[0] if len(items) == 1 else b"".join(items)
 
     def frames_written(self, nbytes: int) -> None:
-        """The frames of the last `next_frames` are written (`nbytes` of frames: the queue
-        counted their texts, so that is what is taken off it)."""
+        """The frames of the last `next_frames` are written."""
         count, size = self._writing
         self._writing = (0, 0)
         self.last_message_sent_ms = round(self._wall() * 1000)
@@ -476,17 +564,21 @@ class PvwsSession(AttachedSession[str, Pv]):
             self._send_updates((att,))
 
     def _idle(self, now: float) -> None:
-        if self._images_waiting and not self._flow.merging() and self._image_room():
+        if self._images_waiting and not self._flow.merging():
             # An image that stopped changing still gets its newest frame out.
-            waiting, self._images_waiting = list(self._images_waiting), {}
-            self._send_updates(waiting)
+            self._send_updates(())
 
     def close(self) -> None:
         self._opening.clear()
         super().close()
+        self._counts.clear()
 
     def _queue_text(self, text: str) -> None:
-        self._flow.push(text)
+        self._push(text_frames((text,)), 1)
+
+
+def _debt(item: tuple[int, float]) -> float:
+    return item[1]
 
 
 def _is_image(ch: ChannelState) -> bool:
