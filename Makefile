@@ -224,7 +224,8 @@ UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
 UNIT_TESTS += $(patsubst %,tests/test_%.py,archive_fetch archive_join)
 # The pvws fan-out compiled against the same in Python (core/_fanout.c).
 UNIT_TESTS += tests/test_fanout_compiled.py
-unit: venv ext
+# The page's files too: the status page's own test reads what it loads (test_app_assembly).
+unit: venv ext tsbuild
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)
 
 # The other supported Pythons and Node, as users install them. Per Python: a venv of its own
@@ -253,7 +254,7 @@ matrix: $(addprefix matrix-python-,$(MATRIX_PYTHONS)) matrix-node
 	touch $@
 
 # Every time: the wheel is built from the sources as they are.
-matrix-install-%: .venv-%/.locked
+matrix-install-%: .venv-%/.locked tsbuild
 	.venv-$*/bin/python -m pip install -q --no-deps --no-build-isolation --force-reinstall \
 		. ./clients/py
 	.venv-$*/bin/python -m pip check
