@@ -228,6 +228,8 @@ unit: venv ext
 # against the newest Python's server and a real IOC.
 # What a backfill subscription holds of its channels' past (the Python client's held.py).
 UNIT_TESTS += $(patsubst %,tests/test_%.py,pyclient_held)
+# The drain's pacing with a fake clock (core/drain.py).
+UNIT_TESTS += $(patsubst %,tests/test_%.py,drain_pacing)
 MATRIX_PY_TESTS := $(UNIT_TESTS) tests/test_packaging.py tests/test_install_smoke.py
 MATRIX_TS_TESTS := $(patsubst %,test/%.test.ts,unit cases client closeCodes sessionFuzz \
 	storedToken subscription vectors integration)

@@ -84,8 +84,11 @@ LIMITS: tuple[Limit, ...] = (
     Limit("drain_window_s", 20.0, "s", "the drain closing every WebSocket, paced evenly over "
           "it", "the process exits", setting=True),
     Limit("drain_jitter_max_s", 1.0, "s", "the delay a `4012 DRAINING` close asks its client to "
-          "spread its reconnect over (the time between two of the drain's closes, at most this)",
+          "spread its reconnect over (the time between two of the drain's closes times the number "
+          "closed in the same pass, at most this)",
           "clients reconnect within it"),
+    Limit("drain_close_wait_s", 2.0, "s", "the drain waiting for its last closes to go out "
+          "before the server stops", "the server's shutdown closes what is left with 1012"),
     # --- the stream (/stream) ---
     Limit("max_in_bytes", _MIB, "bytes", "one client message on the stream (announced in HELLO)",
           "close 1009 TOO_BIG", setting=True),
