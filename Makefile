@@ -239,6 +239,8 @@ UNIT_TESTS += $(patsubst %,tests/test_%.py,pyclient_held)
 # What every bound kept per client address counts a client under (an IPv6 client's /64); answers
 # handed to the server in pieces its flow control sees.
 UNIT_TESTS += $(patsubst %,tests/test_%.py,bound_key paced_bodies)
+# The drain's pacing with a fake clock (core/drain.py).
+UNIT_TESTS += $(patsubst %,tests/test_%.py,drain_pacing)
 MATRIX_PY_TESTS := $(UNIT_TESTS) tests/test_packaging.py tests/test_install_smoke.py
 MATRIX_TS_TESTS := $(patsubst %,test/%.test.ts,unit cases client closeCodes sessionFuzz \
 	storedToken subscription vectors integration)

@@ -84,8 +84,11 @@ LIMITS: tuple[Limit, ...] = (
     Limit("drain_window_s", 20.0, "s", "the drain closing every WebSocket, paced evenly over "
           "it", "the process exits", setting=True),
     Limit("drain_jitter_max_s", 1.0, "s", "the delay a `4012 DRAINING` close asks its client to "
-          "spread its reconnect over (the time between two of the drain's closes, at most this)",
+          "spread its reconnect over (the time between two of the drain's closes times the number "
+          "closed in the same pass, at most this)",
           "clients reconnect within it"),
+    Limit("drain_close_wait_s", 2.0, "s", "the drain waiting for its last closes to go out "
+          "before the server stops", "the server's shutdown closes what is left with 1012"),
     # --- the stream (/stream) ---
     Limit("max_in_bytes", _MIB, "bytes", "one client message on the stream (announced in HELLO)",
           "close 1009 TOO_BIG", setting=True),
@@ -232,6 +235,12 @@ LIMITS: tuple[Limit, ...] = (
           "the rest wait for the next pass"),
     Limit("pva_max_types", 4_096, "names", "PVA put types remembered",
           "the least recently used is forgotten"),
+    Limit("ca_queue_size", 16, "updates",
+          "updates of one CA monitor held while the event loop is behind",
+          "the oldest are dropped; the serial counts them"),
+    Limit("ca_queue_bytes", 16 * _MIB, "bytes",
+          "what those updates of one CA monitor may hold (a large array's are fewer)",
+          "the oldest are dropped; the serial counts them"),
     Limit("ca_max_enum_choices", 4_096, "names", "CA enum labels remembered for puts",
           "the least recently used is forgotten"),
     Limit("ca_desc_timeout_s", 2.0, "s", "a CA monitor waiting for its `.DESC`",

@@ -39,9 +39,9 @@ class ChannelSink(Protocol):
     ) -> None:
         """A new value with its IOC timestamp (POSIX seconds + ns) and alarm.
 
-        `skipped`: upstream updates the backend merged into this one without a callback (the CA
-        backend does when the event loop falls behind); they count in the serial, so clients see
-        them as conflated rather than lost without trace.
+        `skipped`: upstream updates the backend dropped before this one without a callback (the
+        CA backend does when the event loop falls far behind, past `ca_queue_size`); they count
+        in the serial, so clients see them as conflated rather than lost without trace.
         """
 
     def on_meta(self, meta: Metadata) -> None:

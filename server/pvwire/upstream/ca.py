@@ -338,7 +338,7 @@ class CaMonitor:
                 self._on_disconnect()
                 return
             value, secs, nsec, severity, status = update
-            # Updates that arrive while one waits for the loop are merged, and counted.
+            # Updates dropped while the loop was far behind (past the queue), counted.
             dropped = self._subs[0].dropped_callbacks
             skipped = dropped - self._dropped_seen
             self._dropped_seen = dropped

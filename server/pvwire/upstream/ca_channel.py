@@ -46,6 +46,8 @@ from typing import Any
 from aioca import FORMAT_TIME, CANothing
 from epicscorelibs.ca import cadef, dbr
 
+from ..limits import integer
+
 __all__ = ["CaChannel", "CaSubscription", "GetChannelPool", "channel_counts"]
 
 _libca = cadef.libca
@@ -155,6 +157,13 @@ _PYGILSTATE_LOCKED = 0
 # A safety-net poll of a polled context: every callback of libca's threads also writes to the
 # wake-up socket the loop watches, so this only bounds the delay of one that did not.
 POLL_PERIOD = 0.5
+
+# Updates of one subscription held while the loop is behind, and the bytes they may take (an
+# array's values hold their elements: a 1 MB waveform keeps 16, an 8 MB one 2).
+QUEUE_SIZE = integer("ca_queue_size")
+QUEUE_BYTES = integer("ca_queue_bytes")
+# Bytes of one element by DBF type (db_access.h: string, short, float, enum, char, long, double).
+_ELEMENT_BYTES = {0: 40, 1: 2, 2: 4, 3: 2, 4: 1, 5: 4, 6: 8}
 
 _keys = itertools.count(1)
 # Every open channel by key, so a connection callback finds its channel and `/metrics` can count.
@@ -369,12 +378,14 @@ def _on_subscription_event(args: Any) -> None:  # libca thread
         value = sub._to_value(args.raw_dbr, args.type, args.count)
     except Exception:
         return  # a DBR that cannot be converted; the next one may
-    # Keep only the newest value until the loop takes it; count what it replaced. The loop
-    # clears `_scheduled` before reading `_latest`, so no value is left behind unseen.
-    sub._latest = value
-    if sub._scheduled:
+    # Every value is kept until the loop takes it, up to the queue's bound: past it the oldest
+    # goes (the deque drops it), counted. The loop clears `_scheduled` before it empties the
+    # queue, so no value is left behind unseen.
+    queue = sub._queue
+    if len(queue) == queue.maxlen:
         sub.dropped_callbacks += 1
-    else:
+    queue.append(value)
+    if not sub._scheduled:
         sub._scheduled = True
         sub._driver.post(sub._deliver)
 
@@ -589,10 +600,13 @@ class CaChannel:
 
 
 class CaSubscription:
-    """One libca subscription whose newest value reaches `callback` on the event loop.
+    """One libca subscription whose values reach `callback` on the event loop, in order.
 
-    Values that arrive while one is waiting for the loop replace it and are counted in
-    `dropped_callbacks`, as aioca does with `all_updates=False`.
+    While the loop is behind, libca hands a subscription's updates over several at a time: all
+    of them are kept, up to `QUEUE_SIZE` (fewer for a large array, `QUEUE_BYTES` in all), and
+    past that the oldest are dropped and counted in `dropped_callbacks`. aioca's default
+    (`all_updates=False`), kept here before, passed on only the newest of those a late loop
+    found waiting: lost to `ALL` subscriptions and to the history alike (bench/drain.py).
     """
 
     __slots__ = (
@@ -600,7 +614,7 @@ class CaSubscription:
         "_callback",
         "_driver",
         "_key",
-        "_latest",
+        "_queue",
         "_scheduled",
         "_to_value",
         "channel",
@@ -621,9 +635,10 @@ class CaSubscription:
         self.dropped_callbacks = 0
         self._callback = callback
         self._driver = channel._driver
-        self._latest: Any = None
         self._scheduled = False
         dbrcode, self._to_value = _time_converter(channel, fmt)
+        size = (count or channel.element_count) * _ELEMENT_BYTES.get(channel.field_type, 40)
+        self._queue: deque[Any] = deque(maxlen=max(1, min(QUEUE_SIZE, QUEUE_BYTES // size)))
         self._key = next(_keys)
         _subscriptions[self._key] = self
         event_id = ctypes.c_void_p()
@@ -645,9 +660,9 @@ class CaSubscription:
 
     def _deliver(self) -> None:
         self._scheduled = False
-        value, self._latest = self._latest, None
-        if value is not None and not self.closed:
-            self._callback(value)
+        queue = self._queue
+        while queue and not self.closed:
+            self._callback(queue.popleft())
 
     def close(self) -> None:
         """Stop the subscription; no callback runs after this returns. Idempotent.
@@ -659,7 +674,7 @@ class CaSubscription:
             return
         self.closed = True
         _subscriptions.pop(self._key, None)
-        self._latest = None
+        self._queue.clear()
         if not self.channel.closed:
             cadef.ca_clear_subscription(self)
             cadef.ca_flush_io()
