@@ -66,6 +66,9 @@ class TestCA:
             .not_valid_after(now + 30 * _ONE_DAY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
+            )
+            .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
                     key_cert_sign=True,
@@ -112,6 +115,14 @@ class TestCA:
             .not_valid_after(now + days * _ONE_DAY)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            # Python 3.13 verifies strictly (VERIFY_X509_STRICT): a leaf names its issuer's key.
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(self._key, hashes.SHA256())
         )
