@@ -25,7 +25,8 @@ from pvwire.loopback import apply_loopback_env
 from pvwire_dev.ioc import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-DEV_TOOLS = {"pytest", "mypy", "ruff", "hypothesis", "httpx", "matplotlib", "py-spy", "psutil"}
+# httpx is not one: the server reads the facility's archive with it (pyproject's dependencies).
+DEV_TOOLS = {"pytest", "mypy", "ruff", "hypothesis", "matplotlib", "py-spy", "psutil"}
 
 
 def dockerignore_patterns() -> list[re.Pattern[str]]:
