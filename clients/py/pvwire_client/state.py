@@ -133,11 +133,12 @@ class ChannelState:
                 self.metadata = metadata
                 changed |= META
         if m & CONN:
-            state, reason = e[i], e[i + 1]
+            # An unknown state number is shown as DISCONNECTED (PROTOCOL.md section 3), and
+            # compared as shown: a later state repeated is no change.
+            state = e[i] if e[i] < len(CONNECTION_STATES) else DISCONNECTED
+            reason = e[i + 1]
             if (state, reason) != (self.state, self.reason):
-                # An unknown state number is shown as DISCONNECTED (PROTOCOL.md section 3).
-                known = state < len(CONNECTION_STATES)
-                self.state, self.reason = state if known else DISCONNECTED, reason
+                self.state, self.reason = state, reason
                 changed |= CONN
         return changed
 
