@@ -318,6 +318,12 @@ async def test_c_pvws_names_per_subscribe_are_bounded(
     )
     held(watch.cost, PVWS_RSS_BOUND, f"pvws subscribes of {PVWS_OVER} and {PVWS_MAX_NAMES}")
     bystander.check(start, end)
+    # Its channels closed again (after --linger): held, they are every sim value store the
+    # server may keep (sim_max_stores), and the next attack's own sim value would be refused.
+    await eventually_async(
+        lambda: asyncio.to_thread(lambda: metric(target, "pvwire_channels")[""] <= channels),
+        "the subscribed channels closed",
+    )
 
 
 # --- (d) -------------------------------------------------------------------------------------
