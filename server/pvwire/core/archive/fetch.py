@@ -54,6 +54,10 @@ _RECENT_NS = 60 * NS
 _ERROR_TEXT = 512
 # A reader waits this much past the deadline for the read to say itself why it missed it.
 _GRACE_S = 0.05
+# A read that misses its deadline blames the archiver (left alone for RETRY_S, for every
+# reader) only when it had this much of the deadline left once its turns came: one left less
+# by the turns or its request's earlier reads misses alone.
+_BLAME_SHARE = 0.5
 
 
 # What became of reads (/metrics): answered by the archiver, from the cache, shared with a read
@@ -199,10 +203,14 @@ class ArchiveClient:
         params = {"pv": f"{operator}({pv})" if operator else pv, "from": iso(start),
                   "to": iso(end)}  # fmt: skip
         async with self._turns(archiver, reach):
+            given = reach.left()
             try:
-                async with asyncio.timeout(reach.left()):
+                async with asyncio.timeout(given):
                     got = await self._get(archiver, params, reach, max_samples)
             except TimeoutError:
+                if given < reach.timeout * _BLAME_SHARE:
+                    self._count("timeout")
+                    raise ArchiveMissing(self._late(archiver, reach)) from None
                 late = f"did not answer within {reach.timeout:g} s (archive_timeout_s)"
                 raise self._fail(archiver, "timeout", late) from None
             except httpx.HTTPError as exc:
