@@ -236,6 +236,35 @@ async def test_a_read_left_little_time_by_its_turns_is_its_own_miss(
     assert len(got) == 11 and "skipped" not in client.outcomes
 
 
+async def test_a_read_nobody_waits_for_any_more_is_given_up(
+    archiver: PbArchiver, client: ArchiveClient
+) -> None:
+    """A read whose readers were all cancelled (a detached backfill, a closed request) ends
+    and gives its turns back, rather than holding them to its deadline for nobody; one that
+    another reader shares goes on for it."""
+    most = integer("archive_fetches_per_identity")
+    args = (at(archiver), "ca://SLOW:shared", "", T0, T0 + NS)
+    shared = [asyncio.ensure_future(client.read(*args, Reach(who, 60))) for who in "ab"]
+    alone = [
+        asyncio.ensure_future(
+            client.read(at(archiver), f"ca://SLOW:{i}", "", T0, T0 + NS, Reach("a", 60))
+        )
+        for i in range(most - 1)
+    ]
+    await eventually_async(lambda: archiver.requests["SLOW:0"] == 1, "the reads under way")
+    for task in [shared[0], *alone]:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert not shared[1].done()  # its read goes on for the reader left
+    got = await client.read(at(archiver), "ca://PV:A", "", T0, T0 + NS, Reach("a", 5))
+    assert len(got) == 11  # a turn of "a" was free: the read of SLOW:0 gave its own back
+    shared[1].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await shared[1]
+    await eventually_async(lambda: not client._identities, "every turn given back")
+
+
 async def test_an_archiver_s_turns_are_bounded_and_another_archiver_goes_on(
     client: ArchiveClient,
 ) -> None:

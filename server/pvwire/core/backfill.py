@@ -78,6 +78,11 @@ class Backfill:
         """Per channel, the lowest time (ns) its next row may have."""
         return self._lower
 
+    def close(self) -> None:
+        """The attachment is gone before its backfill was done: what it reads is given up."""
+        if self.archive is not None:
+            self.archive.close()
+
     def fill(self, room: int) -> tuple[list[bytes], bool]:
         """HISTORY messages until they hold `room` bytes (one more at most), and whether the
         backfill is done: then the caller queues the snapshot before anything else happens."""
