@@ -224,6 +224,8 @@ UNIT_TESTS += $(patsubst %,tests/test_%.py,aa_limits aa_operators aa_pb)
 UNIT_TESTS += $(patsubst %,tests/test_%.py,archive_fetch archive_join)
 # The pvws fan-out compiled against the same in Python (core/_fanout.c).
 UNIT_TESTS += tests/test_fanout_compiled.py
+# A backfill's archive part in a hub in memory, the test archiver in the test process.
+UNIT_TESTS += $(patsubst %,tests/test_%.py,backfill_archive)
 # The page's files too: the status page's own test reads what it loads (test_app_assembly).
 unit: venv ext tsbuild
 	$(PY) -m pytest -q -p no:cacheprovider --benchmark-disable $(UNIT_TESTS)

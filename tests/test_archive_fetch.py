@@ -19,6 +19,7 @@ from pvwire.limits import integer, number
 from pvwire_dev.ioc import free_port
 
 from tests.archiver import NS, PbArchiver
+from tests.eventually import eventually_async
 
 T0 = 1_780_000_000 * NS  # 2026-05-28
 
@@ -198,6 +199,70 @@ async def test_an_identity_takes_turns_and_another_goes_on(
     for task in slow:
         with pytest.raises(ArchiveMissing):
             await task
+
+
+async def test_a_read_left_little_time_by_its_turns_is_its_own_miss(
+    archiver: PbArchiver, client: ArchiveClient
+) -> None:
+    """A read whose deadline went on waiting for a turn (or on its request's earlier reads)
+    and that misses it in the little time left says so, but leaves the archiver to every other
+    reader: only one given most of the deadline blames it."""
+    most = integer("archive_fetches_per_identity")
+    with PbArchiver(fails="SLOW") as elsewhere:
+        held = [
+            asyncio.ensure_future(
+                client.read(at(elsewhere), f"ca://X:{i}", "", T0, T0 + NS, Reach("a", 1))
+            )
+            for i in range(most)
+        ]
+        now = [0.0]
+        late_reach = Reach("a", 5, clock=lambda: now[0])
+        late = asyncio.ensure_future(
+            client.read(at(archiver), "ca://SLOW:late", "", T0, T0 + NS, late_reach)
+        )
+
+        def waiting() -> bool:  # the identity's turns: held by two, waited for by the third
+            turns = client._identities.get("a")
+            return turns is not None and turns.users == most + 1
+
+        await eventually_async(waiting, "the late read waiting for a turn")
+        now[0] = 4.9  # as if it had waited that long: the turn comes with 0.1 s left
+        with pytest.raises(ArchiveMissing, match=r"did not answer within 5 s"):
+            await late
+        for task in held:
+            with pytest.raises(ArchiveMissing):
+                await task
+    got = await client.read(at(archiver), "ca://PV:A", "", T0, T0 + NS, Reach("b", 5))
+    assert len(got) == 11 and "skipped" not in client.outcomes
+
+
+async def test_a_read_nobody_waits_for_any_more_is_given_up(
+    archiver: PbArchiver, client: ArchiveClient
+) -> None:
+    """A read whose readers were all cancelled (a detached backfill, a closed request) ends
+    and gives its turns back, rather than holding them to its deadline for nobody; one that
+    another reader shares goes on for it."""
+    most = integer("archive_fetches_per_identity")
+    args = (at(archiver), "ca://SLOW:shared", "", T0, T0 + NS)
+    shared = [asyncio.ensure_future(client.read(*args, Reach(who, 60))) for who in "ab"]
+    alone = [
+        asyncio.ensure_future(
+            client.read(at(archiver), f"ca://SLOW:{i}", "", T0, T0 + NS, Reach("a", 60))
+        )
+        for i in range(most - 1)
+    ]
+    await eventually_async(lambda: archiver.requests["SLOW:0"] == 1, "the reads under way")
+    for task in [shared[0], *alone]:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert not shared[1].done()  # its read goes on for the reader left
+    got = await client.read(at(archiver), "ca://PV:A", "", T0, T0 + NS, Reach("a", 5))
+    assert len(got) == 11  # a turn of "a" was free: the read of SLOW:0 gave its own back
+    shared[1].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await shared[1]
+    await eventually_async(lambda: not client._identities, "every turn given back")
 
 
 async def test_an_archiver_s_turns_are_bounded_and_another_archiver_goes_on(

@@ -132,6 +132,16 @@ def test_the_archive_s_disconnects_are_gap_rows() -> None:
     assert rows.gap.tolist() == [False, True, False, False] and math.isnan(rows.value[1])
 
 
+@pytest.mark.parametrize("lost", ["\u00b2", "9" * 5_000, "", "-4", "4.5"])
+def test_a_disconnect_time_that_is_no_number_is_no_gap(lost: str) -> None:
+    """An archiver's `cnxlostepsecs` is its words: one that is not a count of seconds (a
+    superscript digit, more digits than int() reads) is left out, not an error of the read."""
+    s = points([T0, T0 + 10 * NS, T0 + 20 * NS])
+    s.fields[1] = (("cnxlostepsecs", lost),)
+    rows = rows_of(s, NS)
+    assert rows.t.tolist() == [T0, T0 + 10 * NS, T0 + 20 * NS] and not rows.gap.any()
+
+
 def test_an_archive_without_data_is_a_gap_row_and_a_missing_one_says_why() -> None:
     own = own_rows([T0 + 50 * NS + k * NS for k in range(10)], 0.0)
     p = plan(T0, own.since, 0, 1000, T0 + 60 * NS)

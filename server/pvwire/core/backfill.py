@@ -78,6 +78,11 @@ class Backfill:
         """Per channel, the lowest time (ns) its next row may have."""
         return self._lower
 
+    def close(self) -> None:
+        """The attachment is gone before its backfill was done: what it reads is given up."""
+        if self.archive is not None:
+            self.archive.close()
+
     def fill(self, room: int) -> tuple[list[bytes], bool]:
         """HISTORY messages until they hold `room` bytes (one more at most), and whether the
         backfill is done: then the caller queues the snapshot before anything else happens."""
@@ -119,7 +124,11 @@ class Backfill:
             return [], False
         ch = self.channels[sid]
         if self.archive is not None and self.passes == 1:
-            past = self.archive.step(sid, self._lower[sid])
+            try:
+                past = self.archive.step(sid, self._lower[sid])
+            except Exception:  # not a read's miss (a gap row says those): the join's own
+                self._fail(sid, ch)
+                return [], False
             if past is WAIT:
                 return [], None
             if past is not None:
@@ -135,9 +144,7 @@ class Backfill:
             parts = recorder.backfill(self._lower[sid], HISTORY_MESSAGE_ROWS)
             frames = [self._encode(sid, part) for part in parts]
         except Exception:
-            log.exception("backfill of %s failed; its past is not sent", ch.id)
-            ch.listener.count_failure("history")
-            self._failed.add(sid)
+            self._fail(sid, ch)
             return [], False
         if not parts:
             return [], False
@@ -160,13 +167,17 @@ class Backfill:
             if not recorder.backfills_from(lower):
                 return []
         except Exception:
-            log.exception("backfill of %s failed; its past is not sent", ch.id)
-            ch.listener.count_failure("history")
-            self._failed.add(sid)
+            self._fail(sid, ch)
             return []
         self._closed.add(sid)
         return [self._encode(sid, HistorySlice.gap_row(lower, recorder.row_shape,
                                                        GapKind.LEFT_OUT, 0))]  # fmt: skip
+
+    def _fail(self, sid: int, ch: Channel) -> None:
+        """Channel `sid`'s past failed: skipped for good, counted, logged (called in `except`)."""
+        log.exception("backfill of %s failed; its past is not sent", ch.id)
+        ch.listener.count_failure("history")
+        self._failed.add(sid)
 
     def _encode(self, sid: int, part: HistorySlice) -> bytes:
         columns = (part.t, part.value, part.min, part.max, part.severity, part.status, part.gap)

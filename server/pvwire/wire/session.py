@@ -89,6 +89,10 @@ class Backfill(Protocol):
         done: then the snapshot goes next, in the same call."""
         ...
 
+    def close(self) -> None:
+        """The attachment is gone before the backfill was done."""
+        ...
+
 
 class SessionHost(Protocol):
     """What a session needs from the hub."""
@@ -274,7 +278,9 @@ class Session(AttachedSession[bytes, _Attachment]):
         del self._records[att]
         self.channel_count -= len(view.ids)
         self._pending.pop(att, None)
-        self._backfills.pop(att, None)
+        job = self._backfills.pop(att, None)
+        if job is not None:
+            job.close()
         self._tick_groups = [(a, v) for a, v in self._tick_groups if a != att]
         self._host.close_view(view, self, att)
 

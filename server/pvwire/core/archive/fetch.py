@@ -54,6 +54,10 @@ _RECENT_NS = 60 * NS
 _ERROR_TEXT = 512
 # A reader waits this much past the deadline for the read to say itself why it missed it.
 _GRACE_S = 0.05
+# A read that misses its deadline blames the archiver (left alone for RETRY_S, for every
+# reader) only when it had this much of the deadline left once its turns came: one left less
+# by the turns or its request's earlier reads misses alone.
+_BLAME_SHARE = 0.5
 
 
 # What became of reads (/metrics): answered by the archiver, from the cache, shared with a read
@@ -86,6 +90,14 @@ class Reach:
         return self.left() <= 0
 
 
+@dataclass(eq=False, slots=True)
+class _Flight:
+    """A read under way and how many readers wait for it: the last to leave ends it."""
+
+    task: asyncio.Task[Series]
+    readers: int = 0
+
+
 @dataclass(slots=True)
 class _Turns:
     """One identity's turns: its semaphore and how many reads hold or wait for it."""
@@ -110,7 +122,7 @@ class ArchiveClient:
         )
         self._clock = clock
         self.cache: ByteCache[Series] = ByteCache(cache_bytes, clock)
-        self._flights: dict[Hashable, asyncio.Task[Series]] = {}
+        self._flights: dict[Hashable, _Flight] = {}
         self._archivers: dict[str, asyncio.Semaphore] = {}
         self._identities: dict[str, _Turns] = {}
         self._failing: dict[str, tuple[float, str]] = {}  # url -> (until, why)
@@ -118,8 +130,8 @@ class ArchiveClient:
         self.outcomes: dict[str, int] = {}
 
     async def close(self) -> None:
-        for task in list(self._flights.values()):
-            task.cancel()
+        for flight in list(self._flights.values()):
+            flight.task.cancel()
         await self._http.aclose()
 
     def _count(self, outcome: str) -> None:
@@ -148,18 +160,19 @@ class ArchiveClient:
         if reach.expired():
             self._count("timeout")
             raise ArchiveMissing(self._late(archiver, reach))
-        task = self._flights.get(key)
-        if task is None:
+        flight = self._flights.get(key)
+        if flight is None:
             task = asyncio.ensure_future(
                 self._fetch(archiver, cid, operator, start, end, reach, max_samples)
             )
-            self._flights[key] = task
-            task.add_done_callback(lambda t: self._landed(key, t))
+            flight = self._flights[key] = _Flight(task)
+            task.add_done_callback(lambda _: self._landed(key, flight))
         else:
             self._count("shared")
+        flight.readers += 1
         try:
             async with asyncio.timeout(reach.left() + _GRACE_S):
-                got = await asyncio.shield(task)
+                got = await asyncio.shield(flight.task)
             reach.samples_left -= len(got)
             return got
         except TimeoutError:
@@ -171,12 +184,21 @@ class ArchiveClient:
             self._count("failed")
             log.exception("reading %s from the archiver %s failed", cid, archiver.name)
             raise ArchiveMissing(f"reading the archiver {archiver.name} failed ({exc})") from None
+        finally:
+            flight.readers -= 1
+            if not flight.readers and not flight.task.done():
+                # Nobody waits for it any more (a detached backfill, a request gone): its turns
+                # go back now, not at its deadline, and a later read of the same starts anew.
+                self._landed(key, flight)
+                flight.task.cancel()
 
-    def _landed(self, key: Hashable, task: asyncio.Task[Series]) -> None:
+    def _landed(self, key: Hashable, flight: _Flight) -> None:
         """A read is over: no longer shared; its failure is its readers' (looked at here, so
         that one nobody waits for any more is not reported as never retrieved)."""
-        self._flights.pop(key, None)
-        if not task.cancelled():
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        task = flight.task
+        if task.done() and not task.cancelled():
             task.exception()
 
     def _late(self, archiver: Archiver, reach: Reach) -> str:
@@ -199,10 +221,14 @@ class ArchiveClient:
         params = {"pv": f"{operator}({pv})" if operator else pv, "from": iso(start),
                   "to": iso(end)}  # fmt: skip
         async with self._turns(archiver, reach):
+            given = reach.left()
             try:
-                async with asyncio.timeout(reach.left()):
+                async with asyncio.timeout(given):
                     got = await self._get(archiver, params, reach, max_samples)
             except TimeoutError:
+                if given < reach.timeout * _BLAME_SHARE:
+                    self._count("timeout")
+                    raise ArchiveMissing(self._late(archiver, reach)) from None
                 late = f"did not answer within {reach.timeout:g} s (archive_timeout_s)"
                 raise self._fail(archiver, "timeout", late) from None
             except httpx.HTTPError as exc:

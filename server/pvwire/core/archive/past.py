@@ -75,6 +75,13 @@ class ArchivePast:
         self._reads: dict[int, _Read] = {}
         self._done: set[int] = set()
 
+    def close(self) -> None:
+        """The attachment is gone: its reads under way are given up (fetch.py ends those that
+        nobody else waits for), not left to run to their deadline."""
+        for read in self._reads.values():
+            read.task.cancel()
+        self._reads.clear()
+
     def step(self, sid: int, lower: int) -> Past | None:
         """Channel `sid`'s archive part from `lower` on: its messages, WAIT, or None when it
         has none (no archiver holds it, the server's rows reach back, or it was sent)."""

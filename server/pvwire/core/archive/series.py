@@ -40,6 +40,7 @@ _NUMERIC_VECTORS = {PayloadType.WAVEFORM_SHORT, PayloadType.WAVEFORM_FLOAT,
                     PayloadType.WAVEFORM_ENUM, PayloadType.WAVEFORM_INT,
                     PayloadType.WAVEFORM_DOUBLE, PayloadType.WAVEFORM_BYTE}  # fmt: skip
 _BIN_COLUMNS = 5  # optimized's [mean, std, min, max, count]
+_EPOCH_DIGITS = 10  # of a POSIX second whose nanoseconds an int64 holds
 
 
 class ArchiveRefused(ValueError):
@@ -174,18 +175,27 @@ def rows_of(s: Series, width: int) -> HistorySlice:
     v = s.value
     points = _slice(0, s.t, v, v, v, v, np.where(np.isnan(v), 0, 1), s.severity, s.status,
                     np.zeros(len(s), np.bool_), since)  # fmt: skip
-    lost = [(i, int(dict(f)["cnxlostepsecs"]) * NS) for i, f in sorted(s.fields.items())
-            if "cnxlostepsecs" in dict(f) and dict(f)["cnxlostepsecs"].isdigit()]  # fmt: skip
     parts = []
     at = 0
-    for i, t in lost:
+    for i, f in sorted(s.fields.items()):
+        t = _lost_at(f)
         before = int(s.t[i - 1]) if i else -1
-        if before < t < int(s.t[i]):
+        if t is not None and before < t < int(s.t[i]):
             parts += [_take(points, at, i), gap_row(t)]
             at = i
     if not parts:
         return points
     return concat([*parts, _take(points, at, len(points))])
+
+
+def _lost_at(fields: tuple[tuple[str, str], ...]) -> int | None:
+    """When (ns) the archive's engine says it lost the channel before this sample, from its
+    `cnxlostepsecs`; None without one, or for one that is no count of seconds (the archiver's
+    words: `isdigit` holds for "²" too, and int() refuses more than 4,300 digits)."""
+    text = dict(fields).get("cnxlostepsecs", "")
+    if not (text.isascii() and text.isdigit()) or len(text) > _EPOCH_DIGITS:
+        return None
+    return int(text) * NS
 
 
 def _take(s: HistorySlice, lo: int, hi: int) -> HistorySlice:
