@@ -130,6 +130,8 @@ def test_headers_carry_the_units_and_precision_and_with_latest_metadata_the_limi
 def test_json_agrees_with_what_the_archiver_client_decodes_from_raw(
     server: ServerProcess, written: dict[str, list[Any]]
 ) -> None:
+    # The waveform steps with the IOC's counter: three of its frames may take a few seconds.
+    eventually(lambda: len(events(server, "PVW:WAVE16")) >= 3, "three frames of PVW:WAVE16")
     start, end = window()
     span = {"from": start.isoformat(), "to": end.isoformat()}
     for pv in [*TYPED, "PVW:WAVE16"]:
