@@ -89,6 +89,10 @@ async def test_time_range(served: tuple[FastAPI, httpx.AsyncClient]) -> None:
     backwards = await c.get(DATA, params={"pv": "sim://counter", "from": "2026-01-02T00:00:00Z",
                                           "to": "2026-01-01T00:00:00Z"})  # fmt: skip
     assert backwards.status_code == 400 and "before start" in backwards.text
+    # Year 0 once its offset is applied: refused as a time, not an error of the server.
+    year0 = await c.get(DATA, params={"pv": "sim://counter", "from": "0001-01-01T00:00:00+01:00",
+                                      "to": "0001-01-02T00:00:00Z"})  # fmt: skip
+    assert year0.status_code == 400 and "years 1 to 9999" in year0.text
 
 
 async def test_pattern_length_and_a_regex_that_backtracks(

@@ -236,8 +236,9 @@ def test_escaping_round_trips_and_leaves_no_newline(message: bytes) -> None:
 
 
 def test_years_and_seconds_into_them() -> None:
-    for year in (1970, 2024, 2025, 2100):
+    for year in (1, 1969, 1970, 2000, 2024, 2025, 2100, 9999, 10_000, 300_000):
         start = pb.year_start(year)
         assert pb.seconds_into_year(start) == (year, 0)
         assert pb.seconds_into_year(start - 1)[0] == year - 1
     assert np.int64(pb.year_start(2026)) == 1767225600
+    assert pb.year_start(1) == -62135596800 and pb.year_start(10_000) == 253402300800
