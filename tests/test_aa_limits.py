@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -89,6 +90,10 @@ async def test_time_range(served: tuple[FastAPI, httpx.AsyncClient]) -> None:
     backwards = await c.get(DATA, params={"pv": "sim://counter", "from": "2026-01-02T00:00:00Z",
                                           "to": "2026-01-01T00:00:00Z"})  # fmt: skip
     assert backwards.status_code == 400 and "before start" in backwards.text
+    # Year 0 once its offset is applied: refused as a time, not an error of the server.
+    year0 = await c.get(DATA, params={"pv": "sim://counter", "from": "0001-01-01T00:00:00+01:00",
+                                      "to": "0001-01-02T00:00:00Z"})  # fmt: skip
+    assert year0.status_code == 400 and "years 1 to 9999" in year0.text
 
 
 async def test_pattern_length_and_a_regex_that_backtracks(
@@ -174,3 +179,99 @@ async def test_a_client_that_stops_reading_is_dropped_after_the_stall_timeout(
 
     await asyncio.wait_for(response({"type": "http"}, receive, send), 10)  # type: ignore[arg-type]
     assert len(made) == 2 and len(sent) == 3
+
+
+CATALOGUED = 1_000
+STATUS = "/retrieval/bpl/getPVStatus"
+
+
+@pytest.fixture
+async def catalogued(tmp_path: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app with a catalogue of CATALOGUED ids, samples at 20 times their count per
+    second (bursts of 40): a pattern over them costs 1/40 of a burst."""
+    ids = [f"sim://value/cat{i:04d}" for i in range(CATALOGUED)]
+    application = app(tmp_path, catalogue=ids, aa_points_per_s=20.0 * CATALOGUED)
+    transport = httpx.ASGITransport(app=application)
+    try:
+        async with (
+            application.router.lifespan_context(application),
+            httpx.AsyncClient(transport=transport, base_url="http://pvwire") as c,
+        ):
+            yield application, c
+    finally:
+        gc.unfreeze()
+
+
+async def test_status_names_are_bounded_before_any_is_matched(
+    catalogued: tuple[FastAPI, httpx.AsyncClient],
+) -> None:
+    _, c = catalogued
+    most = integer("aa_max_pvs")
+    globs = [f"nothing{i}*" for i in range(most + 1)]
+    r = await c.post(STATUS, json=globs)
+    assert r.status_code == 400 and "aa_max_pvs" in r.text
+    big = integer("aa_max_names_bytes")
+    body = json.dumps(["x" * (big // 10)] * 11).encode()
+    r = await c.post(STATUS, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "aa_max_names_bytes" in r.text
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it is read
+        for _ in range(11):
+            yield json.dumps("x" * (big // 10)).encode()
+
+    r = await c.post(STATUS, content=chunked(), headers={"content-type": "text/plain"})
+    assert r.status_code == 413 and "aa_max_names_bytes" in r.text
+    # In a form, as `pv` parameters are (a URL that long is refused before pvwire sees it).
+    form = {"pv": ",".join(["y" * 1000] * (big // 1000 + 1))}
+    r = await c.post(STATUS, data=form)
+    assert r.status_code == 413 and "aa_max_names_bytes" in r.text
+
+
+async def test_a_glob_matching_past_the_bound_stops_there(
+    catalogued: tuple[FastAPI, httpx.AsyncClient],
+) -> None:
+    _, c = catalogued
+    r = await c.get(STATUS, params={"pv": "sim://value/cat*"})
+    assert r.status_code == 400 and "501 or more PVs" in r.text
+    fits = (await c.get(STATUS, params={"pv": "sim://value/cat*", "limit": "3"})).json()
+    assert len(fits) == 3 and all(s["pvName"].startswith("sim://value/cat") for s in fits)
+    ten = (await c.get(STATUS, params={"pv": "sim://value/cat000?"})).json()
+    assert [s["pvName"] for s in ten] == [f"sim://value/cat000{i}" for i in range(10)]
+    # A glob's other characters are themselves, as the Archiver Appliance's globs have them.
+    dot = await c.get(STATUS, params={"pv": "sim://value.cat000?"})
+    assert dot.json() == []
+
+
+async def test_each_pattern_costs_the_ids_it_is_matched_against(
+    catalogued: tuple[FastAPI, httpx.AsyncClient],
+) -> None:
+    """A burst is 40 catalogues: a few globs fit, fifty do not, however few names they ask."""
+    _, c = catalogued
+    few = await c.post(STATUS, json=[f"nothing{i}*" for i in range(3)])
+    assert few.status_code == 200 and few.json() == []
+    many = await c.post(STATUS, json=[f"nothing{i}*" for i in range(50)])
+    assert many.status_code == 429 and "aa_points_per_s" in many.text
+
+
+async def test_an_unknown_pv_is_answered_without_listing_the_catalogue(
+    catalogued: tuple[FastAPI, httpx.AsyncClient],
+) -> None:
+    application, c = catalogued
+    hub = application.state.hub
+    listed: list[object] = []
+    known_ids = hub.known_ids
+
+    def spy(*args: object) -> object:
+        listed.append(args)
+        return known_ids(*args)
+
+    hub.known_ids = spy
+    r = await c.get(DATA, params={"pv": "sim://value/nowhere"})
+    assert r.status_code == 404 and "Unable to find typeinfo" in r.text
+    at = await c.post("/retrieval/data/getDataAtTime", json=["sim://value/nowhere"])
+    assert at.status_code == 200 and at.json() == {}
+    catalogued_one = await c.get(DATA, params={"pv": "sim://value/cat0007"})
+    assert catalogued_one.status_code == 200
+    assert listed == []
+    found = await c.get("/retrieval/bpl/getMatchingPVs", params={"pv": "sim://value/cat000*"})
+    assert len(found.json()) == 10 and len(listed) == 1  # the spy sees what lists them

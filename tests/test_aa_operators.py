@@ -7,7 +7,9 @@ import math
 
 import numpy as np
 import pytest
-from pvwire.aa import times
+from hypothesis import given
+from hypothesis import strategies as st
+from pvwire.aa import pb, times
 from pvwire.aa.operators import BadOperator, Operator, Rows, compute, estimate, parse_pv
 from pvwire.aa.pb import PayloadType
 
@@ -187,11 +189,51 @@ def test_times_as_the_archiver_appliance_parses_them(text: str, ns: int) -> None
         "2026-13-02T10:00:00Z",
         "yesterday",
         "2026-12-02T10:00:00.1234567890Z",
+        "0001-01-01T00:00:00+01:00",  # year 0 in UTC
+        "9999-12-31T23:30:00-01:00",  # year 10000 in UTC
+        "2026-12-02T10:00:00+18:01",  # past Java's offsets
+        "2026-12-02T10:00:00+01:60",
+        "٢٠٢٦-12-02T10:00:00Z",  # Unicode digits, which Java refuses
     ],
 )
 def test_times_it_refuses(text: str) -> None:
     with pytest.raises(times.BadTime):
         times.parse_instant(text)
+
+
+def test_the_first_and_last_instants_are_answered() -> None:
+    first = times.parse_instant("0001-01-01T01:00:00+01:00")
+    assert times.iso(first) == "0001-01-01T00:00:00.000Z"
+    assert times.iso(times.parse_instant("9999-12-31T23:59:59.999999999Z")).startswith("9999")
+    with pytest.raises(times.BadTime, match="give `from`"):
+        times.request_range(None, "0001-01-01T12:00:00Z")
+
+
+def _iso(y: int, mo: int, d: int, h: int, mi: int, sec: int, frac: str, off: str) -> str:
+    return f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{sec:02d}{frac}{off}"
+
+
+# Date-times of every field's range and a little past it, the offsets Java takes and some more.
+_NEAR_ISO = st.builds(
+    _iso, st.integers(0, 9999), st.integers(0, 13), st.integers(0, 32), st.integers(0, 24),
+    st.integers(0, 60), st.integers(0, 60), st.from_regex(r"(\.[0-9]{1,9})?", fullmatch=True),
+    st.from_regex(r"Z|[+-](1[0-9]|0[0-9]|2[0-4]):[0-6][0-9](:[0-6][0-9])?", fullmatch=True),
+)  # fmt: skip
+
+
+@given(st.one_of(_NEAR_ISO, st.text(max_size=40)), st.one_of(st.none(), _NEAR_ISO))
+def test_any_time_is_an_instant_the_answer_can_write_or_a_bad_time(
+    text: str, to: str | None
+) -> None:
+    """Every `from`, `to` and `at` ends in a value that everything after parsing can use (its
+    text, its PB year), or in BadTime (the 400), never in another exception (a 500)."""
+    try:
+        since, until = times.request_range(text, to)
+    except times.BadTime:
+        return
+    for ns in (since, until):
+        assert times.iso(ns)
+        assert 1 <= pb.seconds_into_year(ns // NS)[0] <= 9999
 
 
 def test_the_default_range_is_a_day_to_an_hour_from_now() -> None:

@@ -5,6 +5,7 @@ the reader under its bounds, whole, byte by byte, and fuzzed."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -14,7 +15,9 @@ from epicsarchiver.retrieval import EPICSEvent_pb2 as ee
 from epicsarchiver.retrieval.pb import escape_bytes, parse_pb_data, unescape_bytes
 from hypothesis import given
 from hypothesis import strategies as st
-from pvwire.aa import pb
+from pvwire.aa import answers, pb
+from pvwire.aa.answers import Answer
+from pvwire.aa.operators import Series
 from pvwire.aa.pb import Chunk, PayloadType, PbError, PbReader, Sample
 
 T = PayloadType
@@ -236,8 +239,36 @@ def test_escaping_round_trips_and_leaves_no_newline(message: bytes) -> None:
 
 
 def test_years_and_seconds_into_them() -> None:
-    for year in (1970, 2024, 2025, 2100):
+    for year in (1, 1969, 1970, 2000, 2024, 2025, 2100, 9999, 10_000, 300_000):
         start = pb.year_start(year)
         assert pb.seconds_into_year(start) == (year, 0)
         assert pb.seconds_into_year(start - 1)[0] == year - 1
     assert np.int64(pb.year_start(2026)) == 1767225600
+    assert pb.year_start(1) == -62135596800 and pb.year_start(10_000) == 253402300800
+
+
+@pytest.mark.parametrize("elements", [1, 100, 2_000])
+def test_a_piece_of_an_answer_holds_about_piece_values_values(elements: int) -> None:
+    """Each piece of every body holds at most PIECE_VALUES values (an array's elements each
+    count), or one sample when a sample alone holds more; together they are the answer."""
+    n = 3_000
+    t = (np.arange(n, dtype=np.int64) + 1_767_225_600) * 1_000_000_000
+    value = np.arange(n * elements, dtype=np.float64).reshape(n, elements)
+    ptype = T.WAVEFORM_DOUBLE if elements > 1 else T.SCALAR_DOUBLE
+    series = Series(ptype, t, value if elements > 1 else value[:, 0], np.zeros(n, np.int64),
+                    np.zeros(n, np.int64), elements)  # fmt: skip
+    answer = Answer("PV", (), series, 2026)
+    most = max(1, answers.PIECE_VALUES // elements)
+    per_line = {"raw": b"\n", "csv": b"\n", "json": b'"secs"'}
+    for kind, write in (("raw", answers.raw_pieces), ("csv", answers.csv_pieces),
+                        ("json", answers.json_pieces)):  # fmt: skip
+        body = list(write([answer]))
+        counts = [p.count(per_line[kind]) for p in body]
+        assert max(counts) <= most + (kind == "raw"), kind  # raw: and its PayloadInfo line
+        if kind == "raw":
+            got = [e for e in PbReader().feed(b"".join(body)) if isinstance(e, Sample)]
+            assert len(got) == n and np.atleast_1d(got[-1].value).tolist() == value[-1].tolist()
+        if kind == "json":
+            data = json.loads(b"".join(body))[0]["data"]
+            assert len(data) == n and data[-1]["val"] == (value[-1].tolist() if elements > 1
+                                                          else value[-1, 0])  # fmt: skip

@@ -359,7 +359,8 @@ LIMITS: tuple[Limit, ...] = (
           "MJPEG connections at once from one client address", "HTTP 503", setting=True),
     # --- the Archiver Appliance retrieval API (aa/, docs/ARCHIVER.md) ---
     Limit("aa_max_pvs", 500, "PVs",
-          "PVs in one `getDataForPVs`, `getDataAtTime` or `getPVStatus` request", "HTTP 400"),
+          "PVs in one `getDataForPVs`, `getDataAtTime` or `getPVStatus` request, asked or "
+          "matched by its globs (matching stops past it)", "HTTP 400"),
     # A day of one channel in 1 s bins, with room: a plot asks for about its width in points.
     Limit("aa_max_points", 100_000, "samples",
           "samples in one answer, over all its PVs (an array's elements each count; so does "
@@ -367,11 +368,18 @@ LIMITS: tuple[Limit, ...] = (
           "HTTP 400 naming the count"),
     Limit("aa_max_range_s", 10 * 366 * 86_400.0, "s", "between `from` and `to`", "HTTP 400"),
     Limit("aa_points_per_s", 1_000_000.0, "samples/s",
-          "samples answered per identity per second (bursts of twice it)", "HTTP 429",
+          "samples answered per identity per second (bursts of twice it); each known id a "
+          "`getMatchingPVs` or `getPVStatus` pattern is matched against counts as one, "
+          "charged before it is matched", "HTTP 429",
           setting=True),
     Limit("aa_max_pattern", 1_024, "characters",
           "one `getMatchingPVs` or `getPVStatus` regex or glob (matched by RE2, in linear time)",
           "HTTP 400"),
+    # aa_max_pvs names of max_id_length characters each.
+    Limit("aa_max_names_bytes", 512 * 1024, "bytes",
+          "the PV names and globs one request asks for: its body (on `Content-Length` before "
+          "reading it, then as read) and its `pv` parameters, checked before any of them is "
+          "parsed or matched", "HTTP 413 (a body), 400 (parameters)"),
     # What the reader of an archiver's `getData.raw` accepts (aa/pb.py `PbReader`).
     Limit("aa_pb_line_bytes", _MIB, "bytes", "one line of an archiver's PB answer",
           "the answer is refused as malformed"),

@@ -3,13 +3,13 @@
 "nanos", "severity", "status"(, "fields")}]}`, numbers as Java writes them (NaN, Infinity);
 `getData.raw`: PB/HTTP (`pb`), a chunk per PV and year; `getData.csv`: `secs,val,severity,status,
 nanos` lines. Each takes the PVs as an iterable of `Answer`, made when its turn comes, and
-gives bytes of about PIECE_SAMPLES samples at a time."""
+gives bytes of about PIECE_VALUES values at a time (`pieces`, the one writer of all three)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,12 @@ from . import pb
 from .operators import Series
 from .pb import PayloadType
 
-__all__ = ["PIECE_SAMPLES", "Answer", "csv_pieces", "json_pieces", "raw_pieces", "values"]
+__all__ = ["PIECE_VALUES", "Answer", "csv_pieces", "json_pieces", "pieces", "raw_pieces", "values"]
 
 NS = 1_000_000_000
-# Samples per piece written: small enough that a piece is a few tens of KB, large enough that
-# a piece costs little more than its samples.
-PIECE_SAMPLES = 512
+# Values per piece written (each element of an array one): small enough that a piece is a few
+# tens of KB, large enough that a piece costs little more than its values.
+PIECE_VALUES = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,72 +96,128 @@ def _fields_json(fields: Sequence[tuple[str, str]]) -> str:
     return f', "fields": {{ {inner}}}'
 
 
-def json_pieces(answers: Iterable[Answer]) -> Iterator[bytes]:
-    yield b"[ \n"
-    first = True
-    for a in answers:
-        s = a.series
-        meta = "".join(f", {json.dumps(k)}: {json.dumps(v)} " for k, v in a.headers if v)
-        head = "" if first else "] },\n"
-        first = False
-        yield f'{head}{{ "meta": {{ "name": {json.dumps(a.name)} {meta}}},\n"data": [ \n'.encode()
-        one = _text_of(s.ptype)
-        vals = values(s)
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """One answer's columns as the rows are written from them (Python values, made once)."""
+
+    series: Series
+    secs: npt.NDArray[np.int64]
+    secs_list: list[int]  # written per row: a list's int formats several times faster
+    nanos: list[int]
+    values: list[Any]
+    severity: list[int]
+    status: list[int]
+
+    @staticmethod
+    def of(s: Series) -> _Columns:
         secs, nanos = np.divmod(s.t, NS)
-        secs_l, nanos_l = secs.tolist(), nanos.tolist()
-        sev, stat = s.severity.tolist(), s.status.tolist()
-        for start in range(0, len(vals), PIECE_SAMPLES):
-            lines = []
-            for i in range(start, min(start + PIECE_SAMPLES, len(vals))):
-                v = _vector_text(s.ptype, vals[i]) if s.ptype.vector else one(vals[i])
-                extra = _fields_json(s.fields[i]) if i in s.fields else ""
-                lines.append(f'{{ "secs": {secs_l[i]}, "val": {v}, "nanos": {nanos_l[i]}, '
-                             f'"severity":{sev[i]}, "status":{stat[i]}{extra} }}')  # fmt: skip
-            yield ((",\n" if start else "") + ",\n".join(lines)).encode()
-    yield b"\n] }\n ]\n" if not first else b" ]\n"
+        return _Columns(s, secs, secs.tolist(), nanos.tolist(), values(s), s.severity.tolist(),
+                        s.status.tolist())  # fmt: skip
+
+
+# A chunk of one answer: the bytes that open it and the rows it holds (lo, hi).
+Sections = Callable[[Answer, _Columns, int], Iterable[tuple[bytes, int, int]]]
+# Rows lo to hi of a chunk as bytes; `more`: rows of the chunk came before them.
+RowWriter = Callable[[_Columns, int, int, bool], bytes]
+
+
+def pieces(answers: Iterable[Answer], begin: bytes, sections: Sections, rows: RowWriter,
+           end: Callable[[int], bytes]) -> Iterator[bytes]:  # fmt: skip
+    """The one writer of every body: `begin`, then for each answer (made when its turn comes)
+    each of its sections' head and rows, a piece of about PIECE_VALUES values at a time (an
+    array's elements each count), then `end` (of how many answers were written)."""
+    yield begin
+    n = 0
+    for a in answers:
+        cols = _Columns.of(a.series)
+        step = max(1, PIECE_VALUES // max(a.series.elements, 1))
+        for head, lo, hi in sections(a, cols, n):
+            for start in range(lo, hi, step):
+                yield head + rows(cols, start, min(start + step, hi), start > lo)
+                head = b""
+            if head:
+                yield head
+        n += 1
+    yield end(n)
+
+
+def _one(a: Answer, cols: _Columns, n: int) -> list[tuple[bytes, int, int]]:
+    return [(b"", 0, len(cols.values))]
+
+
+def _value_text(ptype: PayloadType, strings: Callable[[Any], str]) -> Callable[[Any], str]:
+    if ptype.vector:
+        return lambda v: _vector_text(ptype, v)
+    if ptype in (PayloadType.SCALAR_STRING, PayloadType.WAVEFORM_STRING):
+        return strings
+    return _text_of(ptype)  # type: ignore[no-any-return]
+
+
+def _json_sections(a: Answer, cols: _Columns, n: int) -> list[tuple[bytes, int, int]]:
+    meta = "".join(f", {json.dumps(k)}: {json.dumps(v)} " for k, v in a.headers if v)
+    head = "] },\n" if n else ""
+    head += f'{{ "meta": {{ "name": {json.dumps(a.name)} {meta}}},\n"data": [ \n'
+    return [(head.encode(), 0, len(cols.values))]
+
+
+def _json_rows(cols: _Columns, lo: int, hi: int, more: bool) -> bytes:
+    s = cols.series
+    one = _value_text(s.ptype, _json_string)
+    lines = []
+    for i in range(lo, hi):
+        extra = _fields_json(s.fields[i]) if i in s.fields else ""
+        lines.append(f'{{ "secs": {cols.secs_list[i]}, "val": {one(cols.values[i])}, '
+                     f'"nanos": {cols.nanos[i]}, "severity":{cols.severity[i]}, '
+                     f'"status":{cols.status[i]}{extra} }}')  # fmt: skip
+    return ((",\n" if more else "") + ",\n".join(lines)).encode()
+
+
+def _json_string(x: Any) -> str:
+    return json.dumps(x, ensure_ascii=False)
+
+
+def json_pieces(answers: Iterable[Answer]) -> Iterator[bytes]:
+    """`getData.json`: a list of {meta, data} (the module docstring)."""
+    return pieces(answers, b"[ \n", _json_sections, _json_rows,
+                  lambda n: b"\n] }\n ]\n" if n else b" ]\n")  # fmt: skip
+
+
+def _csv_rows(cols: _Columns, lo: int, hi: int, more: bool) -> bytes:
+    one = _value_text(cols.series.ptype, str)  # strings unquoted, as the Archiver Appliance
+    return "".join(
+        f"{cols.secs_list[i]},{one(cols.values[i])},{cols.severity[i]},{cols.status[i]},"
+        f"{cols.nanos[i]}\n"
+        for i in range(lo, hi)
+    ).encode()
 
 
 def csv_pieces(answers: Iterable[Answer]) -> Iterator[bytes]:
-    for a in answers:
-        s = a.series
-        one = _text_of(s.ptype)
-        vals = values(s)
-        if s.ptype in (PayloadType.SCALAR_STRING, PayloadType.WAVEFORM_STRING):
-            one = str  # unquoted, as the Archiver Appliance writes them
-        secs, nanos = np.divmod(s.t, NS)
-        secs_l, nanos_l = secs.tolist(), nanos.tolist()
-        sev, stat = s.severity.tolist(), s.status.tolist()
-        for start in range(0, len(vals), PIECE_SAMPLES):
-            lines = []
-            for i in range(start, min(start + PIECE_SAMPLES, len(vals))):
-                v = _vector_text(s.ptype, vals[i]) if s.ptype.vector else one(vals[i])
-                lines.append(f"{secs_l[i]},{v},{sev[i]},{stat[i]},{nanos_l[i]}\n")
-            yield "".join(lines).encode()
-    yield b"\n"
+    """`getData.csv`: `secs,val,severity,status,nanos` lines."""
+    return pieces(answers, b"", _one, _csv_rows, lambda n: b"\n")
+
+
+def _raw_sections(a: Answer, cols: _Columns, n: int) -> Iterator[tuple[bytes, int, int]]:
+    """A chunk per UTC year of the samples (one for a PV without any)."""
+    s = a.series
+    for k, (year, lo, hi) in enumerate(_years(cols.secs) if len(cols.secs) else [(a.year, 0, 0)]):
+        head = b"" if n == 0 and k == 0 else pb.chunk_break()
+        yield head + pb.payload_info(s.ptype, a.name, year, s.elements, a.headers), lo, hi
+
+
+def _raw_rows(cols: _Columns, lo: int, hi: int, more: bool) -> bytes:
+    s = cols.series
+    base = pb.year_start(pb.seconds_into_year(int(cols.secs[lo]))[0])  # one year per section
+    into = (cols.secs[lo:hi] - base).tolist()
+    return b"".join([
+        pb.sample(s.ptype, into[j - lo], cols.nanos[j], cols.values[j], cols.severity[j],
+                  cols.status[j], s.fields.get(j, ()))
+        for j in range(lo, hi)
+    ])  # fmt: skip
 
 
 def raw_pieces(answers: Iterable[Answer]) -> Iterator[bytes]:
     """PB/HTTP: for each PV a chunk per UTC year of its samples (one for a PV without any)."""
-    first = True
-    for a in answers:
-        s = a.series
-        vals = values(s)
-        secs, nanos = np.divmod(s.t, NS)
-        years = _years(secs) if len(secs) else [(a.year, 0, 0)]
-        for year, lo, hi in years:
-            head = b"" if first else pb.chunk_break()
-            first = False
-            yield head + pb.payload_info(s.ptype, a.name, year, s.elements, a.headers)
-            base = pb.year_start(year)
-            into, nano = (secs[lo:hi] - base).tolist(), nanos[lo:hi].tolist()
-            sev, stat = s.severity[lo:hi].tolist(), s.status[lo:hi].tolist()
-            for start in range(0, hi - lo, PIECE_SAMPLES):
-                end = min(start + PIECE_SAMPLES, hi - lo)
-                yield b"".join([
-                    pb.sample(s.ptype, into[j], nano[j], vals[lo + j], sev[j], stat[j],
-                              s.fields.get(lo + j, ()))
-                    for j in range(start, end)
-                ])  # fmt: skip
+    return pieces(answers, b"", _raw_sections, _raw_rows, lambda n: b"")
 
 
 def _years(secs: npt.NDArray[np.int64]) -> list[tuple[int, int, int]]:

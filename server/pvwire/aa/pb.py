@@ -17,7 +17,6 @@ malformed or past a bound raises `PbError` and the reader is spent."""
 
 from __future__ import annotations
 
-import calendar
 import enum
 import math
 import struct
@@ -123,10 +122,14 @@ def unescape(line: bytes) -> bytes:
 
 # --- times ----------------------------------------------------------------------------------
 
+_DAYS_TO_1970 = 719_162  # from January 1st of year 1
+
 
 def year_start(year: int) -> int:
-    """POSIX seconds of January 1st of `year`, UTC."""
-    return calendar.timegm((year, 1, 1, 0, 0, 0, 0, 0, 0))
+    """POSIX seconds of January 1st of `year`, UTC (proleptic Gregorian), for any year: a
+    peer's timestamp can lie past 9999, where `calendar.timegm` raises."""
+    y = year - 1
+    return (365 * y + y // 4 - y // 100 + y // 400 - _DAYS_TO_1970) * 86_400
 
 
 def seconds_into_year(posix_seconds: int) -> tuple[int, int]:

@@ -69,6 +69,7 @@ class Control:
         path = registry.settings.catalogue_file
         self.catalogue_file = CatalogueFile(Path(path)) if path else None
         self._file_ids: frozenset[str] = frozenset()  # the file's ids, resolved once per load
+        self._catalogue_ids: frozenset[str] | None = None  # the settings' ids, once resolved
         self.poll_catalogue()
 
     def poll_catalogue(self) -> bool:
@@ -243,19 +244,42 @@ class Control:
 
     def matching(self, pattern: str) -> list[str]:
         """The known ids `pattern` matches (catalogue, active channels, sim kinds), sorted."""
-        registry = self._registry
-        candidates: set[str] = set(registry.channels) | self._file_ids
-        for cid in registry.settings.catalogue:
-            try:
-                candidates.add(registry.resolve(cid)[0])
-            except PvwireError:
-                log.warning("catalogue entry %r is not a valid channel id", cid)
-        for scheme, backend in registry.backends.items():
-            candidates.update(f"{scheme}://{name}" for name in backend.names())
         has_scheme = "://" in pattern
         return sorted(
             cid
-            for cid in candidates
+            for cid in self.known()
             if fnmatch.fnmatchcase(cid, pattern)
             or (not has_scheme and fnmatch.fnmatchcase(cid.partition("://")[2], pattern))
         )
+
+    def known(self) -> set[str]:
+        """Every id the server knows: the catalogue (settings and file), active channels and
+        the backends' own names (sim kinds)."""
+        registry = self._registry
+        candidates: set[str] = set(registry.channels) | self._file_ids | self._catalogued()
+        for scheme, backend in registry.backends.items():
+            candidates.update(f"{scheme}://{name}" for name in backend.names())
+        return candidates
+
+    def knows(self, canonical_id: str) -> bool:
+        """`canonical_id` is one of `known()`, found without listing them."""
+        registry = self._registry
+        if canonical_id in registry.channels or canonical_id in self._file_ids:
+            return True
+        if canonical_id in self._catalogued():
+            return True
+        scheme, _, name = canonical_id.partition("://")
+        backend = registry.backends.get(scheme)
+        return backend is not None and name in backend.names()
+
+    def _catalogued(self) -> frozenset[str]:
+        """The settings' catalogue, resolved once (the settings do not change while serving)."""
+        if self._catalogue_ids is None:
+            resolved = set()
+            for cid in self._registry.settings.catalogue:
+                try:
+                    resolved.add(self._registry.resolve(cid)[0])
+                except PvwireError:
+                    log.warning("catalogue entry %r is not a valid channel id", cid)
+            self._catalogue_ids = frozenset(resolved)
+        return self._catalogue_ids

@@ -261,11 +261,15 @@ class Hub:
         self.control.require_read(identity, [cid])
         return recorded(cid, self.registry.channels.get(cid), self.history_store.get(cid))
 
-    def known_ids(self, identity: Identity) -> list[str]:
+    def known_ids(self) -> list[str]:
         """The ids the server knows (catalogue, open channels, sim kinds) and those it holds a
-        history of, that `identity` may read, sorted: the Archiver Appliance API's PVs."""
-        found = set(self.control.matching("*")) | set(self.history_store.channel_ids())
-        return sorted(i for i in found if self.may_read(identity, i))
+        history of, in no order, whoever may read them: the Archiver Appliance API's PVs (it
+        checks READ on those it answers, a slice at a time)."""
+        return list(self.control.known() | set(self.history_store.channel_ids()))
+
+    def knows(self, canonical_id: str) -> bool:
+        """`canonical_id` is one of `known_ids()`, found without listing them."""
+        return self.control.knows(canonical_id) or self.history_store.get(canonical_id) is not None
 
     def unavailable_schemes(self) -> dict[str, str]:
         """Schemes this process cannot serve (pva:// without its compiled module), with why."""
