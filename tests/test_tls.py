@@ -13,11 +13,13 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from pvwire.limits import number
 from pvwire_client import Client, ServerUnavailable, SyncClient
 from pvwire_client.state import CONNECTED
 
@@ -28,6 +30,8 @@ from tests.server_process import ServerProcess, server_args_for_tests
 CLIENTS = 30  # streaming while the certificate is rotated
 COUNTER = "sim://counter/tls?rate=20"
 PVWIRE = str(Path(sys.executable).with_name("pvwire"))
+HANDSHAKE_S = number("tls_handshake_timeout_s")
+TIMER_SLACK_S = 0.01  # an event loop's timer may fire this early (uvloop counts milliseconds)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +130,32 @@ def test_tls_1_1_is_refused(server: ServerProcess, ca: TestCA) -> None:
     ):
         old.wrap_socket(raw, server_hostname="127.0.0.1")
     assert serial_served(server.port, ca) > 0  # and 1.2 or later is served
+
+
+# uvloop's own deadline, which the server's replaces: a socket closed well before it was
+# closed by pvwire's.
+LIBRARY_HANDSHAKE_S = 60.0
+
+
+@pytest.mark.parametrize(
+    "sent", [b"", b"\x16\x03\x01\x02\x00\x01"], ids=["nothing", "a-hello-begun"]
+)
+def test_a_handshake_not_done_in_its_deadline_is_closed(
+    server: ServerProcess, ca: TestCA, sent: bytes
+) -> None:
+    """A socket that sends nothing, or the first bytes of a ClientHello, holds a descriptor for
+    tls_handshake_timeout_s, not uvloop's 60 s; a handshake meanwhile is served."""
+    import socket
+
+    opened = time.monotonic()  # before the server's accept, which starts its deadline
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        raw.sendall(sent)
+        assert serial_served(server.port, ca) > 0
+        raw.settimeout(LIBRARY_HANDSHAKE_S / 2)
+        with contextlib.suppress(ConnectionResetError):  # closed with data unread: as closed
+            assert raw.recv(1) == b""  # closed, unanswered
+        held = time.monotonic() - opened
+    assert held >= HANDSHAKE_S - TIMER_SLACK_S
 
 
 @contextlib.asynccontextmanager

@@ -229,6 +229,8 @@ def serve(settings: Any, workers: int = 1) -> None:
         # pvwire's own context, whose pair is read again on change (tls.py).
         common.update(ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
                       ssl_context_factory=listener_context)  # fmt: skip
+        # uvloop, with handshakes under pvwire's deadline (api/tls_handshakes.py).
+        common.update(loop="pvwire.api.tls_handshakes:Loop")
     if workers > 1:
         if not settings.token_keys:
             sys.exit(

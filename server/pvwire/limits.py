@@ -394,6 +394,9 @@ LIMITS: tuple[Limit, ...] = (
     Limit("http_header_timeout_s", 5.0, "s",
           "an HTTP request's line and headers (a WebSocket's upgrade request too), from the "
           "connection's opening or the request's first byte", "HTTP 408, connection closed"),
+    Limit("tls_handshake_timeout_s", 5.0, "s",
+          "a TLS handshake (`--tls-cert`), from the connection's accept; the connection is "
+          "counted, and `http_header_timeout_s` runs, from its end", "the connection is closed"),
     Limit("http_body_timeout_s", 10.0, "s",
           "an HTTP request body, from the end of its headers, and one second more for each "
           "`http_body_min_rate` bytes of it received", "HTTP 408, connection closed"),
