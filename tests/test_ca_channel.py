@@ -111,6 +111,50 @@ async def test_updates_that_arrive_while_the_loop_is_busy_all_reach_it_in_order(
     assert sub.dropped_callbacks == 0
 
 
+async def test_what_one_loop_pass_asks_of_libca_goes_out_in_one_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Channels, subscriptions, requests and clears made in one pass are flushed once, after
+    it: a flush per call was two thirds of the CPU of 2,000 monitors opening at once."""
+    flushes: list[str] = []
+    real_flush = cadef.ca_flush_io
+
+    def counted_flush() -> None:
+        flushes.append("flush")
+        real_flush()
+
+    monkeypatch.setattr(cadef, "ca_flush_io", counted_flush)
+    names = ["PVW:AO", "PVW:LONG", "PVW:MBBO", "PVW:COUNTER"]
+    channels = [CaChannel(name) for name in names]
+    try:
+        assert flushes == []  # nothing sent in the middle of the pass
+        await asyncio.sleep(0)
+        assert flushes == ["flush"]
+        for chan in channels:
+            assert await chan.wait_connected(TIMEOUT)
+        flushes.clear()
+        got: list[Any] = []
+        subs = [c.subscribe(got.append, DBE_VALUE, FORMAT_TIME, 0) for c in channels]
+        assert flushes == []
+        await asyncio.sleep(0)
+        assert flushes == ["flush"]
+        flushes.clear()
+        # The four requests are made in one pass, by the gather's tasks.
+        values = await asyncio.gather(*(c.get(None, FORMAT_TIME, 0, TIMEOUT) for c in channels))
+        assert flushes == ["flush"]
+        await eventually_async(lambda: len(got) >= len(channels), "each subscription's first")
+        flushes.clear()
+        for sub in subs:
+            sub.close()
+    finally:
+        for chan in channels:
+            chan.close()
+    assert flushes == []
+    await asyncio.sleep(0)
+    assert flushes == ["flush"]  # the pass's clears, together
+    assert [v.name for v in values] == names
+
+
 # Two held: by count, or by bytes (the counter is a double, 8 bytes a value).
 @pytest.mark.parametrize(("bound", "value"), [("QUEUE_SIZE", 2), ("QUEUE_BYTES", 16)])
 async def test_past_the_queue_the_oldest_held_updates_are_dropped_and_counted(
