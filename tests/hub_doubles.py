@@ -3,7 +3,7 @@ that drives a `Session` the way the socket pump does. Only for unit tests of the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
@@ -84,11 +84,18 @@ def decode(frame: bytes) -> Any:
 class Client:
     """A session plus the frames it produced, as a socket pump would see them."""
 
-    def __init__(self, hub: Hub, limits: SessionLimits | None = None, clock: Any = None) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        limits: SessionLimits | None = None,
+        clock: Any = None,
+        opener: Callable[[Session], None] | None = None,
+    ) -> None:
+        """`opener`: where ATTACHes open their channels (core/opener.py); none, at once."""
         kwargs = {"clock": clock} if clock else {}
         self.session = Session(
             len(hub.sessions) + 1, "test", hub, b"\x91\x00", limits or SessionLimits(),
-            lambda: None, **kwargs,
+            lambda: None, opener=opener, **kwargs,
         )  # fmt: skip
         hub.add_session(self.session)
         self.received: list[Any] = []

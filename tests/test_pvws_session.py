@@ -341,10 +341,10 @@ def test_images_are_not_paced_with_a_budget_of_0_nor_are_1d_arrays() -> None:
 
 
 def test_the_opener_opens_for_a_time_per_pass_taking_turns() -> None:
-    from pvwire.pvws.endpoint import _Opener
+    from pvwire.core.opener import Opener
 
     ticks = iter(range(1_000_000))  # each reading of the clock a unit later
-    opener = _Opener(budget_s=2.5, turn=10, clock=lambda: float(next(ticks)))
+    opener = Opener(budget_s=2.5, turn=10, clock=lambda: float(next(ticks)))
     ch = FakeChannel()
     big, small = (
         PvwsSession(n, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
@@ -362,7 +362,7 @@ def test_the_opener_opens_for_a_time_per_pass_taking_turns() -> None:
         opener.one_pass()
         passes += 1
     assert len(big.pvs) == 100 and not opener._waiting and passes == 4  # 30 a pass alone
-    stalled = _Opener(budget_s=0.0, turn=10, clock=lambda: 0.0)  # no time: still one turn
+    stalled = Opener(budget_s=0.0, turn=10, clock=lambda: 0.0)  # no time: still one turn
     late = PvwsSession(3, "", FakeHost(ch), PvwsEncoder(), SessionLimits(), lambda: None,
                        opener=lambda _: None)  # fmt: skip
     late.receive(json.dumps({"type": "subscribe", "pvs": [f"l{i}" for i in range(15)]}))

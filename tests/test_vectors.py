@@ -166,8 +166,17 @@ class _NoHost:
     def verify_token(self, token: str, address: str) -> Any:
         raise AssertionError("verify_token called for a malformed message")
 
-    def open_view(self, claims: Any, session: Any, att: int) -> Any:
-        raise AssertionError("open_view called for a malformed message")
+    def prepare_view(self, claims: Any, session: Any) -> Any:
+        raise AssertionError("prepare_view called for a malformed message")
+
+    def open_prepared(self, prepared: Any, limit: int) -> int:
+        raise AssertionError("open_prepared called for a malformed message")
+
+    def finish_view(self, prepared: Any, session: Any, att: int) -> Any:
+        raise AssertionError("finish_view called for a malformed message")
+
+    def cancel_view(self, prepared: Any) -> None:
+        raise AssertionError("cancel_view called for a malformed message")
 
     def close_view(self, view: Any, session: Any, att: int) -> None:
         raise AssertionError("close_view called for a malformed message")

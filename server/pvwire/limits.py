@@ -97,6 +97,14 @@ LIMITS: tuple[Limit, ...] = (
           "connection", "ERROR 4413; pvws `error`", setting=True),
     Limit("max_attachments_per_connection", 1_000, "attachments",
           "attachments of one stream connection at once", "ERROR 4413", setting=True),
+    Limit("open_ms_per_pass", 5.0, "ms",
+          "time spent opening the channels of `/stream` ATTACHes and `/pvws/pv` subscribes per "
+          "event-loop pass, over all connections (each in turns of 10 channels)",
+          "the rest open at the next passes (ATTACHED once all of a token's are open; each pvws "
+          "PV answered as it opens)"),
+    Limit("stream_requests_waiting", 1_000, "requests",
+          "requests of one stream connection waiting behind its ATTACHes whose channels are "
+          "opening (answers go in the order of the requests)", "close 4008 SLOW"),
     Limit("max_token_bytes", _MIB, "bytes", "one token, in `ATTACH`", "ERROR 4401"),
     Limit("max_token_payload_bytes", 16 * _MIB, "bytes", "a token's payload once inflated",
           "ERROR 4401"),
@@ -326,10 +334,6 @@ LIMITS: tuple[Limit, ...] = (
     Limit("mjpeg_max_pixels", 1 << 24, "pixels", "MJPEG option `maxPixels`", "HTTP 400"),
     Limit("mjpeg_max_fps", 50.0, "frames/s", "MJPEG option `fps`", "HTTP 400"),
     # --- pvws (/pvws/pv) per connection ---
-    Limit("pvws_open_ms_per_pass", 5.0, "ms",
-          "time spent opening the PVs of `/pvws/pv` subscribes per event-loop pass, over all "
-          "connections (each in turns of a few PVs)",
-          "the rest open at the next passes (each PV answered as it opens)"),
     Limit("pvws_writes_in_flight", 64, "writes",
           "`write`s of one `/pvws/pv` connection not yet done",
           "pvws `error` naming the limit; that write is not made"),

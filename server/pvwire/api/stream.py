@@ -90,7 +90,14 @@ async def serve_stream(websocket: WebSocket, hub: Hub, authenticator: Authentica
     )
     wakeup = Wakeup()
     session = Session(
-        hub.client_number(), address, hub, hello, _limits(hub), wakeup, aligned=aligned
+        hub.client_number(),
+        address,
+        hub,
+        hello,
+        _limits(hub),
+        wakeup,
+        aligned=aligned,
+        opener=hub.opener,
     )
 
     def handle(message: Message) -> None:

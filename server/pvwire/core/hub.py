@@ -13,7 +13,8 @@ import ipaddress
 import itertools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, cast
 
 from ..aa.operators import Series
@@ -28,15 +29,16 @@ from ..errors import PvwireError
 from ..model import Reading
 from ..upstream.base import Backend
 from ..wire.codes import BAD_TOKEN, INTERNAL, TOO_MANY_CHANNELS
-from ..wire.session import FORBIDDEN, AttachRefused
+from ..wire.session import FORBIDDEN, AttachRefused, Prepared
 from ..wire.tokens import Claims, TokenError, TokenExpired, TokenSigner
 from .address_channels import AddressChannels
 from .archive import Archive, ArchiveMissing, Note, Reach
-from .channel import FailureUnit
+from .channel import Channel, FailureUnit
 from .clients import Client
 from .control import Control
 from .drain import Drain
 from .history import HistorySlice, HistoryStore, NoHistory
+from .opener import Opener
 from .recorded import Recorded, recorded
 from .reduce import Reduction
 from .registry import Registry
@@ -48,6 +50,24 @@ from .view import View, ViewKey
 __all__ = ["Hub"]
 
 log = logging.getLogger("pvwire.hub")
+
+
+class PreparedView:
+    """An attachment whose checks passed, its channels opening (`Hub.open_prepared`): it holds
+    the address's share of channels from `prepare_view` until it is finished or cancelled."""
+
+    __slots__ = ("address", "held", "key", "taken", "todo")
+
+    def __init__(self, key: ViewKey, address: str, todo: tuple[str, ...]) -> None:
+        self.key, self.address = key, address
+        self.todo = todo  # the ids to open: none when the view was open already
+        self.held: list[Channel] = []  # opened, in `todo`'s order
+        self.taken = True  # the address's share is held for it
+
+    @property
+    def left(self) -> int:
+        """Channels still to open."""
+        return len(self.todo) - len(self.held)
 
 
 class Hub:
@@ -80,6 +100,8 @@ class Hub:
         self.sessions: set[Client] = set()  # of both endpoints
         # Each open attachment's channels, held for the address its session had at the open.
         self._held: dict[tuple[Client, int], tuple[str, tuple[str, ...]]] = {}
+        # Channels of ATTACHes and pvws subscribes open for a time per loop pass (core/opener.py).
+        self.opener = Opener()
         self.started = time.time()
         self.loop_lag = 0.0  # seconds, worst in the last window
         self._lag_window: list[float] = []
@@ -332,6 +354,14 @@ class Hub:
             raise
 
     def open_view(self, claims: Claims, session: Client, att: int) -> View:
+        """Open `claims`' view for `session`'s `att` in one step (pvws's one-channel views)."""
+        prepared = self.prepare_view(claims, session)
+        self.open_prepared(prepared, len(prepared.todo))
+        return self.finish_view(prepared, session, att)
+
+    def prepare_view(self, claims: Claims, session: Client) -> PreparedView:
+        """The checks of an attachment, before any channel opens: the rules, and the address's
+        budget of channels (taken now, so a token still opening holds its share)."""
         identity = identity_of(claims)
         rules = self.rules.rules
         access = [rules.access(identity, cid) for cid in claims.ids]
@@ -351,19 +381,51 @@ class Hub:
         refused = self.address_channels.take(address, claims.ids)
         if refused is not None:
             raise AttachRefused(TOO_MANY_CHANNELS, refused)
+        todo = () if key in self.registry.views else claims.ids
+        return PreparedView(key, address, todo)
+
+    def open_prepared(self, prepared: Prepared, limit: int) -> int:
+        """Open up to `limit` more of `prepared`'s channels; how many were opened."""
+        own = cast(PreparedView, prepared)  # only ever one `prepare_view` gave
+        todo, held, start = own.todo, own.held, len(own.held)
+        with self._given_up_on_failure(own):
+            while len(held) < len(todo) and len(held) - start < limit:
+                held.append(self.registry.acquire(self.registry.resolve(todo[len(held)])[0]))
+        return len(held) - start
+
+    def finish_view(self, prepared: Prepared, session: Client, att: int) -> View:
+        """Attach `session`'s `att` to the view whose channels `prepared` opened."""
+        own = cast(PreparedView, prepared)
+        held, own.held = own.held, []
+        with self._given_up_on_failure(own):
+            view = self.registry.open_view_of(own.key, held, session, att)
+        own.taken = False  # the attachment holds the address's share now
+        self._held[(session, att)] = (own.address, own.key.ids)
+        return view
+
+    @contextmanager
+    def _given_up_on_failure(self, own: PreparedView) -> Iterator[None]:
         try:
-            view = self.registry.open_view(key, session, att)
+            yield
         except PvwireError as exc:
-            self.address_channels.give_back(address, claims.ids)
+            self.cancel_view(own)
             # A channel this server cannot open (an id its backends refuse, one gone from its
             # catalogue, a scheme it lacks): a refused token, answered for that ATTACH only; the
             # client registers again and `subscribe` names the cause (PROTOCOL.md section 6).
             raise AttachRefused(BAD_TOKEN, f"{exc.code}: {exc}") from exc
         except BaseException:
-            self.address_channels.give_back(address, claims.ids)
+            self.cancel_view(own)
             raise
-        self._held[(session, att)] = (address, claims.ids)
-        return view
+
+    def cancel_view(self, prepared: Prepared) -> None:
+        """`prepared` will not be finished (its connection went, a channel failed)."""
+        own = cast(PreparedView, prepared)
+        held, own.held = own.held, []
+        for ch in held:
+            self.registry.release(ch)
+        if own.taken:
+            own.taken = False
+            self.address_channels.give_back(own.address, own.key.ids)
 
     def close_view(self, view: object, session: Client, att: int) -> None:
         """Detach `view`, which `open_view` gave `session` for `att`: each endpoint holds it as

@@ -143,11 +143,21 @@ class Registry:
     def open_view(self, key: ViewKey, session: Client, att: int) -> View:
         """Attach `session`'s `att` to the view of `key`, made on first use; raises the
         PvwireError of a channel that cannot be opened, holding nothing then."""
+        return self.open_view_of(key, [], session, att)
+
+    def open_view_of(self, key: ViewKey, held: list[Channel], session: Client, att: int) -> View:
+        """As `open_view`, with `held` the channels of `key.ids` acquired already (one
+        reference each, which the view takes over, or gives back if it is open already)."""
         view = self.views.get(key)
-        if view is None:
-            channels: list[Channel] = []
+        if view is not None:
+            for ch in held:
+                self.release(ch)
+        else:
+            channels = held
             try:
-                for i in key.ids:
+                # All of them, or the rest (the view was open when the attachment began and
+                # closed while it waited for its turn).
+                for i in key.ids[len(channels) :]:
                     channels.append(self.acquire(self.resolve(i)[0]))
             except BaseException:
                 # The channels acquired before the one that failed are let go again: kept, their

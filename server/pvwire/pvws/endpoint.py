@@ -24,8 +24,6 @@ import logging
 import os
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -49,7 +47,7 @@ from ..errors import (
 )
 from ..limits import integer, number
 from ..model import VALUE, ConnState, Metadata, Reading, Value
-from ..wire.codes import INTERNAL, NORMAL, POLICY
+from ..wire.codes import NORMAL, POLICY
 from ..wire.session import AttachRefused, SessionLimits
 from ..wire.tokens import Claims
 from .encoder import Entry, PvwsEncoder
@@ -64,13 +62,9 @@ __all__ = ["PvwsEndpoint", "throttle_rates"]
 log = logging.getLogger("pvwire.pvws")
 
 PUT_TIMEOUT = number("pvws_put_timeout_s")
-OPEN_S_PER_PASS = number("pvws_open_ms_per_pass") / 1000.0
 WRITES_IN_FLIGHT = integer("pvws_writes_in_flight")
 PVGET_PER_S = number("pvget_per_s")
 PVGET_IN_FLIGHT = integer("pvget_in_flight")
-# PVs one connection opens before the next connection's turn within a pass: a subscribe of
-# thousands does not make a smaller one wait for all of it.
-_OPEN_TURN = 10
 # Every client's plain updates spliced compiled where built (core/_fanout.c), reading the slots
 # of these classes (a TypeError here names one that a class does not declare).
 SPLICER: Splicer | None = None
@@ -142,59 +136,6 @@ class _Host:
         self._hub.close_view(view, session, att)
 
 
-class _Opener:
-    """Opens the PVs that `/pvws/pv` clients subscribe to, for at most `budget_s` of each
-    event-loop pass over all connections, taking turns of `turn` PVs: each open resolves a name
-    and opens a view, and a subscribe of 20,000 names opened at once held the loop for seconds,
-    for every client. A time, not a count: when many screens open at once (after a restart),
-    a count of 50 a pass made them wait for hundreds of passes of everything else."""
-
-    def __init__(
-        self,
-        budget_s: float = OPEN_S_PER_PASS,
-        turn: int = _OPEN_TURN,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.budget_s, self.turn, self._clock = budget_s, turn, clock
-        self._waiting: deque[PvwsSession] = deque()
-        self._queued: set[int] = set()  # session numbers in `_waiting`
-        self._task: asyncio.Task[None] | None = None
-
-    def __call__(self, session: PvwsSession) -> None:
-        """`session` has names to open."""
-        if session.number not in self._queued:
-            self._queued.add(session.number)
-            self._waiting.append(session)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        try:
-            while self._waiting:
-                self.one_pass()
-                await asyncio.sleep(0)  # one pass of the event loop for everything else
-        finally:
-            self._task = None
-
-    def one_pass(self) -> None:
-        clock = self._clock
-        deadline = clock() + self.budget_s
-        turns = 0  # one at least, whatever the clock says: every pass makes progress
-        while self._waiting and (turns == 0 or clock() < deadline):
-            turns += 1
-            session = self._waiting.popleft()
-            try:
-                session.open_pending(self.turn)
-            except Exception:
-                # One connection's fault is its own: it is closed, the others go on opening.
-                log.exception("pvws client %s: opening its PVs failed", session.number)
-                session.request_close(INTERNAL, "internal error; reconnect to resume")
-            if session.opening and not session.close_request:
-                self._waiting.append(session)
-            else:
-                self._queued.discard(session.number)
-
-
 @dataclass(frozen=True, slots=True)
 class _Read:
     """A get's reading as the pvws encoder reads a channel's state (encoder.py ChannelState)."""
@@ -235,7 +176,8 @@ class PvwsEndpoint:
         self.started = time.time()
         self._writes: set[asyncio.Task[None]] = set()
         self._in_flight: dict[int, int] = {}  # writes not yet done, by session number
-        self.opener = _Opener()
+        # Shared with /stream: opening takes a time per loop pass over both (core/opener.py).
+        self.opener = hub.opener
         # pvget, as GraphQL's gets: a rate per identity, and few at once per address (each get
         # of a channel not monitored is an upstream search, for up to get_timeout_s).
         self._pvget_rate = RateLimiter(PVGET_PER_S, 2 * PVGET_PER_S)

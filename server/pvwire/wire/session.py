@@ -20,6 +20,7 @@ held until its snapshot, and a client that reads nothing holds at most the budge
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,10 +28,17 @@ from typing import Protocol
 from ..limits import integer, number
 from . import codec as wire
 from .attached import AttachedSession
-from .codes import BAD_MESSAGE, FORBIDDEN, HEARTBEAT_TIMEOUT, TOO_MANY_CHANNELS, UNKNOWN_ATTACHMENT
+from .codes import (
+    BAD_MESSAGE,
+    FORBIDDEN,
+    HEARTBEAT_TIMEOUT,
+    SLOW,
+    TOO_MANY_CHANNELS,
+    UNKNOWN_ATTACHMENT,
+)
 from .tokens import Claims, TokenError
 
-__all__ = ["FORBIDDEN", "AttachRefused", "Session", "SessionHost", "SessionLimits"]
+__all__ = ["FORBIDDEN", "AttachRefused", "Prepared", "Session", "SessionHost", "SessionLimits"]
 
 
 class AttachRefused(Exception):
@@ -49,6 +57,7 @@ class SessionLimits:
     heartbeat: float = number("heartbeat_s")  # seconds of silence before a HEARTBEAT
     max_channels: int = integer("max_channels_per_connection")  # over all attachments
     max_attachments: int = integer("max_attachments_per_connection")  # at once
+    requests_waiting: int = integer("stream_requests_waiting")  # behind ATTACHes opening
     # From HELLO: a connection that says nothing (a half handshake) holds a socket for nothing.
     first_message: float = number("stream_first_message_s")
 
@@ -94,11 +103,25 @@ class Backfill(Protocol):
         ...
 
 
+class Prepared(Protocol):
+    """An attachment its host checked and is opening the channels of (a `core.hub.PreparedView`)."""
+
+    @property
+    def left(self) -> int:
+        """Channels still to open."""
+        ...
+
+
 class SessionHost(Protocol):
-    """What a session needs from the hub."""
+    """What a session needs from the hub: an ATTACH is checked (`prepare_view`, which raises
+    AttachRefused), its channels opened a few at a time (`open_prepared`, which may too), then
+    attached (`finish_view`), or given up (`cancel_view`)."""
 
     def verify_token(self, token: str, address: str) -> Claims: ...
-    def open_view(self, claims: Claims, session: Session, att: int) -> Source: ...
+    def prepare_view(self, claims: Claims, session: Session) -> Prepared: ...
+    def open_prepared(self, prepared: Prepared, limit: int) -> int: ...
+    def finish_view(self, prepared: Prepared, session: Session, att: int) -> Source: ...
+    def cancel_view(self, prepared: Prepared) -> None: ...
     def close_view(self, view: Source, session: Session, att: int) -> None: ...
 
 
@@ -111,6 +134,17 @@ class _Attachment:
         self.att = att
         self.view = view
         self.claims = claims
+
+
+class _Opening:
+    """An ATTACH whose channels are opening: answered with ATTACHED once all are open."""
+
+    __slots__ = ("claims", "prepared", "req", "since")
+
+    def __init__(
+        self, req: int, claims: Claims, since: tuple[int, ...] | None, prepared: Prepared
+    ) -> None:
+        self.req, self.claims, self.since, self.prepared = req, claims, since, prepared
 
 
 class Session(AttachedSession[bytes, _Attachment]):
@@ -126,7 +160,11 @@ class Session(AttachedSession[bytes, _Attachment]):
         wake: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
         aligned: bool = True,
+        opener: Callable[[Session], None] | None = None,
     ) -> None:
+        """`opener` is told when ATTACHes have channels to open, and opens them a few per
+        event-loop pass with every other connection's (core/opener.py); without one, each
+        ATTACH opens all its channels at once."""
         super().__init__(number, address, limits, wake, clock)
         # Pad entries so ndarray data is 8-byte aligned (PROTOCOL.md section 1: the client
         # offered `pvwire.v1.aligned`); a client that did not gets the same frames unpadded.
@@ -138,6 +176,11 @@ class Session(AttachedSession[bytes, _Attachment]):
         # Backfills under way, oldest first: their attachments get no live data until done.
         self._backfills: dict[int, Backfill] = {}
         self._tick_groups: list[tuple[int, Source]] = []
+        self._opener = opener
+        # ATTACHes whose channels are opening, in the order they came, and their channel count.
+        self._opening: deque[_Opening] = deque()
+        self._opening_channels = 0
+        self._waiting: deque[bytes] = deque()  # requests that came while ATTACHes opened
         # Counted for `server` stats and metrics, as `conflated` and the flow control's frames.
         self.errors_sent = 0
         self._heard = False  # a message came from the client
@@ -150,6 +193,21 @@ class Session(AttachedSession[bytes, _Attachment]):
         self._heard = True
         if self.close_request or self._flow.flooded():
             return
+        if self._opening:
+            # Requests are answered in the order they came (PROTOCOL.md 2.7): what comes while
+            # ATTACHes open their channels waits behind them.
+            if len(self._waiting) >= self.limits.requests_waiting:
+                self.request_close(
+                    SLOW,
+                    f"more than {self.limits.requests_waiting} requests waiting behind ATTACHes "
+                    "whose channels are opening (stream_requests_waiting)",
+                )
+                return
+            self._waiting.append(data)
+            return
+        self._handle(data)
+
+    def _handle(self, data: bytes) -> None:
         try:
             msg = wire.decode_client_message(data)
         except wire.BadMessage as exc:
@@ -180,19 +238,21 @@ class Session(AttachedSession[bytes, _Attachment]):
             # Only this attachment fails (4401 or 4402): the client re-registers and retries.
             self._error(req, exc.close_code, str(exc))
             return
-        if len(self._records) >= self.limits.max_attachments:
+        attachments = len(self._records) + len(self._opening)
+        if attachments >= self.limits.max_attachments:
             self._error(
                 req,
                 TOO_MANY_CHANNELS,
-                f"this connection already has {len(self._records)} attachments, the limit",
+                f"this connection already has {attachments} attachments, the limit",
             )
             return
-        if self.channel_count + len(claims.ids) > self.limits.max_channels:
+        held = self.channel_count + self._opening_channels
+        if held + len(claims.ids) > self.limits.max_channels:
             self._error(
                 req,
                 TOO_MANY_CHANNELS,
                 f"attaching {len(claims.ids)} channels would exceed this connection's limit of "
-                f"{self.limits.max_channels} (now {self.channel_count})",
+                f"{self.limits.max_channels} (now {held})",
             )
             return
         if since is not None and len(since) != len(claims.ids):
@@ -202,9 +262,52 @@ class Session(AttachedSession[bytes, _Attachment]):
                 f"ATTACH's since has {len(since)} times for the token's {len(claims.ids)} channels",
             )
             return
+        try:
+            prepared = self._host.prepare_view(claims, self)
+        except AttachRefused as exc:
+            self._error(req, exc.code, str(exc))
+            return
+        self._opening.append(_Opening(req, claims, since, prepared))
+        self._opening_channels += len(claims.ids)
+        if self._opener is None:
+            self.open_pending(self._opening_channels)
+        else:
+            self._opener(self)
+
+    @property
+    def opening(self) -> int:
+        """ATTACHes whose channels are opening."""
+        return len(self._opening)
+
+    def open_pending(self, limit: int) -> int:
+        """Open up to `limit` channels of the ATTACHes waiting, oldest first, answering each
+        once all of its are open; how many were opened."""
+        opened = 0
+        while self._opening and not self.close_request:
+            first = self._opening[0]
+            try:
+                opened += self._host.open_prepared(first.prepared, limit - opened)
+            except AttachRefused as exc:
+                self._opened()
+                self._error(first.req, exc.code, str(exc))
+                continue
+            if first.prepared.left:
+                break  # the turn is over
+            self._opened()
+            self._attached(first)
+        while self._waiting and not self._opening and not self.close_request:
+            self._handle(self._waiting.popleft())
+        return opened
+
+    def _opened(self) -> None:
+        first = self._opening.popleft()
+        self._opening_channels -= len(first.claims.ids)
+
+    def _attached(self, opening: _Opening) -> None:
+        req, claims, since = opening.req, opening.claims, opening.since
         att = self._next_att
         try:
-            view = self._host.open_view(claims, self, att)
+            view = self._host.finish_view(opening.prepared, self, att)
         except AttachRefused as exc:
             self._error(req, exc.code, str(exc))
             return
@@ -272,6 +375,15 @@ class Session(AttachedSession[bytes, _Attachment]):
             return
         self._release(record)
         self._queue_frame(wire.encode_detached(req, att))
+
+    def close(self) -> None:
+        """The connection is gone: the ATTACHes still opening are given up, then every
+        attachment is released (`AttachedSession.close`). Idempotent."""
+        while self._opening:
+            self._host.cancel_view(self._opening.popleft().prepared)
+        self._opening_channels = 0
+        self._waiting.clear()
+        super().close()
 
     def _release(self, record: _Attachment) -> None:
         att, view = record.att, record.view
