@@ -98,3 +98,17 @@ async def test_requests_past_the_bound_waiting_behind_an_attach_close_the_connec
     assert c.session.close_request is not None
     code, reason = c.session.close_request
     assert code == SLOW and "stream_requests_waiting" in reason
+
+
+async def test_bytes_past_one_largest_message_waiting_behind_an_attach_close_the_connection(
+    hub: Hub,
+) -> None:
+    # Each request may be as large as max_in_bytes: together they hold no more than one.
+    c = Client(hub, SessionLimits(waiting_bytes=4096), opener=_opener())
+    c.send(16, 1, hub.signer.issue(_ids("f", 50)).token)
+    c.send(16, 2, "x" * 3000)  # a (bad) token: it waits all the same
+    assert c.session.close_request is None
+    c.send(16, 3, "x" * 3000)
+    assert c.session.close_request is not None
+    code, reason = c.session.close_request
+    assert code == SLOW and "max_in_bytes" in reason

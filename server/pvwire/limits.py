@@ -104,7 +104,8 @@ LIMITS: tuple[Limit, ...] = (
           "PV answered as it opens)"),
     Limit("stream_requests_waiting", 1_000, "requests",
           "requests of one stream connection waiting behind its ATTACHes whose channels are "
-          "opening (answers go in the order of the requests)", "close 4008 SLOW"),
+          "opening (answers go in the order of the requests), and at most `max_in_bytes` bytes "
+          "of them together", "close 4008 SLOW"),
     Limit("max_token_bytes", _MIB, "bytes", "one token, in `ATTACH`", "ERROR 4401"),
     Limit("max_token_payload_bytes", 16 * _MIB, "bytes", "a token's payload once inflated",
           "ERROR 4401"),

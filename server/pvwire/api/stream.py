@@ -38,6 +38,7 @@ def _limits(hub: Hub) -> SessionLimits:
         heartbeat=s.heartbeat_s,
         max_channels=s.max_channels_per_connection,
         max_attachments=s.max_attachments_per_connection,
+        waiting_bytes=s.max_in_bytes,
     )
 
 

@@ -58,6 +58,7 @@ class SessionLimits:
     max_channels: int = integer("max_channels_per_connection")  # over all attachments
     max_attachments: int = integer("max_attachments_per_connection")  # at once
     requests_waiting: int = integer("stream_requests_waiting")  # behind ATTACHes opening
+    waiting_bytes: int = integer("max_in_bytes")  # of those: one largest message's worth
     # From HELLO: a connection that says nothing (a half handshake) holds a socket for nothing.
     first_message: float = number("stream_first_message_s")
 
@@ -181,6 +182,7 @@ class Session(AttachedSession[bytes, _Attachment]):
         self._opening: deque[_Opening] = deque()
         self._opening_channels = 0
         self._waiting: deque[bytes] = deque()  # requests that came while ATTACHes opened
+        self._waiting_bytes = 0
         # Counted for `server` stats and metrics, as `conflated` and the flow control's frames.
         self.errors_sent = 0
         self._heard = False  # a message came from the client
@@ -195,15 +197,22 @@ class Session(AttachedSession[bytes, _Attachment]):
             return
         if self._opening:
             # Requests are answered in the order they came (PROTOCOL.md 2.7): what comes while
-            # ATTACHes open their channels waits behind them.
-            if len(self._waiting) >= self.limits.requests_waiting:
+            # ATTACHes open their channels waits behind them, together no more than one of the
+            # largest messages (a token of 10,000 ids is ~33 KB).
+            limits = self.limits
+            if (
+                len(self._waiting) >= limits.requests_waiting
+                or self._waiting_bytes + len(data) > limits.waiting_bytes
+            ):
                 self.request_close(
                     SLOW,
-                    f"more than {self.limits.requests_waiting} requests waiting behind ATTACHes "
-                    "whose channels are opening (stream_requests_waiting)",
+                    # A close reason holds 123 bytes (RFC 6455): the bounds' names come first.
+                    f"stream_requests_waiting ({limits.requests_waiting}) or max_in_bytes "
+                    f"({limits.waiting_bytes:,} bytes) of requests behind ATTACHes still opening",
                 )
                 return
             self._waiting.append(data)
+            self._waiting_bytes += len(data)
             return
         self._handle(data)
 
@@ -296,7 +305,9 @@ class Session(AttachedSession[bytes, _Attachment]):
             self._opened()
             self._attached(first)
         while self._waiting and not self._opening and not self.close_request:
-            self._handle(self._waiting.popleft())
+            data = self._waiting.popleft()
+            self._waiting_bytes -= len(data)
+            self._handle(data)
         return opened
 
     def _opened(self) -> None:
@@ -383,6 +394,7 @@ class Session(AttachedSession[bytes, _Attachment]):
             self._host.cancel_view(self._opening.popleft().prepared)
         self._opening_channels = 0
         self._waiting.clear()
+        self._waiting_bytes = 0
         super().close()
 
     def _release(self, record: _Attachment) -> None:
